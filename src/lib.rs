@@ -1,0 +1,60 @@
+//! # fencelock
+//!
+//! Correctness-grade distributed locks and leader election on the etcd or ZooKeeper cluster
+//! you already run, with fencing tokens.
+//!
+//! - **One session per process** ([`Session`]): an etcd lease or a ZooKeeper session, kept
+//!   alive by one heartbeat, carries every lock and candidacy. When heartbeats stop for longer
+//!   than the TTL the cluster deletes all of them at once.
+//! - **An ordered wait queue** ([`Mutex`]): each waiter watches only its predecessor: FIFO,
+//!   no thundering herd, no polling.
+//! - **A fencing token with every grant** ([`FencingToken`]): etcd create revision or
+//!   ZooKeeper `czxid`. The protected resource checks it with a [`Fence`], which is what stops
+//!   a holder that was paused past its session's expiry.
+//! - **Leader election** ([`Election`]) is the same queue; the token is the epoch.
+//! - **A local deadline**: a session that cannot confirm a heartbeat considers itself lost at
+//!   `ttl − safety margin` after the last confirmed heartbeat was *sent*, before the cluster can
+//!   grant its locks to anyone else.
+//!
+//! Backends: [`MemoryBackend`] (in-process test double, always compiled), `fencelock-etcd` and
+//! `fencelock-zookeeper`. Backend authors implement [`backend::Backend`] and run the
+//! [`conformance`] suite.
+//!
+//! ```
+//! # #[tokio::main] async fn main() -> fencelock::Result<()> {
+//! use std::time::Duration;
+//! use fencelock::{Fence, MemoryBackend, Session};
+//!
+//! let session = Session::builder(MemoryBackend::new())
+//!     .ttl(Duration::from_secs(10))
+//!     .start()
+//!     .await?;
+//! let fence = Fence::new(); // lives with the protected resource
+//! let guard = session.mutex("jobs/reindex")?.lock().await?;
+//! fence.admit(guard.token())?; // every write carries the token
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod conformance;
+mod election;
+mod error;
+mod memory;
+mod mutex;
+mod name;
+mod queue;
+mod session;
+mod token;
+
+pub use election::{Election, LeaderInfo, Leadership};
+pub use error::{BoxError, Error, Result};
+pub use memory::MemoryBackend;
+pub use mutex::{Guard, Mutex};
+pub use name::{validate_name, validate_namespace, MAX_NAME_LEN};
+pub use session::{
+    IntoBackend, LostReason, Session, SessionBuilder, SessionState, DEFAULT_NAMESPACE, DEFAULT_TTL,
+};
+pub use token::{Fence, FencingToken};

@@ -1,0 +1,90 @@
+//! Validation of lock, election and namespace names.
+
+use crate::{Error, Result};
+
+/// The longest lock or election name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 512;
+
+fn invalid(name: &str, reason: &'static str) -> Error {
+    let mut shown: String = name.chars().take(64).collect();
+    if shown.len() < name.len() {
+        shown.push('…');
+    }
+    Error::InvalidName { name: shown, reason }
+}
+
+fn check_segments(name: &str) -> Result<()> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(invalid(name, "longer than 512 bytes"));
+    }
+    if name.contains('\0') {
+        return Err(invalid(name, "contains NUL"));
+    }
+    if name.chars().any(|c| c.is_control()) {
+        return Err(invalid(name, "contains a control character"));
+    }
+    if name.ends_with('/') {
+        return Err(invalid(name, "ends with '/'"));
+    }
+    for seg in name.split('/').skip(usize::from(name.starts_with('/'))) {
+        match seg {
+            "" => return Err(invalid(name, "contains an empty segment ('//')")),
+            "." | ".." => return Err(invalid(name, "contains a '.' or '..' segment")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks a lock or election name: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL or other
+/// control character, no leading or trailing `/`, and no empty, `.` or `..` segment (so the
+/// same name is valid as an etcd key part and a ZooKeeper path).
+///
+/// ```
+/// assert!(fencelock::validate_name("jobs/reindex").is_ok());
+/// assert!(fencelock::validate_name("/jobs").is_err());
+/// assert!(fencelock::validate_name("").is_err());
+/// ```
+pub fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(invalid(name, "empty"));
+    }
+    if name.starts_with('/') {
+        return Err(invalid(name, "starts with '/'"));
+    }
+    check_segments(name)
+}
+
+/// Checks a namespace: empty, or a name as for [`validate_name`] that may also start with `/`.
+pub fn validate_namespace(namespace: &str) -> Result<()> {
+    if namespace.is_empty() {
+        return Ok(());
+    }
+    if namespace == "/" {
+        return Err(invalid(namespace, "use the empty namespace instead of '/'"));
+    }
+    check_segments(namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "jobs/reindex", "x.y", "é", &"n".repeat(512)] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "/a", "a/", "a//b", "a\0b", "a/./b", "..", "a\nb", &"n".repeat(513),
+        ] {
+            assert!(
+                matches!(validate_name(bad), Err(Error::InvalidName { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(validate_namespace("").is_ok());
+        assert!(validate_namespace("/svc/locks").is_ok());
+        assert!(validate_namespace("/").is_err());
+    }
+}
