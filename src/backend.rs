@@ -114,8 +114,7 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// earlier attempt with the same `attempt` id already created it (the
     /// create-succeeded-but-reply-lost case). Returns the entry and whether it is the head of
     /// the queue (backends answer both in one round trip where they can).
-    async fn enqueue(&self, queue: &QueueId, attempt: Uuid, value: &[u8])
-        -> Result<(Entry, bool)>;
+    async fn enqueue(&self, queue: &QueueId, attempt: Uuid, value: &[u8]) -> Result<(Entry, bool)>;
 
     /// The entry just before `entry` in its queue, or `None` if `entry` is the head.
     /// Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if `entry` itself is

@@ -154,6 +154,11 @@ impl Leadership {
         self.held.token()
     }
 
+    /// The key or node path of our entry on the cluster.
+    pub fn key(&self) -> &str {
+        &self.held.entry.key
+    }
+
     /// Resolves when leadership is lost (the same contract as
     /// [`Guard::lost`](crate::Guard::lost)). Step down when it fires.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {

@@ -41,7 +41,9 @@ pub struct Mutex {
 
 impl fmt::Debug for Mutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mutex").field("queue", &self.queue.path()).finish()
+        f.debug_struct("Mutex")
+            .field("queue", &self.queue.path())
+            .finish()
     }
 }
 

@@ -10,7 +10,10 @@ fn invalid(name: &str, reason: &'static str) -> Error {
     if shown.len() < name.len() {
         shown.push('…');
     }
-    Error::InvalidName { name: shown, reason }
+    Error::InvalidName {
+        name: shown,
+        reason,
+    }
 }
 
 fn check_segments(name: &str) -> Result<()> {
@@ -76,7 +79,15 @@ mod tests {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "/a", "a/", "a//b", "a\0b", "a/./b", "..", "a\nb", &"n".repeat(513),
+            "",
+            "/a",
+            "a/",
+            "a//b",
+            "a\0b",
+            "a/./b",
+            "..",
+            "a\nb",
+            &"n".repeat(513),
         ] {
             assert!(
                 matches!(validate_name(bad), Err(Error::InvalidName { .. })),

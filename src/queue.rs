@@ -92,7 +92,9 @@ impl Pending {
     async fn cleanup_now(mut self) {
         let remote = self.shared.remote.clone();
         let res = if let Some(entry) = &self.entry {
-            with_retry(&self.shared, || remote.remove(entry)).await.map(drop)
+            with_retry(&self.shared, || remote.remove(entry))
+                .await
+                .map(drop)
         } else if self.started {
             with_retry(&self.shared, || remote.abandon(&self.queue, self.attempt)).await
         } else {
@@ -124,7 +126,8 @@ pub(crate) async fn acquire(
 ) -> Result<Option<Held>> {
     let shared = session.shared().clone();
     shared.check_alive()?;
-    let span = info_span!(parent: &shared.span, "acquire", queue = %queue, token = tracing::field::Empty);
+    let span =
+        info_span!(parent: &shared.span, "acquire", queue = %queue, token = tracing::field::Empty);
     let deadline = match wait {
         Wait::Until(d, _) => Some(d),
         _ => None,
@@ -182,7 +185,12 @@ pub(crate) async fn acquire(
                 pending.started = false;
                 tracing::Span::current().record("token", entry.token.get());
                 debug!(key = %entry.key, "granted");
-                Ok(Some(Held::new(session.clone(), queue.clone(), entry, local)))
+                Ok(Some(Held::new(
+                    session.clone(),
+                    queue.clone(),
+                    entry,
+                    local,
+                )))
             }
             Ok(false) => {
                 pending.cleanup_now().await;
@@ -277,9 +285,11 @@ impl Held {
                 r = session_lost => r,
                 _ = gone => LostReason::EntryDeleted,
             };
-            tx.send_if_modified(|v| v.is_none() && {
-                *v = Some(reason);
-                true
+            tx.send_if_modified(|v| {
+                v.is_none() && {
+                    *v = Some(reason);
+                    true
+                }
             });
         });
         Held {

@@ -103,12 +103,23 @@ impl SessionBuilder {
         if self.ttl < min {
             return Err(Error::InvalidTtl {
                 ttl: self.ttl,
-                reason: format!("below the {} backend's minimum of {min:?}", self.backend.name()),
+                reason: format!(
+                    "below the {} backend's minimum of {min:?}",
+                    self.backend.name()
+                ),
             });
         }
-        let span = info_span!("session", backend = self.backend.name(), id = tracing::field::Empty);
+        let span = info_span!(
+            "session",
+            backend = self.backend.name(),
+            id = tracing::field::Empty
+        );
         let sent = Instant::now();
-        let remote = self.backend.open_session(self.ttl).instrument(span.clone()).await?;
+        let remote = self
+            .backend
+            .open_session(self.ttl)
+            .instrument(span.clone())
+            .await?;
         span.record("id", remote.id());
         // The granted TTL may differ from the request (etcd raises it to its minimum,
         // ZooKeeper negotiates it): the deadline follows what the cluster enforces.
@@ -256,7 +267,10 @@ impl Session {
     /// [`mutex`](Self::mutex)).
     pub fn election(&self, name: &str) -> Result<Election> {
         validate_name(name)?;
-        Ok(Election::new(self.clone(), self.queue(name, QueueKind::Election)))
+        Ok(Election::new(
+            self.clone(),
+            self.queue(name, QueueKind::Election),
+        ))
     }
 
     fn queue(&self, name: &str, kind: QueueKind) -> QueueId {

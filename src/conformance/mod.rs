@@ -1,1 +1,178 @@
-//! The conformance suite.
+//! The conformance suite: one documented `pub async fn` per behaviour, run against every
+//! backend (memory, etcd, ZooKeeper) by [`conformance_tests!`](crate::conformance_tests).
+//!
+//! Each behaviour takes a [`Factory`] that hands out fresh sessions, works in a namespace of its
+//! own, asserts (panics) on any violation and bounds every wait, so that a bug fails instead of
+//! hanging. Backend authors run it with:
+//!
+//! ```ignore
+//! fencelock::conformance_tests!(async { Some(MyFactory::connect().await) });
+//! ```
+//!
+//! where the expression is a future of `Option<impl Factory>` (`None` skips the tests, for a
+//! server that is not installed outside CI).
+
+mod election;
+mod input;
+mod mutex;
+mod session;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::backend::Backend;
+use crate::{MemoryBackend, Result, Session};
+
+pub use election::*;
+pub use input::*;
+pub use mutex::*;
+pub use session::*;
+
+/// Hands out what the suite needs from one backend.
+#[async_trait]
+pub trait Factory: Send + Sync + 'static {
+    /// The backend under test; each call to [`Session::builder`] on it must give an
+    /// independent session.
+    fn backend(&self) -> Arc<dyn Backend>;
+
+    /// A short TTL the backend accepts, for expiry tests (the backend's minimum, say).
+    fn short_ttl(&self) -> Duration;
+
+    /// Deletes the entry at `key` as an outsider (an operator) would, bypassing fencelock.
+    async fn delete_as_admin(&self, key: &str) -> Result<()>;
+}
+
+/// The memory backend's [`Factory`].
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFactory {
+    backend: MemoryBackend,
+}
+
+impl MemoryFactory {
+    /// A factory over a fresh in-memory cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl Factory for MemoryFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(1500)
+    }
+
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        self.backend.delete_key(key);
+        Ok(())
+    }
+}
+
+/// Generates one `#[tokio::test]` per behaviour of the suite. The argument is a future of
+/// `Option<impl Factory>`; `None` skips (print why: a missing server outside CI).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@each $factory;
+            acquire_release,
+            try_lock_contended,
+            fifo_five_waiters,
+            tokens_increase,
+            contended_counter,
+            local_queue_one_remote_entry,
+            cancelled_lock_leaves_no_entry,
+            lock_timeout_leaves_no_entry,
+            stale_holder_is_fenced,
+            release_twice,
+            dropped_guard_releases,
+            close_frees_everything,
+            entry_deleted_fires_lost,
+            waiter_fails_when_session_lost,
+            session_states,
+            bad_input,
+            use_after_close,
+            single_leader_among_five,
+            resign_promotes_in_fifo_order,
+            observe_reports_every_change,
+            deposed_leader_cannot_proclaim,
+            leader_steps_down_before_successor,
+            cancelled_campaign_leaves_no_entry,
+            candidates_in_one_session,
+        );
+    };
+    (@each $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let Some(factory) = $factory.await else { return };
+                $crate::conformance::$name(&factory).await;
+            }
+        )*
+    };
+}
+
+/// A namespace no other test uses.
+pub fn unique_namespace(test: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("conformance/{test}-{}", &id[..12])
+}
+
+/// The bound on any single wait in the suite.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Awaits `fut`, panicking with `what` if it takes longer than `limit`.
+pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?}: {what}"),
+    }
+}
+
+/// Opens a session of `factory` in `namespace`.
+pub async fn open(factory: &dyn Factory, namespace: &str, ttl: Duration) -> Session {
+    bounded(
+        WAIT,
+        "open a session",
+        Session::builder(factory.backend())
+            .namespace(namespace)
+            .ttl(ttl)
+            .start(),
+    )
+    .await
+    .expect("open a session")
+}
+
+/// Polls the server's listing of `session`'s namespace until `pred` holds (a state on the
+/// server that no event announces), failing after [`WAIT`].
+pub async fn wait_entries(
+    session: &Session,
+    what: &str,
+    pred: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let list = session.list_entries().await.expect("list entries");
+        if pred(&list) {
+            return list;
+        }
+        if start.elapsed() > WAIT {
+            panic!("timed out waiting for {what}; entries: {list:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The TTL used by tests that do not exercise expiry.
+pub const TTL: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod memory {
+    crate::conformance_tests!(async { Some(crate::conformance::MemoryFactory::new()) });
+}

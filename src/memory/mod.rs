@@ -87,6 +87,21 @@ impl MemoryBackend {
     }
 }
 
+impl MemoryBackend {
+    /// Deletes the entry at `key` as an outsider would (an operator with a CLI): its holder's
+    /// `lost()` fires with [`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted).
+    /// Returns whether it existed.
+    pub fn delete_key(&self, key: &str) -> bool {
+        let mut st = self.inner.lock();
+        let existed = st.entries.remove(key).is_some();
+        if existed {
+            st.revision += 1;
+            self.inner.notify(&st);
+        }
+        existed
+    }
+}
+
 impl Inner {
     fn notify(&self, st: &State) {
         self.changed.send_replace(st.revision);
@@ -249,7 +264,12 @@ impl BackendSession for MemorySession {
         Ok(())
     }
 
-    async fn enqueue(&self, queue: &QueueId, _attempt: Uuid, value: &[u8]) -> Result<(Entry, bool)> {
+    async fn enqueue(
+        &self,
+        queue: &QueueId,
+        _attempt: Uuid,
+        value: &[u8],
+    ) -> Result<(Entry, bool)> {
         let mut st = self.inner.lock();
         st.alive(self.id)?;
         let key = format!("{}/{:x}", queue.path(), self.id);

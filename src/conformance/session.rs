@@ -1,0 +1,113 @@
+//! Session-wide behaviour: close, expiry, deletion by others, states.
+
+use std::time::Duration;
+
+use super::{bounded, open, unique_namespace, wait_entries, Factory, TTL, WAIT};
+use crate::{Error, LostReason, SessionState};
+
+/// `close()` frees every lock of the session at once: a waiter on another session is granted,
+/// and the closed session's guards report [`LostReason::Closed`].
+pub async fn close_frees_everything(f: &dyn Factory) {
+    let ns = unique_namespace("close_frees");
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, TTL).await;
+    let mut guards = Vec::new();
+    for name in ["x", "y", "z"] {
+        guards.push(a.mutex(name).unwrap().lock().await.unwrap());
+    }
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("y").unwrap().lock().await }
+    });
+    wait_entries(&b, "b queued", |l| l.len() == 4).await;
+    let lost = guards[0].lost();
+    a.close().await.unwrap();
+    let gb = bounded(WAIT, "b granted after close", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(gb.token() > guards[1].token());
+    assert_eq!(bounded(WAIT, "lost fires", lost).await, LostReason::Closed);
+    assert!(guards.iter().all(|g| !g.is_held()));
+    assert!(matches!(a.state(), SessionState::Lost(LostReason::Closed)));
+    let left = b.list_entries().await.unwrap();
+    assert_eq!(left, vec![gb.key().to_string()], "only b's entry is left");
+    b.close().await.unwrap();
+}
+
+/// Deleting our entry from outside makes `lost()` fire with [`LostReason::EntryDeleted`], and
+/// the next waiter is granted.
+pub async fn entry_deleted_fires_lost(f: &dyn Factory) {
+    let ns = unique_namespace("entry_deleted");
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, TTL).await;
+    let ga = a.mutex("e").unwrap().lock().await.unwrap();
+    let lost = ga.lost();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("e").unwrap().lock().await.map(|g| g.token()) }
+    });
+    wait_entries(&a, "b queued", |l| l.len() == 2).await;
+    f.delete_as_admin(ga.key()).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost fires", lost).await,
+        LostReason::EntryDeleted
+    );
+    assert!(!ga.is_held());
+    let tb = bounded(WAIT, "b granted", waiter).await.unwrap().unwrap();
+    assert!(tb > ga.token());
+    assert!(matches!(ga.release().await, Err(Error::NotHeld(_))));
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A waiter whose session is lost fails with [`Error::SessionLost`] instead of waiting
+/// forever, and its entry goes.
+pub async fn waiter_fails_when_session_lost(f: &dyn Factory) {
+    let ns = unique_namespace("waiter_lost");
+    let ttl = f.short_ttl();
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, ttl).await;
+    let ga = a.mutex("w").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("w").unwrap().lock().await.map(|g| g.token()) }
+    });
+    wait_entries(&a, "b queued", |l| l.len() == 2).await;
+    b.halt_heartbeats();
+    let r = bounded(ttl * 2 + WAIT, "waiter fails", waiter)
+        .await
+        .unwrap();
+    assert!(matches!(r, Err(Error::SessionLost(_))), "{r:?}");
+    // The cluster expires b: its entry goes.
+    wait_entries(&a, "b's entry expired", |l| l.len() == 1).await;
+    assert!(ga.is_held());
+    ga.release().await.unwrap();
+    a.close().await.unwrap();
+}
+
+/// A session is live after start, reports its TTL and margin, goes lost at its local deadline
+/// without heartbeats, and a lost session refuses new work.
+pub async fn session_states(f: &dyn Factory) {
+    let ns = unique_namespace("session_states");
+    let ttl = f.short_ttl();
+    let s = open(f, &ns, ttl).await;
+    assert_eq!(s.state(), SessionState::Live);
+    assert!(s.ttl() >= ttl && s.safety_margin() < s.ttl());
+    let start = tokio::time::Instant::now();
+    assert!(s.deadline() > start && s.deadline() <= start + s.ttl());
+    // Heartbeats extend the deadline past the first TTL.
+    tokio::time::sleep(s.ttl() + Duration::from_millis(200)).await;
+    assert_eq!(s.state(), SessionState::Live, "heartbeats keep it live");
+    let g = s.mutex("k").unwrap().lock().await.unwrap();
+    s.halt_heartbeats();
+    let reason = bounded(s.ttl() + WAIT, "session lost", s.lost()).await;
+    assert!(
+        matches!(reason, LostReason::LocalDeadline | LostReason::Expired),
+        "{reason}"
+    );
+    assert!(!g.is_held());
+    let m = s.mutex("k2").unwrap();
+    assert!(matches!(m.lock().await, Err(Error::SessionLost(_))));
+    assert!(matches!(m.try_lock().await, Err(Error::SessionLost(_))));
+}
