@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::task::JoinHandle;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info_span, Instrument};
@@ -53,6 +54,9 @@ where
     }
 }
 
+/// What an enqueue task answers.
+pub(crate) type EnqueueTask = JoinHandle<Result<(Entry, bool)>>;
+
 /// An acquisition in progress. If it is dropped before it is turned into a [`Held`] (a
 /// cancelled future, an error, a timeout), it hands the removal of whatever it may have
 /// created to the session's background task, together with the local queue slot, so that the
@@ -61,7 +65,12 @@ struct Pending {
     shared: Arc<Shared>,
     queue: QueueId,
     attempt: Uuid,
-    started: bool,
+    /// The create request in flight. It runs as a task of its own, so that dropping the
+    /// acquisition cannot cut it off half way: whoever cleans up awaits its answer and knows
+    /// exactly what was created.
+    inflight: Option<EnqueueTask>,
+    /// An earlier create attempt failed: it may still have created an entry.
+    maybe_created: bool,
     entry: Option<Entry>,
     local: Option<OwnedMutexGuard<()>>,
 }
@@ -69,15 +78,23 @@ struct Pending {
 impl Pending {
     fn take_cleanup(&mut self) -> Option<Cleanup> {
         let local = self.local.take();
+        let queue = self.queue.clone();
         if let Some(entry) = self.entry.take() {
             Some(Cleanup::Remove {
-                queue: self.queue.clone(),
+                queue,
                 entry,
                 local,
             })
-        } else if std::mem::take(&mut self.started) {
+        } else if let Some(inflight) = self.inflight.take() {
+            Some(Cleanup::Enqueued {
+                queue,
+                attempt: self.attempt,
+                inflight,
+                local,
+            })
+        } else if std::mem::take(&mut self.maybe_created) {
             Some(Cleanup::Abandon {
-                queue: self.queue.clone(),
+                queue,
                 attempt: self.attempt,
                 local,
             })
@@ -90,19 +107,27 @@ impl Pending {
     /// `lock_timeout`, whose callers expect no entry to be left when they return). Falls back
     /// to the background task if that fails or is cancelled.
     async fn cleanup_now(mut self) {
+        if let Some(inflight) = self.inflight.as_mut() {
+            let answer = inflight.await;
+            self.inflight = None;
+            match answer {
+                Ok(Ok((entry, _))) => self.entry = Some(entry),
+                _ => self.maybe_created = true,
+            }
+        }
         let remote = self.shared.remote.clone();
         let res = if let Some(entry) = &self.entry {
             with_retry(&self.shared, || remote.remove(entry))
                 .await
                 .map(drop)
-        } else if self.started {
+        } else if self.maybe_created {
             with_retry(&self.shared, || remote.abandon(&self.queue, self.attempt)).await
         } else {
             Ok(())
         };
         if res.is_ok() || self.shared.lost_reason().is_some() {
             self.entry = None;
-            self.started = false;
+            self.maybe_created = false;
         }
         // Drop hands off anything left.
     }
@@ -163,7 +188,8 @@ pub(crate) async fn acquire(
             shared: shared.clone(),
             queue: queue.clone(),
             attempt: Uuid::new_v4(),
-            started: false,
+            inflight: None,
+            maybe_created: false,
             entry: None,
             local: Some(local),
         };
@@ -182,7 +208,6 @@ pub(crate) async fn acquire(
                 }
                 let entry = pending.entry.take().expect("granted entry");
                 let local = pending.local.take();
-                pending.started = false;
                 tracing::Span::current().record("token", entry.token.get());
                 debug!(key = %entry.key, "granted");
                 Ok(Some(Held::new(
@@ -223,9 +248,43 @@ async fn remote_turn(
     wait: Wait,
 ) -> Result<bool> {
     let remote = shared.remote.clone();
-    pending.started = true;
-    let attempt = pending.attempt;
-    let (entry, head) = with_retry(shared, || remote.enqueue(queue, attempt, value)).await?;
+    let mut backoff = Duration::from_millis(20);
+    let (entry, head) = loop {
+        shared.check_alive()?;
+        let task = tokio::spawn({
+            let (remote, queue, attempt) = (remote.clone(), queue.clone(), pending.attempt);
+            let value = value.to_vec();
+            async move { remote.enqueue(&queue, attempt, &value).await }
+        });
+        let inflight = pending.inflight.insert(task);
+        let lost = shared.lost();
+        let answer = tokio::select! {
+            r = inflight => r,
+            r = lost => return Err(Error::SessionLost(r)),
+        };
+        pending.inflight = None;
+        match answer {
+            Ok(Ok(v)) => break v,
+            Ok(Err(e)) => {
+                pending.maybe_created = true;
+                if !e.is_temporary() {
+                    return Err(e);
+                }
+                debug!(error = %e, "enqueue failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(join) => {
+                pending.maybe_created = true;
+                return Err(Error::backend(
+                    shared.backend_name,
+                    "enqueue",
+                    false,
+                    join.to_string(),
+                ));
+            }
+        }
+    };
     pending.entry = Some(entry.clone());
     if head {
         return Ok(true);

@@ -230,6 +230,13 @@ pub(crate) enum Cleanup {
         entry: Entry,
         local: Option<OwnedMutexGuard<()>>,
     },
+    /// Await the create request still in flight, then delete what it created.
+    Enqueued {
+        queue: QueueId,
+        attempt: Uuid,
+        inflight: crate::queue::EnqueueTask,
+        local: Option<OwnedMutexGuard<()>>,
+    },
     /// Delete whatever this attempt may have created.
     Abandon {
         queue: QueueId,
@@ -569,6 +576,28 @@ async fn cleanup_worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cle
                     retry_until_lost(&weak, &stop, || remote.remove(&entry))
                         .instrument(span)
                         .await;
+                    drop(local);
+                    trim(&weak, &queue);
+                }
+                Cleanup::Enqueued {
+                    queue,
+                    attempt,
+                    inflight,
+                    local,
+                } => {
+                    let span = info_span!("abandon", queue = %queue);
+                    match inflight.await {
+                        Ok(Ok((entry, _))) => {
+                            retry_until_lost(&weak, &stop, || remote.remove(&entry))
+                                .instrument(span)
+                                .await
+                        }
+                        _ => {
+                            retry_until_lost(&weak, &stop, || remote.abandon(&queue, attempt))
+                                .instrument(span)
+                                .await
+                        }
+                    }
                     drop(local);
                     trim(&weak, &queue);
                 }

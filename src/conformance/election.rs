@@ -231,6 +231,7 @@ pub async fn cancelled_campaign_leaves_no_entry(f: &dyn Factory) {
     for i in 0..8u64 {
         let _ = tokio::time::timeout(Duration::from_micros(i * i * 400), eb.campaign(b"b")).await;
     }
+    bounded(WAIT, "flush", b.flush()).await;
     {
         let fut = eb.campaign(b"b");
         tokio::pin!(fut);

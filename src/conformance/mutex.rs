@@ -209,7 +209,8 @@ pub async fn cancelled_lock_leaves_no_entry(f: &dyn Factory) {
         let r = tokio::time::timeout(d, mb.lock()).await;
         assert!(r.is_err(), "the lock is held by a: no grant");
     }
-    // Cancel once definitely while waiting.
+    // Cancel once definitely while waiting (after the earlier cleanups freed the local slot).
+    bounded(WAIT, "flush", b.flush()).await;
     {
         let fut = mb.lock();
         tokio::pin!(fut);
@@ -227,8 +228,7 @@ pub async fn cancelled_lock_leaves_no_entry(f: &dyn Factory) {
     // A grant racing with the cancel: release a while b's lock() is being dropped.
     for i in 0..6u64 {
         let g = a.mutex("c").unwrap().lock().await.unwrap();
-        let fut = mb.lock();
-        tokio::pin!(fut);
+        let mut fut = Box::pin(mb.lock());
         let _ = tokio::time::timeout(Duration::from_millis(2), &mut fut).await;
         let release = g.release();
         let _ = tokio::time::timeout(Duration::from_micros(i * 500), async {
@@ -239,9 +239,12 @@ pub async fn cancelled_lock_leaves_no_entry(f: &dyn Factory) {
         drop(g);
         bounded(WAIT, "flush", a.flush()).await;
         bounded(WAIT, "flush", b.flush()).await;
+        let left = a.list_entries().await.unwrap();
         assert!(
-            a.list_entries().await.unwrap().is_empty(),
-            "race {i} left an entry"
+            left.is_empty(),
+            "race {i} left {left:?} (a={}, b={})",
+            a.id(),
+            b.id()
         );
     }
     // Still usable afterwards, and nothing left.

@@ -1,1 +1,132 @@
+//! # fencelock-zookeeper
+//!
+//! The ZooKeeper backend of [fencelock](fencelock): correctness-grade locks and leader
+//! election on the ZooKeeper ensemble you already run, with the holder's `czxid` as fencing
+//! token.
+//!
+//! - **Session**: one ZooKeeper session per [`fencelock::Session`], requested with the
+//!   session's TTL as timeout; the *negotiated* timeout becomes the TTL. `Disconnected` makes
+//!   the session *suspended* (its local deadline keeps running); `Expired` makes it lost.
+//! - **Layout** (Apache Curator compatible, so Java services using Curator's
+//!   `InterProcessMutex` / `LeaderLatch` contend on the same locks): a lock `name` in
+//!   namespace `ns` is the parent node `/ns/name`; each waiter is an ephemeral-sequential child
+//!   `_c_{uuid}-lock-{seq}` (elections: `_c_{uuid}-latch-{seq}`), ordered by the sequence
+//!   suffix. Parents are created as CONTAINER nodes (persistent on servers before 3.5).
+//! - **Fencing token**: the entry node's `czxid` (returned by the create itself), which grows
+//!   with every new holder; never the sequence suffix, a 32-bit per-parent counter that
+//!   restarts when the parent is re-created.
+//! - **Lost create replies** are recovered as Curator's protected mode does: the uuid in the
+//!   node name, plus a check that the node's ephemeral owner is our session.
+//!
+//! ```no_run
+//! # async fn f() -> fencelock::Result<()> {
+//! use std::time::Duration;
+//! use fencelock::Session;
+//! use fencelock_zookeeper::ZooKeeperBackend;
+//!
+//! let backend = ZooKeeperBackend::connect("127.0.0.1:2181").await?;
+//! let session = Session::builder(backend).ttl(Duration::from_secs(10)).start().await?;
+//! let guard = session.mutex("jobs/reindex")?.lock().await?;
+//! println!("holding with token {}", guard.token()); // the node's czxid
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock::backend::{Backend, BackendSession};
+use fencelock::Result;
+use tracing::info_span;
+use tracing::Instrument;
+
+mod config;
+mod error;
+mod queue;
+mod session;
+
+pub use config::{AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL};
+pub use session::ZooKeeperSession;
+
+use config::Resolved;
+
+/// The ZooKeeper backend: a factory of ZooKeeper sessions. Cheap to clone.
+///
+/// Made by [`ZooKeeperBackend::connect`] or [`ZooKeeperBackend::builder`]; pass it to
+/// [`fencelock::Session::builder`].
+#[derive(Debug, Clone)]
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: Resolved,
+    /// Whether the servers support CONTAINER nodes (cleared on the first refusal).
+    pub(crate) containers: AtomicBool,
+}
+
+impl ZooKeeperBackend {
+    /// Connects with default settings to the cluster at `connect_string`
+    /// (`host:port[,host:port...][/chroot]`). Fails with [`fencelock::Error::Connect`] if no
+    /// server answers within [`DEFAULT_CONNECT_TIMEOUT`].
+    pub async fn connect(connect_string: &str) -> Result<Self> {
+        ZooKeeperConfig::new(connect_string).connect().await
+    }
+
+    /// Starts configuring a backend for the cluster at `connect_string`: chroot, connect
+    /// timeout, authentication, ACL.
+    pub fn builder(connect_string: impl Into<String>) -> ZooKeeperConfig {
+        ZooKeeperConfig::new(connect_string)
+    }
+
+    pub(crate) fn from_resolved(config: Resolved) -> Self {
+        ZooKeeperBackend {
+            inner: Arc::new(Inner {
+                config,
+                containers: AtomicBool::new(true),
+            }),
+        }
+    }
+
+    /// The connect string's servers, without the chroot.
+    pub fn servers(&self) -> &str {
+        &self.inner.config.servers
+    }
+
+    /// The chroot every path is relative to, if any.
+    pub fn chroot(&self) -> Option<&str> {
+        self.inner.config.chroot.as_deref()
+    }
+
+    /// Opens one ZooKeeper session requesting `ttl` as its timeout, as
+    /// [`Backend::open_session`] does, but returns the concrete type.
+    pub async fn session(&self, ttl: Duration) -> Result<ZooKeeperSession> {
+        let span = info_span!("zookeeper_session", requested = ?ttl);
+        async {
+            let client = self.inner.config.connect_client(ttl, true).await?;
+            Ok(ZooKeeperSession::new(self.inner.clone(), client))
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+#[async_trait]
+impl Backend for ZooKeeperBackend {
+    fn name(&self) -> &'static str {
+        error::NAME
+    }
+
+    fn min_ttl(&self) -> Duration {
+        self.inner.config.min_ttl
+    }
+
+    async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
+        Ok(Arc::new(self.session(ttl).await?))
+    }
+}

@@ -1,0 +1,64 @@
+//! Mapping of `zookeeper-client` errors into [`fencelock::Error`].
+
+use fencelock::{BoxError, Error, LostReason};
+use zookeeper_client as zk;
+
+/// The backend tag used in errors and traces.
+pub(crate) const NAME: &str = "zookeeper";
+
+/// Maps a client error of operation `op`.
+///
+/// Session expiry (and the terminal states that mean the same for us: a moved session, failed
+/// authentication) becomes [`Error::SessionLost`]; a closed client is a closed session;
+/// connection loss, timeouts and throttling are temporary; everything else is a permanent
+/// [`Error::Backend`].
+pub(crate) fn map(op: &'static str, e: zk::Error) -> Error {
+    match e {
+        zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::AuthFailed => {
+            Error::SessionLost(LostReason::Expired)
+        }
+        zk::Error::ClientClosed => Error::SessionLost(LostReason::Closed),
+        e => {
+            let temporary = is_temporary(&e);
+            Error::backend(NAME, op, temporary, e)
+        }
+    }
+}
+
+/// Whether retrying may succeed: the connection dropped (the client reconnects by itself), the
+/// server was slow or throttled us. The connection layer reports I/O failures as `Custom`.
+fn is_temporary(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Throttled
+            | zk::Error::NoHosts
+            | zk::Error::Custom(_)
+    )
+}
+
+/// The temporary error of an operation that found the connection down.
+pub(crate) fn disconnected(op: &'static str) -> Error {
+    Error::backend(NAME, op, true, "disconnected from the ZooKeeper cluster")
+}
+
+/// The error for a session state that ends an operation, if it does: `Disconnected` is
+/// temporary, the terminal states mean the session is lost.
+pub(crate) fn state_error(op: &'static str, state: zk::SessionState) -> Option<Error> {
+    match state {
+        zk::SessionState::Disconnected => Some(disconnected(op)),
+        zk::SessionState::Closed => Some(Error::SessionLost(LostReason::Closed)),
+        s if s.is_terminated() => Some(Error::SessionLost(LostReason::Expired)),
+        _ => None,
+    }
+}
+
+/// A connection failure.
+pub(crate) fn connect(endpoints: &str, source: impl Into<BoxError>) -> Error {
+    Error::Connect {
+        backend: NAME,
+        endpoints: endpoints.to_string(),
+        source: source.into(),
+    }
+}

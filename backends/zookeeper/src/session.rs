@@ -1,0 +1,228 @@
+//! One ZooKeeper session: heartbeat, session events, close. The queue operations live in
+//! `queue.rs`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock::backend::{BackendSession, Entry, QueueId, SessionEvent};
+use fencelock::{Error, LostReason, Result};
+use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tracing::{debug, warn};
+use uuid::Uuid;
+use zookeeper_client as zk;
+
+use crate::error::{self, state_error};
+use crate::Inner;
+
+/// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
+/// session at most.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// One ZooKeeper session, as a [`BackendSession`]. Usually driven by a
+/// [`fencelock::Session`]; made by [`crate::ZooKeeperBackend::session`] or
+/// [`Backend::open_session`](fencelock::backend::Backend::open_session).
+///
+/// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
+/// session deletes all of them at once. Dropping it closes the session too.
+pub struct ZooKeeperSession {
+    pub(crate) backend: Arc<Inner>,
+    /// `None` once closed: dropping the last client clone closes the session.
+    client: RwLock<Option<zk::Client>>,
+    pub(crate) id: i64,
+    ttl: Duration,
+    /// A template: clone it and consume its current state to watch for later changes.
+    state: zk::StateWatcher,
+    events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    /// Enqueue attempts whose create was sent: `None` while the outcome is unknown (the reply
+    /// may have been lost), `Some` once the node is known.
+    pub(crate) attempts: StdMutex<HashMap<Uuid, Option<Entry>>>,
+}
+
+impl fmt::Debug for ZooKeeperSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperSession")
+            .field("id", &self.id())
+            .field("ttl", &self.ttl)
+            .field("state", &self.state.peek_state())
+            .finish()
+    }
+}
+
+impl ZooKeeperSession {
+    pub(crate) fn new(backend: Arc<Inner>, client: zk::Client) -> Self {
+        let id = client.session_id().0;
+        let ttl = client.session_timeout();
+        let state = client.state_watcher();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(forward_events(state.clone(), tx));
+        ZooKeeperSession {
+            backend,
+            client: RwLock::new(Some(client)),
+            id,
+            ttl,
+            state,
+            events: AsyncMutex::new(rx),
+            attempts: StdMutex::new(HashMap::new()),
+        }
+    }
+
+    /// A clone of the client for one operation, or the reason there is none. Operations must
+    /// not keep it across long waits (watches), so that [`close`](BackendSession::close)
+    /// really ends the session.
+    pub(crate) fn client(&self) -> Result<zk::Client> {
+        match &*self.client.read().unwrap() {
+            Some(c) => Ok(c.clone()),
+            None => Err(Error::SessionLost(LostReason::Closed)),
+        }
+    }
+
+    /// Resolves with an error when the session state breaks an ongoing wait: a disconnect
+    /// *after* this call (temporary), or a terminal state (the session is lost). A connection
+    /// that is down already when this is called does not count: requests sent now wait for
+    /// the reconnection, and watches set then are valid.
+    pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
+        let mut watcher = self.state.clone();
+        let now = watcher.state();
+        async move {
+            if now.is_terminated() {
+                if let Some(e) = state_error(op, now) {
+                    return e;
+                }
+            }
+            loop {
+                let state = watcher.changed().await;
+                if let Some(e) = state_error(op, state) {
+                    return e;
+                }
+            }
+        }
+    }
+
+    /// The session's current state as the client knows it.
+    pub fn state(&self) -> zk::SessionState {
+        self.state.peek_state()
+    }
+}
+
+/// Forwards the client's session states as [`SessionEvent`]s until a terminal state.
+async fn forward_events(mut watcher: zk::StateWatcher, tx: mpsc::UnboundedSender<SessionEvent>) {
+    let mut disconnected = matches!(watcher.state(), zk::SessionState::Disconnected);
+    loop {
+        let state = watcher.changed().await;
+        let event = match state {
+            zk::SessionState::Disconnected => {
+                disconnected = true;
+                Some(SessionEvent::Disconnected)
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                std::mem::take(&mut disconnected).then_some(SessionEvent::Reconnected)
+            }
+            s if s.is_terminated() => Some(SessionEvent::Expired),
+            _ => None,
+        };
+        debug!(?state, "zookeeper session state");
+        if let Some(event) = event {
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+        if state.is_terminated() {
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl BackendSession for ZooKeeperSession {
+    fn id(&self) -> String {
+        format!("{:x}", self.id as u64)
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        const OP: &str = "keep-alive";
+        // Fail fast while disconnected: the request would only wait for the reconnection.
+        if let Some(e) = state_error(OP, self.state.peek_state()) {
+            return Err(e);
+        }
+        let client = self.client()?;
+        let res = client.check_stat("/").await;
+        res.map(drop).map_err(|e| error::map(OP, e))
+    }
+
+    async fn next_event(&self) -> SessionEvent {
+        let mut rx = self.events.lock().await;
+        match rx.recv().await {
+            Some(event) => event,
+            None => futures::future::pending().await,
+        }
+    }
+
+    async fn enqueue(&self, queue: &QueueId, attempt: Uuid, value: &[u8]) -> Result<(Entry, bool)> {
+        self.enqueue_entry(queue, attempt, value).await
+    }
+
+    async fn predecessor(&self, queue: &QueueId, entry: &Entry) -> Result<Option<Entry>> {
+        self.predecessor_of(queue, entry).await
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        self.wait_node_gone(entry).await
+    }
+
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        self.remove_entry(entry).await
+    }
+
+    async fn abandon(&self, queue: &QueueId, attempt: Uuid) -> Result<()> {
+        self.abandon_attempt(queue, attempt).await
+    }
+
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        self.set_entry_value(entry, value).await
+    }
+
+    async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+        self.queue_head(queue).await
+    }
+
+    async fn wait_queue_change(
+        &self,
+        queue: &QueueId,
+        seen: Option<&(Entry, Vec<u8>)>,
+    ) -> Result<()> {
+        self.wait_head_change(queue, seen).await
+    }
+
+    async fn list(&self, namespace: &str) -> Result<Vec<String>> {
+        self.list_entries(namespace).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        let client = self.client.write().unwrap().take();
+        let Some(client) = client else { return Ok(()) };
+        let mut watcher = self.state.clone();
+        drop(client); // the last clone: the client sends CloseSession
+        let closed = async {
+            loop {
+                if watcher.state().is_terminated() {
+                    return;
+                }
+                watcher.changed().await;
+            }
+        };
+        if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
+            warn!(session = %self.id(), "the close of the ZooKeeper session was not confirmed; it expires after its timeout");
+        } else {
+            debug!(session = %self.id(), "zookeeper session closed");
+        }
+        Ok(())
+    }
+}

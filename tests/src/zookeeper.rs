@@ -1,0 +1,302 @@
+//! A real single-node ZooKeeper server for the tests, from Debian's `zookeeper` package
+//! (jars in `/usr/share/java`, needs Java), on a free loopback port with a temporary data
+//! directory; and the conformance [`Factory`] over it.
+//!
+//! ```ignore
+//! let Some(server) = fencelock_integration::zookeeper::shared() else { return }; // skipped
+//! let backend = ZooKeeperBackend::connect(&server.connect_string()).await?;
+//! ```
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::Factory;
+use fencelock::Result;
+use fencelock_zookeeper::ZooKeeperBackend;
+
+/// The server's tick: sessions may last from 2 ticks (1 s) up to `maxSessionTimeout`.
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// The smallest session timeout the test server grants (2 × [`TICK`]).
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The largest session timeout the test server grants.
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a server may take to answer `ruok` after its start.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// A logging backend for slf4j (ZooKeeper logs through it); the server runs without one too.
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// Whether Java and Debian's `zookeeper` package are installed.
+pub fn installed() -> bool {
+    Path::new(ZOOKEEPER_JAR).exists() && java().is_some()
+}
+
+fn java() -> Option<PathBuf> {
+    let candidates = std::env::var_os("JAVA_HOME")
+        .map(|h| PathBuf::from(h).join("bin/java"))
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin/java")]);
+    candidates.into_iter().find(|p| p.exists())
+}
+
+/// Whether the ZooKeeper tests can run: `true` if the server is installed. Otherwise, panics
+/// when `CI=true` (in CI a missing server is a failure), else prints a skip message and
+/// returns `false`.
+pub fn available() -> bool {
+    if installed() {
+        return true;
+    }
+    let msg = "ZooKeeper is not installed (Debian packages `zookeeper` and a JRE)";
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{msg}: required in CI");
+    }
+    eprintln!("skipped: {msg}");
+    false
+}
+
+/// A running single-node ZooKeeper server; killed (by its PID) when dropped.
+#[derive(Debug)]
+pub struct ZkServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl ZkServer {
+    /// Starts a server on a free loopback port and waits until it answers (bounded). Panics
+    /// if it cannot start.
+    pub fn start() -> ZkServer {
+        let mut last = String::new();
+        // A port picked free may be taken before the server binds it: try a few.
+        for _ in 0..3 {
+            match Self::try_start() {
+                Ok(server) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("cannot start ZooKeeper: {last}");
+    }
+
+    fn try_start() -> Result<ZkServer, String> {
+        let java = java().ok_or("java not found")?;
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-zk-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?;
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).map_err(|e| format!("data dir: {e}"))?;
+        let port = free_port().map_err(|e| format!("free port: {e}"))?;
+        let cfg = dir.path().join("zoo.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "tickTime={tick}\n\
+                 minSessionTimeout={min}\n\
+                 maxSessionTimeout={max}\n\
+                 dataDir={data}\n\
+                 clientPort={port}\n\
+                 clientPortAddress=127.0.0.1\n\
+                 maxClientCnxns=0\n\
+                 admin.enableServer=false\n\
+                 4lw.commands.whitelist=*\n",
+                tick = TICK.as_millis(),
+                min = MIN_SESSION_TIMEOUT.as_millis(),
+                max = MAX_SESSION_TIMEOUT.as_millis(),
+                data = data.display(),
+            ),
+        )
+        .map_err(|e| format!("zoo.cfg: {e}"))?;
+        let log = std::fs::File::create(dir.path().join("zookeeper.log"))
+            .map_err(|e| format!("log file: {e}"))?;
+        let mut classpath = ZOOKEEPER_JAR.to_string();
+        if Path::new(SLF4J_SIMPLE_JAR).exists() {
+            classpath.push(':');
+            classpath.push_str(SLF4J_SIMPLE_JAR);
+        }
+        let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
+        let child = Command::new(java)
+            .args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
+                "-cp",
+                &classpath,
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+            ])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("spawn java: {e}"))?;
+        let mut server = ZkServer { child, port, dir };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("the server exited ({status}): {}", self.log_tail()));
+            }
+            if self.four_letter("ruok").as_deref() == Some("imok") {
+                return Ok(());
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "no answer on port {} within {START_TIMEOUT:?}: {}",
+                    self.port,
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends a four-letter-word command (`ruok`, `srvr`, `cons`, `dump`, ...) and returns the
+    /// answer, or `None` if the server does not answer.
+    pub fn four_letter(&self, cmd: &str) -> Option<String> {
+        let addr = ([127, 0, 0, 1], self.port).into();
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    /// The tail of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Where the server logs.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("zookeeper.log")
+    }
+
+    /// The connect string of the server (`127.0.0.1:{port}`).
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        // `Child::kill` signals exactly this PID.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+static SHARED: Mutex<Weak<ZkServer>> = Mutex::new(Weak::new());
+
+/// The server shared by the tests of one binary: started by the first test that asks, killed
+/// when the last one holding it finishes. `None` (after a skip message) if ZooKeeper is not
+/// installed outside CI.
+pub fn shared() -> Option<Arc<ZkServer>> {
+    if !available() {
+        return None;
+    }
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(server) = slot.upgrade() {
+        return Some(server);
+    }
+    let server = Arc::new(ZkServer::start());
+    *slot = Arc::downgrade(&server);
+    Some(server)
+}
+
+/// The conformance [`Factory`] over a ZooKeeper server.
+#[derive(Debug, Clone)]
+pub struct ZkFactory {
+    server: Arc<ZkServer>,
+    backend: ZooKeeperBackend,
+}
+
+impl ZkFactory {
+    /// A factory over the [`shared`] server, or `None` if ZooKeeper is not installed (outside
+    /// CI). The backend accepts TTLs down to the server's minimum.
+    pub async fn shared() -> Option<ZkFactory> {
+        let server = shared()?;
+        let backend = ZooKeeperBackend::builder(server.connect_string())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect()
+            .await
+            .expect("connect to the test ZooKeeper");
+        Some(ZkFactory { server, backend })
+    }
+
+    /// The server under test.
+    pub fn server(&self) -> &Arc<ZkServer> {
+        &self.server
+    }
+
+    /// The backend under test.
+    pub fn zookeeper(&self) -> &ZooKeeperBackend {
+        &self.backend
+    }
+}
+
+// `Factory` is an `async_trait`; its async method is written out by hand here so that this
+// crate needs no `async-trait` dependency.
+impl Factory for ZkFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    fn delete_as_admin<'a, 'b, 'f>(
+        &'a self,
+        key: &'b str,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'f>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        Box::pin(async move {
+            let client = zookeeper_client::Client::connect(&self.server.connect_string())
+                .await
+                .map_err(|e| fencelock::Error::backend("zookeeper", "admin connect", true, e))?;
+            client
+                .delete(key, None)
+                .await
+                .map_err(|e| fencelock::Error::backend("zookeeper", "admin delete", false, e))
+        })
+    }
+}

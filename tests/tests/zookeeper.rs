@@ -1,0 +1,582 @@
+//! The conformance suite and the ZooKeeper-specific behaviour against a real ZooKeeper server
+//! (Debian's `zookeeper` package; skipped with a message when it is missing, a failure in CI).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock::backend::{BackendSession, QueueId, QueueKind};
+use fencelock::conformance::{bounded, unique_namespace, TTL, WAIT};
+use fencelock::{Error, Session};
+use fencelock_integration::zookeeper::{
+    self as harness, ZkFactory, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+};
+use fencelock_zookeeper::{AclMode, ZooKeeperBackend};
+use zookeeper_client as zk;
+
+fencelock::conformance_tests!(ZkFactory::shared());
+
+/// A plain client of the test server, outside fencelock.
+async fn raw(f: &ZkFactory) -> zk::Client {
+    zk::Client::connect(&f.server().connect_string())
+        .await
+        .expect("raw client")
+}
+
+async fn session(f: &ZkFactory, ns: &str) -> Session {
+    Session::builder(f.zookeeper().clone())
+        .namespace(ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .expect("session")
+}
+
+fn queue(ns: &str, name: &str, kind: QueueKind) -> QueueId {
+    QueueId {
+        namespace: ns.into(),
+        name: name.into(),
+        kind,
+    }
+}
+
+/// `_c_{uuid}-{marker}{10 digits}` under `parent`.
+fn assert_curator_name(key: &str, parent: &str, marker: &str) {
+    let name = key
+        .strip_prefix(&format!("{parent}/"))
+        .unwrap_or_else(|| panic!("{key} is not a child of {parent}"));
+    let rest = name.strip_prefix("_c_").expect("protected prefix _c_");
+    let (uuid, seq) = rest.split_at(36);
+    assert!(
+        uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-') && uuid.matches('-').count() == 4,
+        "uuid part of {name}"
+    );
+    let seq = seq.strip_prefix(&format!("-{marker}")).expect("marker");
+    assert!(
+        seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
+        "sequence of {name}"
+    );
+}
+
+/// Lock and election entries follow Curator's node naming, the fencing token is the node's
+/// `czxid`, the entry is an ephemeral of our session, and parents are CONTAINER nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_naming_and_czxid_token() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_naming");
+    let s = session(&f, &ns).await;
+    let zk = raw(&f).await;
+
+    let g = s.mutex("jobs/reindex").unwrap().lock().await.unwrap();
+    let parent = format!("/{ns}/jobs/reindex");
+    assert_curator_name(g.key(), &parent, "lock-");
+    let (_, stat) = zk.get_data(g.key()).await.unwrap();
+    assert_eq!(g.token().get(), stat.czxid as u64, "token = czxid");
+    assert_eq!(
+        format!("{:x}", stat.ephemeral_owner as u64),
+        s.id(),
+        "our ephemeral"
+    );
+    let (_, parent_stat) = zk.get_data(&parent).await.unwrap();
+    assert_eq!(
+        parent_stat.ephemeral_owner,
+        i64::MIN,
+        "the parent is a CONTAINER node"
+    );
+
+    let leader = s
+        .election("primary")
+        .unwrap()
+        .campaign(b"node-a:8080")
+        .await
+        .unwrap();
+    assert_curator_name(leader.key(), &format!("/{ns}/primary"), "latch-");
+    let (data, stat) = zk.get_data(leader.key()).await.unwrap();
+    assert_eq!(data, b"node-a:8080");
+    assert_eq!(leader.epoch().get(), stat.czxid as u64, "epoch = czxid");
+    assert!(leader.epoch() > g.token());
+
+    // The empty namespace puts the queue at the root: /{name}.
+    let root = Session::builder(f.zookeeper().clone())
+        .namespace("")
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let name = format!("fencelock-root-{}", &s.id());
+    let g2 = root.mutex(&name).unwrap().lock().await.unwrap();
+    assert_curator_name(g2.key(), &format!("/{name}"), "lock-");
+    g2.release().await.unwrap();
+    root.close().await.unwrap();
+
+    g.release().await.unwrap();
+    leader.resign().await.unwrap();
+    assert!(s.list_entries().await.unwrap().is_empty());
+    s.close().await.unwrap();
+}
+
+/// A non-protected Curator entry (`lock-{seq}`, no `_c_` prefix) created by another client
+/// is ordered with ours: while it is first, we wait on it; its deletion grants us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_curator_entry_is_ordered() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_foreign");
+    let s = session(&f, &ns).await;
+    let zk = raw(&f).await;
+    let parent = format!("/{ns}/shared");
+    let opts = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    zk.mkdir(&parent, &opts).await.unwrap();
+    let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let (_, seq) = zk
+        .create(&format!("{parent}/lock-"), b"", &eph)
+        .await
+        .unwrap();
+    let foreign = format!("{parent}/lock-{seq}");
+    // Other children that are no lock entries are ignored.
+    zk.create(&format!("{parent}/_c_x-latch-"), b"", &eph)
+        .await
+        .unwrap();
+
+    let m = s.mutex("shared").unwrap();
+    assert!(
+        m.try_lock().await.unwrap().is_none(),
+        "the foreign entry holds the lock"
+    );
+    let waiter = tokio::spawn(async move { m.lock().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "waits behind the foreign entry");
+    zk.delete(&foreign, None).await.unwrap();
+    let t = bounded(WAIT, "granted after the foreign entry went", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(t.get() > 0);
+    s.close().await.unwrap();
+}
+
+/// The create-succeeded-but-reply-lost case: a retry of the same attempt adopts the node
+/// (same path, czxid as token) instead of creating a second one; a node with the same attempt
+/// id owned by another session is never adopted; `abandon` deletes an unconfirmed node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_is_recovered() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_lost_reply");
+    let a = f.zookeeper().session(TTL).await.unwrap();
+    let b = f.zookeeper().session(TTL).await.unwrap();
+    let zk = raw(&f).await;
+    let q = queue(&ns, "r", QueueKind::Lock);
+
+    let attempt = "0f2a8f8e-9d2c-4e0e-8a50-0b1f5b3c1e2d".parse().unwrap();
+    let created = a.create_reply_lost(&q, attempt, b"v").await.unwrap();
+    let (entry, head) = a.enqueue(&q, attempt, b"v").await.unwrap();
+    assert_eq!(entry.key, created, "adopted, not created again");
+    assert!(head);
+    let (_, stat) = zk.get_data(&entry.key).await.unwrap();
+    assert_eq!(entry.token.get(), stat.czxid as u64);
+    assert_eq!(
+        a.list(&ns).await.unwrap(),
+        vec![created.clone()],
+        "one node"
+    );
+
+    // b's node carries the attempt id a believes it may have sent: a must not adopt it.
+    let foreign_attempt = "6d3c1b5a-1111-4222-8333-944455566677".parse().unwrap();
+    let b_node = b
+        .create_reply_lost(&q, foreign_attempt, b"b")
+        .await
+        .unwrap();
+    assert!(a.find_own(&q, foreign_attempt).await.unwrap().is_empty());
+    assert_eq!(b.find_own(&q, foreign_attempt).await.unwrap().len(), 1);
+    a.assume_create_sent(foreign_attempt);
+    let (mine, head) = a.enqueue(&q, foreign_attempt, b"a2").await.unwrap();
+    assert_ne!(mine.key, b_node, "another session's node is never adopted");
+    assert!(!head);
+    let (_, stat) = zk.get_data(&mine.key).await.unwrap();
+    assert_eq!(format!("{:x}", stat.ephemeral_owner as u64), a.id());
+    assert!(a.remove(&mine).await.unwrap());
+
+    // Abandoning an attempt whose reply was lost deletes its node, and only ours.
+    let lost = "7e3c1b5a-2222-4333-8444-a55566677788".parse().unwrap();
+    let node = a.create_reply_lost(&q, lost, b"").await.unwrap();
+    a.abandon(&q, lost).await.unwrap();
+    assert!(
+        zk.check_stat(&node).await.unwrap().is_none(),
+        "abandoned node deleted"
+    );
+    a.abandon(&q, foreign_attempt).await.unwrap();
+    assert!(
+        zk.check_stat(&b_node).await.unwrap().is_some(),
+        "b's node untouched"
+    );
+
+    assert!(a.remove(&entry).await.unwrap());
+    assert!(
+        !a.remove(&entry).await.unwrap(),
+        "a second remove finds nothing"
+    );
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    assert!(
+        zk.check_stat(&b_node).await.unwrap().is_none(),
+        "close deletes b's ephemerals"
+    );
+}
+
+/// In creator-delete mode an unauthenticated client can read our entries but neither delete
+/// nor change them nor queue in our parents; the owner releases normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_creator_delete() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let backend = ZooKeeperBackend::builder(f.server().connect_string())
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .digest_auth("alice", "s3cret")
+        .acl(AclMode::CreatorDelete)
+        .connect()
+        .await
+        .unwrap();
+    // A top-level namespace, so that every parent is created in this mode.
+    let ns = unique_namespace("zk_acl").replace('/', "-");
+    let s = Session::builder(backend.clone())
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("guarded").unwrap().lock().await.unwrap();
+
+    let anon = raw(&f).await;
+    let (acl, _) = anon.get_acl(g.key()).await.unwrap();
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "digest" && a.id().starts_with("alice:")));
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
+    assert!(anon.get_data(g.key()).await.is_ok(), "readable by all");
+    assert_eq!(anon.delete(g.key(), None).await, Err(zk::Error::NoAuth));
+    assert_eq!(
+        anon.set_data(g.key(), b"x", None).await.map(drop),
+        Err(zk::Error::NoAuth)
+    );
+    let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let parent = format!("/{ns}/guarded");
+    assert_eq!(
+        anon.create(&format!("{parent}/lock-"), b"", &eph)
+            .await
+            .map(drop),
+        Err(zk::Error::NoAuth),
+        "no foreign entries in our queue"
+    );
+    assert!(g.is_held());
+
+    // Another process with the same identity contends normally.
+    let s2 = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    assert!(s2
+        .mutex("guarded")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    let g2 = s2.mutex("guarded").unwrap().lock().await.unwrap();
+    g2.release().await.unwrap();
+    s.close().await.unwrap();
+    s2.close().await.unwrap();
+
+    // Creator-delete without an identity is a configuration error.
+    let r = ZooKeeperBackend::builder(f.server().connect_string())
+        .acl(AclMode::CreatorDelete)
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+}
+
+/// The session reports the timeout the server negotiated, not the one requested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negotiated_ttl_is_reported() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let z = f.zookeeper();
+    let low = z.session(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(
+        low.ttl(),
+        MIN_SESSION_TIMEOUT,
+        "raised to the server's minimum"
+    );
+    let high = z.session(MAX_SESSION_TIMEOUT * 2).await.unwrap();
+    assert_eq!(
+        high.ttl(),
+        MAX_SESSION_TIMEOUT,
+        "lowered to the server's maximum"
+    );
+    let exact = z.session(Duration::from_secs(3)).await.unwrap();
+    assert_eq!(exact.ttl(), Duration::from_secs(3));
+    for s in [&low, &high, &exact] {
+        assert!(
+            u64::from_str_radix(&s.id(), 16).is_ok_and(|id| id != 0),
+            "{}",
+            s.id()
+        );
+        s.close().await.unwrap();
+    }
+    // Through the core: the session's TTL and deadline follow the negotiated value.
+    let s = Session::builder(z.clone())
+        .ttl(MAX_SESSION_TIMEOUT * 2)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(s.ttl(), MAX_SESSION_TIMEOUT);
+    s.close().await.unwrap();
+}
+
+/// Names that pass the core's rules but that ZooKeeper refuses are rejected with
+/// `InvalidName` before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_zookeeper_paths_are_rejected() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_invalid");
+    let s = session(&f, &ns).await;
+    for bad in ["a\u{e000}b", "x/\u{fff0}", "q/lock-0000000001"] {
+        let m = s.mutex(bad).expect("the core accepts it");
+        assert!(
+            matches!(m.lock().await, Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(m.try_lock().await, Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+        let e = s.election(bad).unwrap();
+        assert!(
+            matches!(e.campaign(b"v").await, Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(e.leader().await, Err(Error::InvalidName { .. })),
+            "{bad:?}"
+        );
+    }
+    // The reserved /zookeeper subtree, with the empty namespace or as a namespace.
+    let root = Session::builder(f.zookeeper().clone())
+        .namespace("")
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    for bad in ["zookeeper", "zookeeper/quota"] {
+        let r = root.mutex(bad).unwrap().try_lock().await;
+        assert!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "{bad:?}: {r:?}"
+        );
+    }
+    let reserved = Session::builder(f.zookeeper().clone())
+        .namespace("/zookeeper/x")
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let r = reserved.mutex("a").unwrap().try_lock().await;
+    assert!(matches!(r, Err(Error::InvalidName { .. })), "{r:?}");
+    assert!(matches!(
+        reserved.list_entries().await,
+        Err(Error::InvalidName { .. })
+    ));
+    // Not reserved below another node.
+    let g = s.mutex("zookeeper").unwrap().lock().await.unwrap();
+    assert_eq!(
+        s.list_entries().await.unwrap(),
+        vec![g.key().to_string()],
+        "only that one"
+    );
+    g.release().await.unwrap();
+    for x in [s, root, reserved] {
+        x.close().await.unwrap();
+    }
+}
+
+/// A chroot (builder or connect string) roots every path, is created if missing, and keys
+/// are relative to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chroot_roots_every_path() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let root = format!("/{}", unique_namespace("zk_chroot").replace('/', "-"));
+    let backend = ZooKeeperBackend::connect(&format!("{}{root}/app", f.server().connect_string()))
+        .await
+        .unwrap();
+    assert_eq!(backend.chroot(), Some(format!("{root}/app").as_str()));
+    let s = Session::builder(backend)
+        .namespace("locks")
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("zookeeper").unwrap().lock().await.unwrap();
+    assert!(g.key().starts_with("/locks/zookeeper/_c_"), "{}", g.key());
+    let zk = raw(&f).await;
+    let (_, stat) = zk
+        .get_data(&format!("{root}/app{}", g.key()))
+        .await
+        .unwrap();
+    assert_eq!(g.token().get(), stat.czxid as u64);
+    assert_eq!(s.list_entries().await.unwrap(), vec![g.key().to_string()]);
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+
+    let r = ZooKeeperBackend::builder(format!("{}{root}", f.server().connect_string()))
+        .chroot("/elsewhere")
+        .connect()
+        .await;
+    assert!(
+        matches!(r, Err(Error::InvalidConfig(_))),
+        "conflicting chroots: {r:?}"
+    );
+}
+
+/// An unreachable cluster gives `Error::Connect` after the connect timeout, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_cluster_fails_to_connect() {
+    if !harness::available() {
+        return;
+    }
+    let timeout = Duration::from_millis(800);
+    // Refused (nothing listens), and a black hole (packets dropped or unroutable).
+    for endpoint in ["127.0.0.1:1", "10.255.255.1:2181"] {
+        let start = Instant::now();
+        let r = bounded(
+            Duration::from_secs(10),
+            "connect gives up",
+            ZooKeeperBackend::builder(endpoint)
+                .connect_timeout(timeout)
+                .connect(),
+        )
+        .await;
+        assert!(matches!(r, Err(Error::Connect { .. })), "{endpoint}: {r:?}");
+        assert!(r.unwrap_err().is_temporary());
+        assert!(
+            start.elapsed() < timeout + Duration::from_secs(2),
+            "{endpoint}: bounded"
+        );
+    }
+}
+
+/// A session sees the deletion of its own node and of the head, and `keep_alive` confirms a
+/// live session; after `close` it reports the session lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_session_primitives() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_primitives");
+    let a = f.zookeeper().session(TTL).await.unwrap();
+    let b = Arc::new(f.zookeeper().session(TTL).await.unwrap());
+    a.keep_alive().await.unwrap();
+    let q = queue(&ns, "e", QueueKind::Election);
+    assert!(a.head(&q).await.unwrap().is_none());
+    // A change watcher on the empty (not yet existing) queue fires on the first entry.
+    let b_watch = {
+        let (b, q) = (b.clone(), q.clone());
+        tokio::spawn(async move { b.wait_queue_change(&q, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!b_watch.is_finished());
+    let (ea, head) = a
+        .enqueue(
+            &q,
+            "11111111-2222-4333-8444-555566667777".parse().unwrap(),
+            b"A",
+        )
+        .await
+        .unwrap();
+    assert!(head);
+    bounded(WAIT, "queue change seen", b_watch)
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = b.head(&q).await.unwrap().unwrap();
+    assert_eq!(seen.0, ea);
+    assert_eq!(seen.1, b"A");
+    // A value change is a change.
+    let w = {
+        let (b, q, seen) = (b.clone(), q.clone(), seen.clone());
+        tokio::spawn(async move { b.wait_queue_change(&q, Some(&seen)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!w.is_finished());
+    assert!(a.set_value(&ea, b"A2").await.unwrap());
+    bounded(WAIT, "value change seen", w)
+        .await
+        .unwrap()
+        .unwrap();
+    // An unchanged queue returns at once only if it differs.
+    let seen = b.head(&q).await.unwrap().unwrap();
+    assert_eq!(seen.1, b"A2");
+    let stale = (seen.0.clone(), b"old".to_vec());
+    bounded(
+        Duration::from_secs(5),
+        "differs at once",
+        b.wait_queue_change(&q, Some(&stale)),
+    )
+    .await
+    .unwrap();
+    // b queues behind a and waits for a's entry to go.
+    let (eb, head) = b
+        .enqueue(
+            &q,
+            "21111111-2222-4333-8444-555566667777".parse().unwrap(),
+            b"B",
+        )
+        .await
+        .unwrap();
+    assert!(!head);
+    let pred = b
+        .predecessor(&q, &eb)
+        .await
+        .unwrap()
+        .expect("a is before b");
+    assert_eq!(pred.key, ea.key);
+    let gone = {
+        let (b, pred) = (b.clone(), pred.clone());
+        tokio::spawn(async move { b.wait_gone(&pred).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!gone.is_finished());
+    assert!(a.remove(&ea).await.unwrap());
+    bounded(WAIT, "predecessor gone", gone)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        b.predecessor(&q, &eb).await.unwrap().is_none(),
+        "b heads the queue"
+    );
+    assert!(!a.set_value(&ea, b"late").await.unwrap(), "gone");
+    assert!(matches!(
+        a.predecessor(&q, &ea).await,
+        Err(Error::EntryVanished { .. })
+    ));
+    a.close().await.unwrap();
+    assert!(matches!(a.keep_alive().await, Err(Error::SessionLost(_))));
+    assert!(matches!(a.head(&q).await, Err(Error::SessionLost(_))));
+    assert_eq!(a.list(&ns).await.map_err(|_| ()), Err(()));
+    assert_eq!(b.list(&ns).await.unwrap(), vec![eb.key.clone()]);
+    b.close().await.unwrap();
+}
