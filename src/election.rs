@@ -85,7 +85,8 @@ impl Election {
     pub fn observe(&self) -> impl Stream<Item = Result<Option<LeaderInfo>>> + Send + 'static {
         let remote = self.session.shared().remote.clone();
         let queue = self.queue.clone();
-        let state: (Option<Option<(Entry, Vec<u8>)>>, bool) = (None, false);
+        // (the head last reported, if any; whether the last read failed)
+        let state: (Option<Head>, bool) = (None, false);
         futures::stream::unfold(state, move |(mut seen, failed)| {
             let remote = remote.clone();
             let queue = queue.clone();
@@ -117,6 +118,9 @@ impl Election {
         })
     }
 }
+
+/// A queue head as read from the backend (`None`: no candidate).
+type Head = Option<(Entry, Vec<u8>)>;
 
 fn same_leader(a: Option<&(Entry, Vec<u8>)>, b: Option<&(Entry, Vec<u8>)>) -> bool {
     match (a, b) {

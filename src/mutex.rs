@@ -144,3 +144,32 @@ impl Guard {
         self.held.release().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{MemoryBackend, Session};
+
+    /// Dropping a guard never blocks and never panics, with or without a runtime.
+    #[test]
+    fn drop_guard_outside_a_runtime() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let backend = MemoryBackend::new();
+        let (session, g1, g2) = rt.block_on(async {
+            let s = Session::builder(backend.clone()).start().await.unwrap();
+            let g1 = s.mutex("a").unwrap().lock().await.unwrap();
+            let g2 = s.mutex("b").unwrap().lock().await.unwrap();
+            (s, g1, g2)
+        });
+        // On a plain thread with no runtime: the release is handed to the session's task.
+        std::thread::spawn(move || drop(g1)).join().unwrap();
+        let left = rt.block_on(async {
+            session.flush().await;
+            session.list_entries().await.unwrap()
+        });
+        assert_eq!(left, vec![g2.key().to_string()]);
+        // After the runtime is gone: still no panic.
+        drop(rt);
+        drop(g2);
+        drop(session);
+    }
+}

@@ -203,9 +203,7 @@ pub(crate) async fn acquire(
         match res {
             Ok(true) => {
                 // Granted: never report a grant past the local deadline.
-                if let Err(e) = shared.check_alive() {
-                    return Err(e);
-                }
+                shared.check_alive()?;
                 let entry = pending.entry.take().expect("granted entry");
                 let local = pending.local.take();
                 tracing::Span::current().record("token", entry.token.get());

@@ -504,7 +504,11 @@ async fn heartbeat(weak: Weak<Shared>, stop: CancellationToken) {
                     if let Some(shared) = weak.upgrade() {
                         shared.set_lost(LostReason::LocalDeadline);
                     }
-                    let _ = tokio::time::timeout(ttl, remote.close()).await;
+                    // Free our entries now rather than at the cluster's expiry — unless the
+                    // heartbeats were halted to play a paused process, which sends nothing.
+                    if !halted {
+                        let _ = tokio::time::timeout(ttl, remote.close()).await;
+                    }
                     return;
                 }
                 ev = remote.next_event() => {
@@ -521,6 +525,9 @@ async fn heartbeat(weak: Weak<Shared>, stop: CancellationToken) {
                     }
                 }
                 _ = sleep_until(next), if !halted => {
+                    if weak.upgrade().is_none_or(|s| s.halted.load(Ordering::SeqCst)) {
+                        continue;
+                    }
                     let sent = Instant::now();
                     match timeout_at(deadline, remote.keep_alive()).await {
                         Ok(Ok(())) => {

@@ -32,7 +32,7 @@ pub async fn single_leader_among_five(f: &dyn Factory) {
         }));
     }
     wait_entries(&sessions[0], "five candidates", |l| l.len() == 5).await;
-    let info = bounded(WAIT, "a leader", async {
+    bounded(WAIT, "a leader", async {
         loop {
             if leaders.lock().unwrap().len() == 1 {
                 break;
@@ -41,7 +41,6 @@ pub async fn single_leader_among_five(f: &dyn Factory) {
         }
     })
     .await;
-    let _ = info;
     // Give any second (wrong) leader a chance to appear.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = leaders.lock().unwrap().clone();
@@ -177,7 +176,7 @@ pub async fn deposed_leader_cannot_proclaim(f: &dyn Factory) {
     let l = e.campaign(b"v1").await.unwrap();
     l.proclaim(b"v2").await.unwrap();
     assert_eq!(e.leader().await.unwrap().unwrap().value, b"v2");
-    f.delete_as_admin(&l.key()).await.unwrap();
+    f.delete_as_admin(l.key()).await.unwrap();
     bounded(WAIT, "lost fires", l.lost()).await;
     assert!(!l.is_leader());
     assert!(matches!(l.proclaim(b"v3").await, Err(Error::NotHeld(_))));

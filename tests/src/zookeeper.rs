@@ -132,6 +132,8 @@ impl ZkServer {
                 "-XX:TieredStopAtLevel=1",
                 "-Dzookeeper.admin.enableServer=false",
                 "-Dzookeeper.jmx.log4j.disable=true",
+                // Reap empty CONTAINER parents quickly (default: every minute).
+                "-Dznode.container.checkIntervalMs=1000",
                 &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
                 "-cp",
                 &classpath,

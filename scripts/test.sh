@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every test of fencelock against real servers.
+#
+# Installs what a fresh Debian machine lacks (etcd, ZooKeeper with a Java runtime, protoc)
+# through apt-get, then runs the whole workspace's tests. The test harnesses start etcd and
+# ZooKeeper themselves on free loopback ports with temporary data dirs, and stop them (by
+# PID) when the tests end. With CI=true a missing server fails the run instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+[ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing: ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+echo "== cargo test (workspace; etcd and ZooKeeper are started by the harnesses)"
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc

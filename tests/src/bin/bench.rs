@@ -1,0 +1,244 @@
+//! The benchmark: prints tables comparing fencelock with its peers side by side, in one run,
+//! against the same local servers (started by the harness). Not a timed test: figures on a
+//! shared machine are noisy, so compare the rows of one run, and read the ratios.
+//!
+//! Run: `cargo run --release -p fencelock-integration --bin bench -- --help`
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use fencelock::Session;
+use fencelock_etcd::EtcdBackend;
+use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "fencelock benchmark: latency and throughput side by side with the peers")]
+struct Args {
+    /// Which backends to measure: etcd, zookeeper or all.
+    #[arg(long, default_value = "all")]
+    backend: String,
+    /// Uncontended acquire+release rounds per row.
+    #[arg(long, default_value_t = 500)]
+    rounds: usize,
+    /// Seconds of each contended throughput measurement.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Contending session counts.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
+    sessions: Vec<usize>,
+}
+
+/// Latency samples of one row.
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn pct(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// Times `rounds` runs of `op`, after a short warm-up.
+async fn time_rounds<F, Fut>(rounds: usize, mut op: F) -> Samples
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..rounds / 10 + 1 {
+        op().await;
+    }
+    let mut v = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        op().await;
+        v.push(t.elapsed());
+    }
+    Samples(v)
+}
+
+/// Runs `n` contenders, each looping `op(i)` until the time is up; returns completions/s.
+async fn throughput<F, Fut>(n: usize, seconds: f64, make: F) -> f64
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<
+        Output = Box<dyn FnMut() -> futures::future::BoxFuture<'static, ()> + Send>,
+    >,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut ops = Vec::new();
+    for i in 0..n {
+        ops.push(make(i).await);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for mut op in ops {
+        let (stop, count) = (stop.clone(), count.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                op().await;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
+    }
+    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+type Op = Box<dyn FnMut() -> futures::future::BoxFuture<'static, ()> + Send>;
+
+async fn etcd_rows(args: &Args, server: &EtcdServer) {
+    let ep = server.endpoint();
+    let backend = etcd_harness::connect(&ep).await;
+    println!("\n## etcd (single member, {ep})\n");
+    println!("Uncontended acquire + release, {} rounds:\n", args.rounds);
+    println!("| implementation | p50 ms | p99 ms | p50 vs raw txn |");
+    println!("|---|---:|---:|---:|");
+
+    // Raw: txn create-if-absent with a lease, then delete.
+    let mut client = backend.client().clone();
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    let raw = time_rounds(args.rounds, || {
+        let mut c = client.clone();
+        async move {
+            use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+            let key = format!("bench/raw/{lease:x}");
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    "",
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            c.txn(txn).await.unwrap();
+            c.delete(key, None).await.unwrap();
+        }
+    })
+    .await;
+    let base = raw.pct(0.5);
+
+    let session = Session::builder(backend.clone())
+        .namespace("bench")
+        .start()
+        .await
+        .unwrap();
+    let mutex = Arc::new(session.mutex("ours").unwrap());
+    let ours = time_rounds(args.rounds, || {
+        let m = mutex.clone();
+        async move {
+            let g = m.lock().await.unwrap();
+            g.release().await.unwrap();
+        }
+    })
+    .await;
+
+    let recipe = time_rounds(args.rounds, || {
+        let mut c = client.clone();
+        async move {
+            let opts = etcd_client::LockOptions::new().with_lease(lease);
+            let key = c
+                .lock("bench/etcd-lock", Some(opts))
+                .await
+                .unwrap()
+                .key()
+                .to_vec();
+            c.unlock(key).await.unwrap();
+        }
+    })
+    .await;
+    for (name, s) in [
+        ("fencelock Mutex lock + release", &ours),
+        ("raw txn create + delete", &raw),
+        ("etcd-client lock() + unlock()", &recipe),
+    ] {
+        println!(
+            "| {name} | {} | {} | {:.2}x |",
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+        );
+    }
+    session.close().await.unwrap();
+
+    println!(
+        "\nContended acquisitions per second ({} s each, one connection per session):\n",
+        args.seconds
+    );
+    println!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
+    println!("|---:|---:|---:|---:|");
+    for &n in &args.sessions {
+        let ep2 = ep.clone();
+        let ours = throughput(n, args.seconds, |_| {
+            let ep = ep2.clone();
+            async move {
+                let b = EtcdBackend::connect([ep]).await.unwrap();
+                let s = Session::builder(b)
+                    .namespace("bench")
+                    .start()
+                    .await
+                    .unwrap();
+                let m = Arc::new(s.mutex("contended").unwrap());
+                let op: Op = Box::new(move || {
+                    let (m, _s) = (m.clone(), s.clone());
+                    Box::pin(async move {
+                        let g = m.lock().await.unwrap();
+                        g.release().await.unwrap();
+                    })
+                });
+                op
+            }
+        })
+        .await;
+        let ep2 = ep.clone();
+        let theirs = throughput(n, args.seconds, |_| {
+            let ep = ep2.clone();
+            async move {
+                let mut c = etcd_client::Client::connect([ep], None).await.unwrap();
+                let lease = c.lease_grant(60, None).await.unwrap().id();
+                let op: Op = Box::new(move || {
+                    let mut c = c.clone();
+                    Box::pin(async move {
+                        let opts = etcd_client::LockOptions::new().with_lease(lease);
+                        let key = c
+                            .lock("bench/etcd-contended", Some(opts))
+                            .await
+                            .unwrap()
+                            .key()
+                            .to_vec();
+                        c.unlock(key).await.unwrap();
+                    })
+                });
+                op
+            }
+        })
+        .await;
+        println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    println!("# fencelock benchmark");
+    println!("\nOne run, side by side, against servers started here on loopback.");
+    if matches!(args.backend.as_str(), "etcd" | "all") {
+        match etcd_harness::installed() {
+            true => {
+                let server = EtcdServer::start();
+                etcd_rows(&args, &server).await;
+            }
+            false => println!("\n(etcd not installed: skipped)"),
+        }
+    }
+}
