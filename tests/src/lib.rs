@@ -3,6 +3,8 @@
 //! factories over them. Also home of the benchmark program (`src/bin/bench.rs`).
 
 pub mod etcd;
+pub mod faults;
+pub mod proxy;
 pub mod zookeeper;
 
 /// Whether we run in CI (`CI=true`), where a missing server is a failure, never a skip.

@@ -45,3 +45,45 @@ async fn unreachable_endpoint_is_a_connect_error() {
     let r = EtcdBackend::connect(Vec::<String>::new()).await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
 }
+
+mod faults {
+    use std::time::Duration;
+
+    use fencelock_integration::etcd::EtcdFactory;
+    use fencelock_integration::faults::{self, Kind, Target};
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    async fn target() -> Option<(EtcdFactory, Target)> {
+        let f = EtcdFactory::shared().await?;
+        let t = Target {
+            kind: Kind::Etcd,
+            endpoint: f.server.endpoint(),
+        };
+        Some((f, t))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_leader_is_replaced() {
+        let Some((_f, t)) = target().await else {
+            return;
+        };
+        faults::killed_leader_is_replaced(env!("CARGO_BIN_EXE_holder"), &t, TTL).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_leader_steps_down_first() {
+        let Some((_f, t)) = target().await else {
+            return;
+        };
+        faults::cut_off_leader_steps_down_first(&t, TTL).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_holder_is_fenced() {
+        let Some((_f, t)) = target().await else {
+            return;
+        };
+        faults::cut_off_holder_is_fenced(&t, TTL).await;
+    }
+}

@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex, RwLock};
+use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock::backend::{BackendSession, Entry, QueueId, SessionEvent};
 use fencelock::{Error, LostReason, Result};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -28,10 +29,19 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 ///
 /// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
 /// session deletes all of them at once. Dropping it closes the session too.
+///
+/// **Heartbeat contract.** The ZooKeeper client pings the server by itself, which would keep
+/// the session alive for as long as the process runs, even after fencelock's heartbeat
+/// stopped. To keep fencelock's contract (a session lives only while its heartbeat runs: the
+/// entries of an owner that stopped heartbeating go after the TTL), the session closes itself
+/// when [`keep_alive`](BackendSession::keep_alive) has not been called for one TTL. A
+/// [`fencelock::Session`] calls it every TTL/3; direct users of this type must do the same.
 pub struct ZooKeeperSession {
     pub(crate) backend: Arc<Inner>,
     /// `None` once closed: dropping the last client clone closes the session.
-    client: RwLock<Option<zk::Client>>,
+    client: Arc<RwLock<Option<zk::Client>>>,
+    /// When `keep_alive` was last called (or the session opened).
+    last_beat: Arc<StdMutex<Instant>>,
     pub(crate) id: i64,
     ttl: Duration,
     /// A template: clone it and consume its current state to watch for later changes.
@@ -59,9 +69,18 @@ impl ZooKeeperSession {
         let state = client.state_watcher();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(forward_events(state.clone(), tx));
+        let client = Arc::new(RwLock::new(Some(client)));
+        let last_beat = Arc::new(StdMutex::new(Instant::now()));
+        tokio::spawn(watchdog(
+            Arc::downgrade(&client),
+            Arc::downgrade(&last_beat),
+            ttl,
+            id,
+        ));
         ZooKeeperSession {
             backend,
-            client: RwLock::new(Some(client)),
+            client,
+            last_beat,
             id,
             ttl,
             state,
@@ -108,6 +127,35 @@ impl ZooKeeperSession {
     }
 }
 
+/// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
+/// contract on [`ZooKeeperSession`]). Ends with the session.
+async fn watchdog(
+    client: Weak<RwLock<Option<zk::Client>>>,
+    last_beat: Weak<StdMutex<Instant>>,
+    ttl: Duration,
+    id: i64,
+) {
+    loop {
+        let Some(last) = last_beat.upgrade().map(|b| *b.lock().unwrap()) else {
+            return;
+        };
+        if Instant::now() >= last + ttl {
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            let taken = client.write().unwrap().take();
+            if taken.is_some() {
+                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
+            }
+            return;
+        }
+        if client.upgrade().is_none_or(|c| c.read().unwrap().is_none()) {
+            return; // closed
+        }
+        tokio::time::sleep_until(last + ttl).await;
+    }
+}
+
 /// Forwards the client's session states as [`SessionEvent`]s until a terminal state.
 async fn forward_events(mut watcher: zk::StateWatcher, tx: mpsc::UnboundedSender<SessionEvent>) {
     let mut disconnected = matches!(watcher.state(), zk::SessionState::Disconnected);
@@ -148,6 +196,7 @@ impl BackendSession for ZooKeeperSession {
 
     async fn keep_alive(&self) -> Result<()> {
         const OP: &str = "keep-alive";
+        *self.last_beat.lock().unwrap() = Instant::now();
         // Fail fast while disconnected: the request would only wait for the reconnection.
         if let Some(e) = state_error(OP, self.state.peek_state()) {
             return Err(e);

@@ -12,6 +12,7 @@ use clap::Parser;
 use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
 use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
+use fencelock_integration::faults::{Holder, Kind, Target};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "fencelock benchmark: latency and throughput side by side with the peers")]
@@ -25,6 +26,9 @@ struct Args {
     /// Seconds of each contended throughput measurement.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Failover repetitions per row (each takes about a TTL when killed).
+    #[arg(long, default_value_t = 3)]
+    failovers: usize,
     /// Contending session counts.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
     sessions: Vec<usize>,
@@ -227,8 +231,167 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
     }
 }
 
+/// Median of a few durations.
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Election rows for any backend: campaign latency and failover (session closed; process
+/// killed with TTL 2 s).
+async fn election_rows(args: &Args, t: &Target, peer: Option<&str>) {
+    let ns = fencelock::conformance::unique_namespace("bench-election");
+    let ttl = Duration::from_secs(2);
+    let s = t
+        .session_at(&t.endpoint, &ns, Duration::from_secs(10))
+        .await;
+    let e = Arc::new(s.election("lat").unwrap());
+    let ours = time_rounds(args.rounds / 2, || {
+        let e = e.clone();
+        async move {
+            let l = e.campaign(b"v").await.unwrap();
+            l.resign().await.unwrap();
+        }
+    })
+    .await;
+    let failovers = args.failovers;
+    let mut closed = Vec::new();
+    for i in 0..failovers {
+        let a = t.session_at(&t.endpoint, &ns, ttl).await;
+        let name = format!("close-{i}");
+        let _la = a.election(&name).unwrap().campaign(b"a").await.unwrap();
+        let eb = s.election(&name).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let fut = eb.campaign(b"b");
+            let _ = tx.send(());
+            let l = fut.await.unwrap();
+            let at = Instant::now();
+            l.resign().await.unwrap();
+            at
+        });
+        rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await; // let b queue
+        let t0 = Instant::now();
+        a.close().await.unwrap();
+        closed.push(waiter.await.unwrap() - t0);
+    }
+    let me = std::env::current_exe().unwrap();
+    let mut killed = Vec::new();
+    for i in 0..failovers {
+        let name = format!("kill-{i}");
+        let mut child = Holder::start_with(
+            me.to_str().unwrap(),
+            &["holder"],
+            t,
+            &ns,
+            "election",
+            &name,
+            ttl,
+        );
+        let eb = s.election(&name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let l = eb.campaign(b"b").await.unwrap();
+            let at = Instant::now();
+            l.resign().await.unwrap();
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        child.kill();
+        killed.push(waiter.await.unwrap() - t0);
+    }
+    println!(
+        "| fencelock Election | {} | {} | {} | {} |",
+        ms(ours.pct(0.5)),
+        ms(ours.pct(0.99)),
+        ms(median(closed)),
+        ms(median(killed))
+    );
+    s.close().await.unwrap();
+    if let Some(ep) = peer {
+        etcd_campaign_row(args, ep).await;
+    }
+}
+
+/// etcd's own server-side Campaign API through etcd-client, the same measurements.
+async fn etcd_campaign_row(args: &Args, ep: &str) {
+    use etcd_client::{Client, ResignOptions};
+    let mut c = Client::connect([ep], None).await.unwrap();
+    let lease = c.lease_grant(10, None).await.unwrap().id();
+    let lat = time_rounds(args.rounds / 2, || {
+        let mut c = c.clone();
+        async move {
+            let r = c.campaign("bench-campaign/lat", "v", lease).await.unwrap();
+            let key = r.leader().unwrap().clone();
+            c.resign(Some(ResignOptions::new().with_leader(key)))
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    let mut closed = Vec::new();
+    let mut killed = Vec::new();
+    for i in 0..args.failovers * 2 {
+        let kill = i % 2 == 1;
+        let name = format!("bench-campaign/f{i}");
+        let la = c.lease_grant(2, None).await.unwrap().id();
+        // Keep the leader's lease alive until the "kill" (or the revoke).
+        let (mut keeper, mut stream) = c.lease_client().keep_alive(la).await.unwrap();
+        let keep = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                    return;
+                }
+            }
+        });
+        c.campaign(name.as_str(), "a", la).await.unwrap();
+        let lb = c.lease_grant(10, None).await.unwrap().id();
+        let mut c2 = c.clone();
+        let name2 = name.clone();
+        let waiter = tokio::spawn(async move {
+            c2.campaign(name2.as_str(), "b", lb).await.unwrap();
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        keep.abort();
+        if !kill {
+            c.lease_revoke(la).await.unwrap();
+        }
+        let d = waiter.await.unwrap() - t0;
+        if kill {
+            killed.push(d)
+        } else {
+            closed.push(d)
+        }
+        let _ = c.lease_revoke(lb).await;
+    }
+    println!(
+        "| etcd Campaign API (etcd-client) | {} | {} | {} | {} |",
+        ms(lat.pct(0.5)),
+        ms(lat.pct(0.99)),
+        ms(median(closed)),
+        ms(median(killed))
+    );
+}
+
+fn election_header(what: &str) {
+    println!("\nLeader election on {what}: campaign → leadership → resign latency uncontended, and failover");
+    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
+    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
+    println!("|---|---:|---:|---:|---:|");
+}
+
 #[tokio::main]
 async fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("holder") {
+        // Child mode for the failover rows.
+        fencelock_integration::faults::run_holder(&argv[2..]).await;
+        return;
+    }
     let args = Args::parse();
     println!("# fencelock benchmark");
     println!("\nOne run, side by side, against servers started here on loopback.");
@@ -237,6 +400,12 @@ async fn main() {
             true => {
                 let server = EtcdServer::start();
                 etcd_rows(&args, &server).await;
+                let t = Target {
+                    kind: Kind::Etcd,
+                    endpoint: server.endpoint(),
+                };
+                election_header("etcd");
+                election_rows(&args, &t, Some(&server.endpoint())).await;
             }
             false => println!("\n(etcd not installed: skipped)"),
         }
