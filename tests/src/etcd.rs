@@ -120,15 +120,20 @@ pub fn shared() -> Option<Arc<EtcdServer>> {
 
 /// Connects to `endpoint`, retrying (bounded) while the server elects itself leader.
 pub async fn connect(endpoint: &str) -> EtcdBackend {
+    connect_all(&[endpoint]).await
+}
+
+/// Connects to a cluster's `endpoints`, retrying (bounded) while it elects a leader.
+pub async fn connect_all(endpoints: &[&str]) -> EtcdBackend {
     let start = Instant::now();
     loop {
-        match EtcdBackend::connect([endpoint]).await {
+        match EtcdBackend::connect(endpoints).await {
             Ok(b) => return b,
             Err(e) if start.elapsed() < Duration::from_secs(30) => {
                 let _ = e;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => panic!("cannot connect to etcd at {endpoint}: {e}"),
+            Err(e) => panic!("cannot connect to etcd at {endpoints:?}: {e}"),
         }
     }
 }

@@ -7,11 +7,9 @@
 //! let backend = ZooKeeperBackend::connect(&server.connect_string()).await?;
 //! ```
 
-use std::future::Future;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -20,6 +18,8 @@ use fencelock::backend::Backend;
 use fencelock::conformance::Factory;
 use fencelock::Result;
 use fencelock_zookeeper::ZooKeeperBackend;
+
+use crate::{free_port, in_ci};
 
 /// The server's tick: sessions may last from 2 ticks (1 s) up to `maxSessionTimeout`.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -58,17 +58,20 @@ pub fn available() -> bool {
         return true;
     }
     let msg = "ZooKeeper is not installed (Debian packages `zookeeper` and a JRE)";
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    if in_ci() {
         panic!("{msg}: required in CI");
     }
     eprintln!("skipped: {msg}");
     false
 }
 
-/// A running single-node ZooKeeper server; killed (by its PID) when dropped.
+/// A running single-node ZooKeeper server; killed (by its PID) when dropped. A small
+/// `sh` guard process kills it too if the test process dies without dropping it (killed by a
+/// timeout, say), so that no JVM is left behind.
 #[derive(Debug)]
 pub struct ZkServer {
     child: Child,
+    guard: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
 }
@@ -96,7 +99,7 @@ impl ZkServer {
             .map_err(|e| format!("temp dir: {e}"))?;
         let data = dir.path().join("data");
         std::fs::create_dir(&data).map_err(|e| format!("data dir: {e}"))?;
-        let port = free_port().map_err(|e| format!("free port: {e}"))?;
+        let port = free_port();
         let cfg = dir.path().join("zoo.cfg");
         std::fs::write(
             &cfg,
@@ -145,7 +148,13 @@ impl ZkServer {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("spawn java: {e}"))?;
-        let mut server = ZkServer { child, port, dir };
+        let guard = orphan_guard(child.id());
+        let mut server = ZkServer {
+            child,
+            guard,
+            port,
+            dir,
+        };
         server.wait_ready()?;
         Ok(server)
     }
@@ -212,14 +221,30 @@ impl ZkServer {
 
 impl Drop for ZkServer {
     fn drop(&mut self) {
-        // `Child::kill` signals exactly this PID.
+        // The guard first, so that it can never signal a recycled PID. `Child::kill` signals
+        // exactly that PID.
+        if let Some(mut guard) = self.guard.take() {
+            let _ = guard.kill();
+            let _ = guard.wait();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Starts `sh` polling this test process; once it is gone, the guard kills `pid`.
+fn orphan_guard(pid: u32) -> Option<Child> {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null",
+        me = std::process::id()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
 }
 
 static SHARED: Mutex<Weak<ZkServer>> = Mutex::new(Weak::new());
@@ -271,8 +296,7 @@ impl ZkFactory {
     }
 }
 
-// `Factory` is an `async_trait`; its async method is written out by hand here so that this
-// crate needs no `async-trait` dependency.
+#[async_trait::async_trait]
 impl Factory for ZkFactory {
     fn backend(&self) -> Arc<dyn Backend> {
         Arc::new(self.backend.clone())
@@ -282,23 +306,13 @@ impl Factory for ZkFactory {
         Duration::from_secs(2)
     }
 
-    fn delete_as_admin<'a, 'b, 'f>(
-        &'a self,
-        key: &'b str,
-    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'f>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        Box::pin(async move {
-            let client = zookeeper_client::Client::connect(&self.server.connect_string())
-                .await
-                .map_err(|e| fencelock::Error::backend("zookeeper", "admin connect", true, e))?;
-            client
-                .delete(key, None)
-                .await
-                .map_err(|e| fencelock::Error::backend("zookeeper", "admin delete", false, e))
-        })
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        let client = zookeeper_client::Client::connect(&self.server.connect_string())
+            .await
+            .map_err(|e| fencelock::Error::backend("zookeeper", "admin connect", true, e))?;
+        client
+            .delete(key, None)
+            .await
+            .map_err(|e| fencelock::Error::backend("zookeeper", "admin delete", false, e))
     }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use fencelock::backend::{BackendSession, QueueId, QueueKind};
 use fencelock::conformance::{bounded, unique_namespace, TTL, WAIT};
-use fencelock::{Error, Session};
+use fencelock::{Error, Session, SessionState};
+use fencelock_integration::proxy::{Mode, Proxy};
 use fencelock_integration::zookeeper::{
     self as harness, ZkFactory, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
 };
@@ -588,4 +589,157 @@ async fn backend_session_primitives() {
     assert_eq!(a.list(&ns).await.map_err(|_| ()), Err(()));
     assert_eq!(b.list(&ns).await.unwrap(), vec![eb.key.clone()]);
     b.close().await.unwrap();
+}
+
+/// The ZooKeeper client pings by itself; the session still ends one TTL after the last
+/// `keep_alive`, as fencelock's heartbeat contract says (this is what makes a session whose
+/// heartbeats stopped lose its entries), and lives on while `keep_alive` is called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_ends_without_keep_alive() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_heartbeat");
+    let ttl = Duration::from_secs(2);
+    let silent = f.zookeeper().session(ttl).await.unwrap();
+    let beating = f.zookeeper().session(ttl).await.unwrap();
+    let q = queue(&ns, "h", QueueKind::Lock);
+    let (es, _) = silent
+        .enqueue(
+            &q,
+            "31111111-2222-4333-8444-555566667777".parse().unwrap(),
+            b"",
+        )
+        .await
+        .unwrap();
+    let (eb, _) = beating
+        .enqueue(
+            &q,
+            "41111111-2222-4333-8444-555566667777".parse().unwrap(),
+            b"",
+        )
+        .await
+        .unwrap();
+    let zk = raw(&f).await;
+    let start = Instant::now();
+    while start.elapsed() < ttl * 2 {
+        beating.keep_alive().await.unwrap();
+        tokio::time::sleep(ttl / 4).await;
+    }
+    assert!(
+        zk.check_stat(&es.key).await.unwrap().is_none(),
+        "silent session ended"
+    );
+    assert!(matches!(
+        silent.keep_alive().await,
+        Err(Error::SessionLost(fencelock::LostReason::Expired))
+    ));
+    assert!(
+        zk.check_stat(&eb.key).await.unwrap().is_some(),
+        "beating session alive"
+    );
+    beating.close().await.unwrap();
+    assert!(zk.check_stat(&eb.key).await.unwrap().is_none(), "closed");
+}
+
+/// Polls `cond` every 20 ms until it holds, failing after `limit`.
+async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A dropped connection makes the session suspended (ZooKeeper `Disconnected`); once the
+/// client reconnects within the session timeout it is live again and still holds its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_suspends_and_reconnect_resumes() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.server().connect_string()).await;
+    let backend = ZooKeeperBackend::connect(&proxy.addr()).await.unwrap();
+    let ns = unique_namespace("zk_suspend");
+    let s = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_secs(8))
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    proxy.set(Mode::Reset);
+    until(Duration::from_secs(5), "suspended", || {
+        s.state() == SessionState::Suspended
+    })
+    .await;
+    assert!(
+        g.is_held(),
+        "suspended, not lost: the local deadline is ahead"
+    );
+    proxy.set(Mode::Pass);
+    until(Duration::from_secs(5), "live again", || {
+        s.state() == SessionState::Live
+    })
+    .await;
+    assert!(g.is_held());
+    let zk = raw(&f).await;
+    let (_, stat) = zk.get_data(g.key()).await.unwrap();
+    assert_eq!(
+        format!("{:x}", stat.ephemeral_owner as u64),
+        s.id(),
+        "same session"
+    );
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A holder cut off from the cluster (nothing flows, no reset) steps down by its own clock
+/// before the server expires its session and grants the lock to the next waiter, whose token
+/// is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_holder_steps_down_before_successor() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.server().connect_string()).await;
+    let backend = ZooKeeperBackend::builder(proxy.addr())
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let ns = unique_namespace("zk_cut_off");
+    let ttl = Duration::from_secs(2);
+    let a = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let b = session(&f, &ns).await;
+    let ga = a.mutex("m").unwrap().lock().await.unwrap();
+    let a_lost = tokio::spawn({
+        let lost = ga.lost();
+        async move { (lost.await, Instant::now()) }
+    });
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let g = b.mutex("m").unwrap().lock().await;
+            (g.map(|g| g.token()), Instant::now())
+        }
+    });
+    fencelock::conformance::wait_entries(&b, "b queued", |l| l.len() == 2).await;
+    proxy.set(Mode::BlackHole);
+    let (tb, b_at) = bounded(WAIT, "b granted", waiter).await.unwrap();
+    let (reason, a_at) = bounded(WAIT, "a lost", a_lost).await.unwrap();
+    assert!(
+        a_at <= b_at,
+        "a stepped down ({reason}) before b was granted"
+    );
+    assert!(tb.unwrap() > ga.token());
+    assert!(!ga.is_held());
+    b.close().await.unwrap();
+    drop(proxy);
+    let _ = bounded(WAIT, "a closes", a.close()).await;
 }

@@ -256,12 +256,14 @@ impl BackendSession for EtcdSession {
 
     async fn abandon(&self, queue: &QueueId, _attempt: Uuid) -> Result<()> {
         // The key is ours alone (derived from our lease) and the caller holds the session's
-        // local slot for this queue, so no newer entry of ours can exist.
-        self.client
-            .kv_client()
-            .delete(self.key(queue), None)
-            .await
-            .map_err(|e| map("abandon", e))?;
+        // local slot for this queue, so whatever entry is there belongs to the abandoned
+        // attempt. Delete it guarded by its create revision, never unconditionally: a request
+        // that reaches the cluster late (sent through a member that died, say) must not delete
+        // an entry this session creates afterwards.
+        let key = self.key(queue);
+        if let Some(rev) = self.create_rev(&key).await? {
+            self.remove(&entry_of(key, rev as i64)).await?;
+        }
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! # fencelock-zookeeper
 //!
-//! The ZooKeeper backend of [fencelock](fencelock): correctness-grade locks and leader
+//! The ZooKeeper backend of [fencelock]: correctness-grade locks and leader
 //! election on the ZooKeeper ensemble you already run, with the holder's `czxid` as fencing
 //! token.
 //!

@@ -38,8 +38,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// [`fencelock::Session`] calls it every TTL/3; direct users of this type must do the same.
 pub struct ZooKeeperSession {
     pub(crate) backend: Arc<Inner>,
-    /// `None` once closed: dropping the last client clone closes the session.
-    client: Arc<RwLock<Option<zk::Client>>>,
+    /// The client while the session is open; dropping its last clone closes the session.
+    client: Arc<RwLock<Slot>>,
     /// When `keep_alive` was last called (or the session opened).
     last_beat: Arc<StdMutex<Instant>>,
     pub(crate) id: i64,
@@ -69,7 +69,7 @@ impl ZooKeeperSession {
         let state = client.state_watcher();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(forward_events(state.clone(), tx));
-        let client = Arc::new(RwLock::new(Some(client)));
+        let client = Arc::new(RwLock::new(Slot::Open(client)));
         let last_beat = Arc::new(StdMutex::new(Instant::now()));
         tokio::spawn(watchdog(
             Arc::downgrade(&client),
@@ -94,8 +94,8 @@ impl ZooKeeperSession {
     /// really ends the session.
     pub(crate) fn client(&self) -> Result<zk::Client> {
         match &*self.client.read().unwrap() {
-            Some(c) => Ok(c.clone()),
-            None => Err(Error::SessionLost(LostReason::Closed)),
+            Slot::Open(c) => Ok(c.clone()),
+            Slot::Gone(reason) => Err(Error::SessionLost(*reason)),
         }
     }
 
@@ -127,10 +127,29 @@ impl ZooKeeperSession {
     }
 }
 
+/// The client of an open session, or why there is none.
+enum Slot {
+    Open(zk::Client),
+    Gone(LostReason),
+}
+
+impl Slot {
+    /// Takes the client out (closing the session once its clones are gone), leaving `reason`.
+    fn take(&mut self, reason: LostReason) -> Option<zk::Client> {
+        match std::mem::replace(self, Slot::Gone(reason)) {
+            Slot::Open(c) => Some(c),
+            Slot::Gone(r) => {
+                *self = Slot::Gone(r);
+                None
+            }
+        }
+    }
+}
+
 /// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
 /// contract on [`ZooKeeperSession`]). Ends with the session.
 async fn watchdog(
-    client: Weak<RwLock<Option<zk::Client>>>,
+    client: Weak<RwLock<Slot>>,
     last_beat: Weak<StdMutex<Instant>>,
     ttl: Duration,
     id: i64,
@@ -143,13 +162,16 @@ async fn watchdog(
             let Some(client) = client.upgrade() else {
                 return;
             };
-            let taken = client.write().unwrap().take();
+            let taken = client.write().unwrap().take(LostReason::Expired);
             if taken.is_some() {
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
             }
             return;
         }
-        if client.upgrade().is_none_or(|c| c.read().unwrap().is_none()) {
+        if client
+            .upgrade()
+            .is_none_or(|c| matches!(*c.read().unwrap(), Slot::Gone(_)))
+        {
             return; // closed
         }
         tokio::time::sleep_until(last + ttl).await;
@@ -197,13 +219,19 @@ impl BackendSession for ZooKeeperSession {
     async fn keep_alive(&self) -> Result<()> {
         const OP: &str = "keep-alive";
         *self.last_beat.lock().unwrap() = Instant::now();
+        let client = self.client()?;
         // Fail fast while disconnected: the request would only wait for the reconnection.
         if let Some(e) = state_error(OP, self.state.peek_state()) {
             return Err(e);
         }
-        let client = self.client()?;
-        let res = client.check_stat("/").await;
-        res.map(drop).map_err(|e| error::map(OP, e))
+        // `sync` rather than a plain read: the server we are connected to answers only after
+        // a round trip to the leader, having applied every transaction the leader committed
+        // before, our session's close included if the leader had expired it. So a reply
+        // proves the session alive at the leader after this call started, even when our
+        // server is a follower cut off from the leader (it would keep serving reads for a
+        // while). Unlike a write, it costs no transaction.
+        let res = client.sync("/").await;
+        res.map_err(|e| error::map(OP, e))
     }
 
     async fn next_event(&self) -> SessionEvent {
@@ -255,7 +283,7 @@ impl BackendSession for ZooKeeperSession {
     }
 
     async fn close(&self) -> Result<()> {
-        let client = self.client.write().unwrap().take();
+        let client = self.client.write().unwrap().take(LostReason::Closed);
         let Some(client) = client else { return Ok(()) };
         let mut watcher = self.state.clone();
         drop(client); // the last clone: the client sends CloseSession

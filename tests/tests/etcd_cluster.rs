@@ -1,0 +1,29 @@
+//! The adversity suite on a 3-member etcd cluster: every scenario, its history checked, a
+//! summary line printed per scenario (run with `--nocapture` to see the table).
+
+use fencelock_integration::cluster::EtcdCluster;
+use fencelock_integration::scenarios::{run, RunConfig, Scenario};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adversity_etcd_cluster() {
+    if !fencelock_integration::etcd::available() {
+        return;
+    }
+    let mut cluster = EtcdCluster::start();
+    let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for scenario in Scenario::ALL {
+        let s = run(scenario, &mut cluster, &cfg).await;
+        println!("{}", s.line());
+        lines.push(s.line());
+        if !s.violations.is_empty() {
+            failed.push(format!("{}: {:?}", s.scenario, s.violations));
+        }
+    }
+    println!("\netcd (3 members):\n{}", fencelock_integration::history::Summary::header());
+    for l in &lines {
+        println!("{l}");
+    }
+    assert!(failed.is_empty(), "violations: {failed:#?}");
+}
