@@ -206,6 +206,9 @@ pub(crate) async fn acquire(
                 shared.check_alive()?;
                 let entry = pending.entry.take().expect("granted entry");
                 let local = pending.local.take();
+                // An earlier failed create attempt is settled: the retry found or created our
+                // one entry (the key is ours alone), so there is nothing left to abandon.
+                pending.maybe_created = false;
                 tracing::Span::current().record("token", entry.token.get());
                 debug!(key = %entry.key, "granted");
                 Ok(Some(Held::new(
@@ -264,7 +267,9 @@ async fn remote_turn(
         match answer {
             Ok(Ok(v)) => break v,
             Ok(Err(e)) => {
-                pending.maybe_created = true;
+                // Refused before anything was sent: nothing can have been created.
+                pending.maybe_created =
+                    !matches!(e, Error::InvalidName { .. } | Error::InvalidConfig(_));
                 if !e.is_temporary() {
                     return Err(e);
                 }

@@ -85,7 +85,10 @@ impl EtcdCluster {
         let port = self.members[i].client_port;
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(30), "member {i} did not start");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "member {i} did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -156,7 +159,10 @@ impl EtcdCluster {
                     return i;
                 }
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "no leader elected");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no leader elected"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -34,7 +34,9 @@ impl Target {
     /// Connects a backend to `addr` (the server itself, or a proxy in front of it).
     pub async fn backend_at(&self, addr: &str) -> Arc<dyn Backend> {
         match self.kind {
-            Kind::Etcd => Arc::new(crate::etcd::connect_all(&addr.split(',').collect::<Vec<_>>()).await),
+            Kind::Etcd => {
+                Arc::new(crate::etcd::connect_all(&addr.split(',').collect::<Vec<_>>()).await)
+            }
             Kind::ZooKeeper => Arc::new(
                 fencelock_zookeeper::ZooKeeperBackend::connect(addr)
                     .await

@@ -47,7 +47,7 @@ impl Resource {
 /// One acquisition attempt, as recorded.
 #[derive(Debug, Clone)]
 pub struct Op {
-    /// Which worker.
+    /// Which worker (and its session id).
     pub worker: String,
     /// When `lock_timeout` was called.
     pub invoked: Instant,
@@ -130,10 +130,14 @@ pub async fn worker(
             }
         };
         let invoked = Instant::now();
-        let r = s.mutex(&w.lock).unwrap().lock_timeout(w.acquire_timeout).await;
+        let r = s
+            .mutex(&w.lock)
+            .unwrap()
+            .lock_timeout(w.acquire_timeout)
+            .await;
         let completed = Instant::now();
         let mut op = Op {
-            worker: name.clone(),
+            worker: format!("{name}/{}", s.id()),
             invoked,
             completed,
             token: None,
@@ -195,7 +199,13 @@ pub struct ChildWorker {
 
 impl ChildWorker {
     /// Starts `bin worker <kind> <endpoints> <ns> <lock> <ttl-ms> <hold-ms>`.
-    pub fn start(bin: &str, prefix: &[&str], target: &Target, w: &Workload, history: Arc<History>) -> ChildWorker {
+    pub fn start(
+        bin: &str,
+        prefix: &[&str],
+        target: &Target,
+        w: &Workload,
+        history: Arc<History>,
+    ) -> ChildWorker {
         let kind = match target.kind {
             crate::faults::Kind::Etcd => "etcd",
             crate::faults::Kind::ZooKeeper => "zookeeper",
@@ -218,7 +228,9 @@ impl ChildWorker {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { break };
                 let mut it = line.split_whitespace();
-                let (Some(tag), Some(tok)) = (it.next(), it.next().and_then(|t| t.parse::<u64>().ok())) else {
+                let (Some(tag), Some(tok)) =
+                    (it.next(), it.next().and_then(|t| t.parse::<u64>().ok()))
+                else {
                     continue;
                 };
                 match tag {
@@ -432,7 +444,10 @@ pub fn check(
     by_time.sort_by_key(|o| o.completed);
     let longest = by_time
         .windows(2)
-        .map(|w| w[1].completed.saturating_duration_since(w[0].ended.unwrap_or(w[0].completed)))
+        .map(|w| {
+            w[1].completed
+                .saturating_duration_since(w[0].ended.unwrap_or(w[0].completed))
+        })
         .max()
         .unwrap_or_default();
     if leftover > 0 {

@@ -144,7 +144,11 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
     for i in 0..3 {
         proxies.push(Proxy::start(&cluster.member(i)).await);
     }
-    let proxied = proxies.iter().map(Proxy::addr).collect::<Vec<_>>().join(",");
+    let proxied = proxies
+        .iter()
+        .map(Proxy::addr)
+        .collect::<Vec<_>>()
+        .join(",");
     let mut tasks = Vec::new();
     for i in 0..=cfg.sessions {
         let addr = if i == cfg.sessions {
@@ -220,10 +224,13 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
                 child.signal("CONT");
             }
             Scenario::ExpireWaiter => {
-                let s = target.session_at(&target.endpoint, &w.namespace, cfg.ttl).await;
+                let s = target
+                    .session_at(&target.endpoint, &w.namespace, cfg.ttl)
+                    .await;
                 sessions.lock().unwrap().push(s.clone());
                 let m = s.mutex(&w.lock).unwrap();
-                let waiting = tokio::spawn(async move { m.lock_timeout(Duration::from_secs(30)).await });
+                let waiting =
+                    tokio::spawn(async move { m.lock_timeout(Duration::from_secs(30)).await });
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 s.halt_heartbeats();
                 expired_waiter = Some(waiting);
@@ -249,7 +256,9 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
         match tokio::time::timeout(Duration::from_secs(5), waiting).await {
             Ok(Ok(Err(fencelock::Error::SessionLost(_)))) => {}
             Ok(Ok(Ok(_))) => {} // granted before it expired: allowed
-            other => extra.push(format!("expired waiter did not fail with SessionLost: {other:?}")),
+            other => extra.push(format!(
+                "expired waiter did not fail with SessionLost: {other:?}"
+            )),
         }
     }
     // Close everything, then list the namespace on the server.
@@ -257,7 +266,9 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
     for s in all {
         let _ = tokio::time::timeout(Duration::from_secs(5), s.close()).await;
     }
-    let probe = target.session_at(&target.endpoint, &w.namespace, Duration::from_secs(10)).await;
+    let probe = target
+        .session_at(&target.endpoint, &w.namespace, Duration::from_secs(10))
+        .await;
     // Entries of sessions that were lost (not closed) go when the cluster expires them.
     let start = Instant::now();
     let leftover = loop {
@@ -268,10 +279,56 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let _ = probe.close().await;
-    let mut summary = check(scenario.name(), &history, healed, finished, bound * 2, leftover);
+    let mut summary = check(
+        scenario.name(),
+        &history,
+        healed,
+        finished,
+        bound * 2,
+        leftover,
+    );
+    if std::env::var("FENCELOCK_DEBUG_HISTORY").is_ok() && !summary.violations.is_empty() {
+        if let crate::faults::Kind::Etcd = target.kind {
+            dump_etcd_history(&target, &w.namespace).await;
+        }
+    }
     if stuck > 0 {
-        summary.violations.push(format!("{stuck} workers stuck past the bound"));
+        summary
+            .violations
+            .push(format!("{stuck} workers stuck past the bound"));
     }
     summary.violations.extend(extra);
     summary
+}
+
+/// Prints every event under `namespace` from revision 1 (debugging aid).
+async fn dump_etcd_history(target: &Target, namespace: &str) {
+    let eps: Vec<&str> = target.endpoint.split(',').collect();
+    let mut c = etcd_client::Client::connect(eps, None).await.unwrap();
+    let mut ws = c
+        .watch(
+            format!("{namespace}/"),
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(1),
+            ),
+        )
+        .await
+        .unwrap();
+    let _ = ws.message().await; // created
+    while let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(2), ws.message()).await
+    {
+        for ev in resp.events() {
+            let kv = ev.kv().unwrap();
+            eprintln!(
+                "{:?} key={} create={} mod={} lease={:x}",
+                ev.event_type(),
+                String::from_utf8_lossy(kv.key()),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.lease()
+            );
+        }
+    }
 }

@@ -13,7 +13,11 @@ async fn adversity_etcd_cluster() {
     let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
     let mut lines = Vec::new();
     let mut failed = Vec::new();
+    let only = std::env::var("FENCELOCK_SCENARIO").ok();
     for scenario in Scenario::ALL {
+        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+            continue;
+        }
         let s = run(scenario, &mut cluster, &cfg).await;
         println!("{}", s.line());
         lines.push(s.line());
@@ -21,7 +25,10 @@ async fn adversity_etcd_cluster() {
             failed.push(format!("{}: {:?}", s.scenario, s.violations));
         }
     }
-    println!("\netcd (3 members):\n{}", fencelock_integration::history::Summary::header());
+    println!(
+        "\netcd (3 members):\n{}",
+        fencelock_integration::history::Summary::header()
+    );
     for l in &lines {
         println!("{l}");
     }
