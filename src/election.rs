@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::Stream;
+use tracing::Instrument;
 
 use crate::backend::{Entry, QueueId};
 use crate::queue::{acquire, with_retry, Held, Wait};
@@ -65,7 +66,9 @@ impl Election {
     /// our own entry is confirmed to still exist and the session is still within its local
     /// deadline.
     pub async fn campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
+        let span = tracing::info_span!("campaign", election = %self.queue);
         let held = acquire(&self.session, &self.queue, value.as_ref(), Wait::Forever)
+            .instrument(span)
             .await?
             .expect("waiting acquire always grants");
         Ok(Leadership { held })

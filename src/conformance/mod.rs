@@ -98,6 +98,7 @@ macro_rules! conformance_tests {
             session_states,
             bad_input,
             use_after_close,
+            use_after_lost,
             single_leader_among_five,
             resign_promotes_in_fifo_order,
             observe_reports_every_change,

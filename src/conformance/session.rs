@@ -111,3 +111,30 @@ pub async fn session_states(f: &dyn Factory) {
     assert!(matches!(m.lock().await, Err(Error::SessionLost(_))));
     assert!(matches!(m.try_lock().await, Err(Error::SessionLost(_))));
 }
+
+/// Guards and leaderships used after they were lost give typed errors, never a panic, and
+/// leave no entry once the cluster expired the session.
+pub async fn use_after_lost(f: &dyn Factory) {
+    let ns = unique_namespace("use_after_lost");
+    let ttl = f.short_ttl();
+    let a = open(f, &ns, ttl).await;
+    let g = a.mutex("m").unwrap().lock().await.unwrap();
+    let l = a.election("e").unwrap().campaign(b"v").await.unwrap();
+    a.halt_heartbeats();
+    bounded(ttl + WAIT, "guard lost", g.lost()).await;
+    bounded(WAIT, "leadership lost", l.lost()).await;
+    assert!(!g.is_held() && !l.is_leader());
+    assert!(matches!(g.release().await, Err(Error::SessionLost(_))));
+    assert!(matches!(g.release().await, Err(Error::NotHeld(_))));
+    assert!(matches!(l.proclaim(b"w").await, Err(Error::SessionLost(_))));
+    assert!(matches!(l.resign().await, Err(Error::SessionLost(_))));
+    assert!(matches!(
+        a.mutex("m").unwrap().lock().await,
+        Err(Error::SessionLost(_))
+    ));
+    drop((g, l));
+    // The cluster expires the session: nothing is left.
+    let b = open(f, &ns, TTL).await;
+    wait_entries(&b, "expired entries gone", |l| l.is_empty()).await;
+    b.close().await.unwrap();
+}
