@@ -31,18 +31,30 @@ pub struct Target {
 }
 
 impl Target {
-    /// Connects a backend to `addr` (the server itself, or a proxy in front of it).
+    /// Connects a backend to `addr` (the server itself, or a proxy in front of it), retrying
+    /// while the cluster elects a leader; panics if it cannot.
     pub async fn backend_at(&self, addr: &str) -> Arc<dyn Backend> {
         match self.kind {
             Kind::Etcd => {
                 Arc::new(crate::etcd::connect_all(&addr.split(',').collect::<Vec<_>>()).await)
             }
-            Kind::ZooKeeper => Arc::new(
-                fencelock_zookeeper::ZooKeeperBackend::connect(addr)
-                    .await
-                    .expect("connect to ZooKeeper"),
-            ),
+            Kind::ZooKeeper => self
+                .try_backend_at(addr)
+                .await
+                .expect("connect to ZooKeeper"),
         }
+    }
+
+    /// Connects a backend to `addr` once (bounded by the backend's connect timeout).
+    pub async fn try_backend_at(&self, addr: &str) -> fencelock::Result<Arc<dyn Backend>> {
+        Ok(match self.kind {
+            Kind::Etcd => Arc::new(
+                fencelock_etcd::EtcdBackend::connect(addr.split(',').collect::<Vec<_>>()).await?,
+            ),
+            Kind::ZooKeeper => {
+                Arc::new(fencelock_zookeeper::ZooKeeperBackend::connect(addr).await?)
+            }
+        })
     }
 
     /// Opens a session on `addr` in `namespace`.

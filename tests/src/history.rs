@@ -108,13 +108,13 @@ pub async fn worker(
         let s = match &session {
             Some(s) if !matches!(s.state(), fencelock::SessionState::Lost(_)) => s.clone(),
             _ => {
-                let opened = tokio::time::timeout(
-                    w.acquire_timeout,
-                    Session::builder(target.backend_at(&addr).await)
+                let opened = tokio::time::timeout(w.acquire_timeout, async {
+                    Session::builder(target.try_backend_at(&addr).await?)
                         .namespace(w.namespace.as_str())
                         .ttl(w.ttl)
-                        .start(),
-                )
+                        .start()
+                        .await
+                })
                 .await;
                 match opened {
                     Ok(Ok(s)) => {
@@ -191,7 +191,8 @@ pub async fn worker(
 /// writes reach the resource when the test reads them from the child's stdout: a paused
 /// child's late write arrives late, as it would over a network.
 pub struct ChildWorker {
-    child: Child,
+    /// `None` once reaped: no signal may reach a recycled PID.
+    child: Option<Child>,
     reader: Option<std::thread::JoinHandle<()>>,
     /// Tokens the child announced as granted and not yet ended (to pause it while holding).
     pub holding: Arc<Mutex<Option<u64>>>,
@@ -261,36 +262,49 @@ impl ChildWorker {
             }
         });
         ChildWorker {
-            child,
+            child: Some(child),
             reader: Some(reader),
             holding,
         }
     }
 
-    /// Sends `kill -SIG` to the child.
+    /// Sends `kill -SIG` to the child (nothing once it is reaped).
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status();
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(c.id().to_string())
+                .status();
+        }
     }
 
-    /// Asks the child to finish (SIGTERM after CONT), waits for it and its output.
+    /// Whether the child exited by itself (it never should: it loops until killed).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Stops the child (CONT, then SIGKILL), reaps it and waits for its output.
     pub fn stop(mut self) {
-        self.signal("CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.reap();
         if let Some(r) = self.reader.take() {
             let _ = r.join();
+        }
+    }
+
+    fn reap(&mut self) {
+        self.signal("CONT");
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
 
 impl Drop for ChildWorker {
     fn drop(&mut self) {
-        self.signal("CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.reap();
     }
 }
 
@@ -316,11 +330,14 @@ pub async fn run_child_worker(args: &[String]) {
         let s = match &session {
             Some(s) if !matches!(s.state(), fencelock::SessionState::Lost(_)) => s.clone(),
             _ => {
-                let opened = Session::builder(target.backend_at(endpoint).await)
-                    .namespace(ns.as_str())
-                    .ttl(ms(ttl))
-                    .start()
-                    .await;
+                let opened = async {
+                    Session::builder(target.try_backend_at(endpoint).await?)
+                        .namespace(ns.as_str())
+                        .ttl(ms(ttl))
+                        .start()
+                        .await
+                }
+                .await;
                 match opened {
                     Ok(s) => {
                         session = Some(s.clone());

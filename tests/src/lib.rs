@@ -2,12 +2,15 @@
 //! Debian's packages on loopback ports with temporary data dirs, and the conformance
 //! factories over them. Also home of the benchmark program (`src/bin/bench.rs`).
 
+pub mod bench_zk;
 pub mod cluster;
+pub mod curator;
 pub mod etcd;
 pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod scenarios;
+pub mod zk_cluster;
 pub mod zookeeper;
 
 /// Whether we run in CI (`CI=true`), where a missing server is a failure, never a skip.

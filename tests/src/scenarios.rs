@@ -167,7 +167,7 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
         )));
     }
     let prefix: Vec<&str> = cfg.holder.1.iter().map(String::as_str).collect();
-    let child = ChildWorker::start(&cfg.holder.0, &prefix, &target, &w, history.clone());
+    let mut child = ChildWorker::start(&cfg.holder.0, &prefix, &target, &w, history.clone());
     tokio::time::sleep(cfg.steady).await;
 
     let steps: &[Scenario] = match scenario {
@@ -244,14 +244,19 @@ pub async fn run(scenario: Scenario, cluster: &mut dyn Cluster, cfg: &RunConfig)
     stop.store(true, Ordering::SeqCst);
     let bound = cfg.steady + w.acquire_timeout + Duration::from_secs(5);
     let mut stuck = 0;
+    let mut extra = Vec::new();
     for t in tasks {
-        if tokio::time::timeout(bound, t).await.is_err() {
-            stuck += 1;
+        match tokio::time::timeout(bound, t).await {
+            Err(_) => stuck += 1,
+            Ok(Err(join)) => extra.push(format!("worker died: {join}")),
+            Ok(Ok(())) => {}
         }
     }
     let finished = Instant::now();
+    if let Some(status) = child.exited() {
+        extra.push(format!("child worker exited early: {status}"));
+    }
     child.stop();
-    let mut extra = Vec::new();
     if let Some(waiting) = expired_waiter {
         match tokio::time::timeout(Duration::from_secs(5), waiting).await {
             Ok(Ok(Err(fencelock::Error::SessionLost(_)))) => {}

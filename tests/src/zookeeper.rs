@@ -31,7 +31,7 @@ pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(1000);
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a server may take to answer `ruok` after its start.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A logging backend for slf4j (ZooKeeper logs through it); the server runs without one too.
@@ -42,7 +42,7 @@ pub fn installed() -> bool {
     Path::new(ZOOKEEPER_JAR).exists() && java().is_some()
 }
 
-fn java() -> Option<PathBuf> {
+pub(crate) fn java() -> Option<PathBuf> {
     let candidates = std::env::var_os("JAVA_HOME")
         .map(|h| PathBuf::from(h).join("bin/java"))
         .into_iter()
@@ -122,26 +122,7 @@ impl ZkServer {
         .map_err(|e| format!("zoo.cfg: {e}"))?;
         let log = std::fs::File::create(dir.path().join("zookeeper.log"))
             .map_err(|e| format!("log file: {e}"))?;
-        let mut classpath = ZOOKEEPER_JAR.to_string();
-        if Path::new(SLF4J_SIMPLE_JAR).exists() {
-            classpath.push(':');
-            classpath.push_str(SLF4J_SIMPLE_JAR);
-        }
-        let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
-        let child = Command::new(java)
-            .args([
-                "-Xmx256m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-Dzookeeper.admin.enableServer=false",
-                "-Dzookeeper.jmx.log4j.disable=true",
-                // Reap empty CONTAINER parents quickly (default: every minute).
-                "-Dznode.container.checkIntervalMs=1000",
-                &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
-                "-cp",
-                &classpath,
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
+        let child = server_command(&java, "org.apache.zookeeper.server.ZooKeeperServerMain")
             .arg(&cfg)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -232,8 +213,35 @@ impl Drop for ZkServer {
     }
 }
 
+/// The `java` command line of a ZooKeeper server from Debian's jars, up to the main class
+/// `main` (the caller appends the config file): small heap, quick start, admin server off,
+/// log level from `ZK_TEST_LOG_LEVEL` (default `warn`).
+pub(crate) fn server_command(java: &Path, main: &str) -> Command {
+    let mut classpath = ZOOKEEPER_JAR.to_string();
+    if Path::new(SLF4J_SIMPLE_JAR).exists() {
+        classpath.push(':');
+        classpath.push_str(SLF4J_SIMPLE_JAR);
+    }
+    let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
+    let mut cmd = Command::new(java);
+    cmd.args([
+        "-Xmx256m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Dzookeeper.admin.enableServer=false",
+        "-Dzookeeper.jmx.log4j.disable=true",
+        // Reap empty CONTAINER parents quickly (default: every minute).
+        "-Dznode.container.checkIntervalMs=1000",
+        &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
+        "-cp",
+        &classpath,
+        main,
+    ]);
+    cmd
+}
+
 /// Starts `sh` polling this test process; once it is gone, the guard kills `pid`.
-fn orphan_guard(pid: u32) -> Option<Child> {
+pub(crate) fn orphan_guard(pid: u32) -> Option<Child> {
     let script = format!(
         "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null",
         me = std::process::id()

@@ -1,7 +1,5 @@
 //! One etcd lease per session, kept alive by one keep-alive stream.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,15 +14,15 @@ use uuid::Uuid;
 
 use crate::error::{map, temporary};
 use crate::queue::{direct_children, entry_of, prefix_of};
-use crate::watch::DeleteWatch;
+use crate::watch::KeyWatcher;
 
 pub(crate) struct EtcdSession {
     client: Client,
     lease: i64,
     ttl: Duration,
     keeper: AsyncMutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
-    /// One delete watch per namespace this session waits in.
-    watches: StdMutex<HashMap<String, Arc<DeleteWatch>>>,
+    /// Watches on the keys this session waits for, on one watch stream.
+    watcher: KeyWatcher,
 }
 
 impl std::fmt::Debug for EtcdSession {
@@ -52,28 +50,16 @@ impl EtcdSession {
             ));
         }
         Ok(EtcdSession {
-            client,
+            client: client.clone(),
             lease: grant.id(),
             ttl: Duration::from_secs(grant.ttl().max(0) as u64),
             keeper: AsyncMutex::new(None),
-            watches: StdMutex::new(HashMap::new()),
+            watcher: KeyWatcher::new(client.clone()),
         })
     }
 
     fn key(&self, queue: &QueueId) -> String {
         format!("{}{:x}", prefix_of(queue), self.lease)
-    }
-
-    fn watch_for(&self, key: &str) -> Arc<DeleteWatch> {
-        // One watch per queue of the session: the key's queue prefix.
-        let ns = match key.rfind('/') {
-            Some(i) => key[..=i].to_string(),
-            None => key.to_string(),
-        };
-        let mut w = self.watches.lock().unwrap();
-        w.entry(ns.clone())
-            .or_insert_with(|| Arc::new(DeleteWatch::new(self.client.clone(), ns)))
-            .clone()
     }
 
     /// Reads `key`: its create revision, or `None` if absent.
@@ -227,14 +213,15 @@ impl BackendSession for EtcdSession {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        let watch = self.watch_for(&entry.key);
-        let reg = watch.register(&entry.key, entry.order).await?;
-        // The watch is established: re-read, comparing the create revision (a key name repeats
-        // when a session queues again).
-        match self.create_rev(&entry.key).await? {
+        // Watch the key from now, then re-read it comparing the create revision (a key name
+        // repeats when a session queues again): no deletion can slip between the two.
+        let reg = self.watcher.register(&entry.key).await?;
+        let res = match self.create_rev(&entry.key).await? {
             Some(rev) if rev == entry.order => reg.wait().await,
             _ => Ok(()),
-        }
+        };
+        self.watcher.prune_if_large().await;
+        res
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {

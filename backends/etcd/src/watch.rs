@@ -1,37 +1,70 @@
-//! One delete-watch per session: every wait on a predecessor and every held entry's
-//! deletion watch share it, so a wait costs one read, not a new watch stream.
+//! Watches on predecessor keys, multiplexed on one etcd watch stream per session.
+//!
+//! A waiter watches only the key of its predecessor (and a holder only its own key), from the
+//! moment the watch is created — never from a past revision, which etcd serves from a slow
+//! catch-up loop. All those watches share one gRPC stream per session: creating one costs a
+//! message on an open stream, not a new stream.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
+use etcd_client::{
+    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
+};
 use fencelock::Result;
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
 use tracing::debug;
 
 use crate::error::{map, temporary};
 
-type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<Result<()>>)>>;
+type Waker = oneshot::Sender<Result<()>>;
 
-/// Watches every DELETE under a prefix (from the moment it is established) and wakes the
-/// waiters registered for the deleted key.
-pub(crate) struct DeleteWatch {
-    client: Client,
-    prefix: String,
-    waiters: Arc<StdMutex<Waiters>>,
-    /// Whether the watch stream is established; `None` until first use or after it broke.
-    live: AsyncMutex<Option<Arc<()>>>,
+#[derive(Default)]
+struct KeyState {
+    /// The server's id for this key's watch, once created.
+    watch_id: Option<i64>,
+    /// Registrations waiting for the watch to be created.
+    creating: Vec<oneshot::Sender<Result<()>>>,
+    /// Registrations waiting for the key's deletion.
+    waiters: Vec<Waker>,
 }
 
-impl std::fmt::Debug for DeleteWatch {
+#[derive(Default)]
+struct State {
+    keys: HashMap<String, KeyState>,
+}
+
+/// What belongs to one watch stream (a broken stream's leftovers never touch the next one).
+#[derive(Default)]
+struct Stream {
+    /// Keys whose create requests were sent, in order: etcd answers creates in order.
+    pending: VecDeque<String>,
+    /// Watch ids of this stream.
+    ids: HashMap<i64, String>,
+    /// Set by the reader when the stream ended.
+    dead: bool,
+}
+
+struct Conn {
+    sender: Arc<AsyncMutex<WatchRequestSender>>,
+    stream: Arc<StdMutex<Stream>>,
+}
+
+/// One watch stream per session, carrying a watch per awaited key.
+pub(crate) struct KeyWatcher {
+    client: Client,
+    state: Arc<StdMutex<State>>,
+    conn: Arc<AsyncMutex<Option<Conn>>>,
+}
+
+impl std::fmt::Debug for KeyWatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeleteWatch")
-            .field("prefix", &self.prefix)
-            .finish()
+        f.debug_struct("KeyWatcher").finish_non_exhaustive()
     }
 }
 
-/// A registered wait; dropping it unregisters.
+/// A registered wait; resolves when the key is deleted (or the stream broke: an error the
+/// caller retries after re-reading).
 pub(crate) struct Registration {
     rx: oneshot::Receiver<Result<()>>,
 }
@@ -45,92 +78,256 @@ impl Registration {
     }
 }
 
-impl DeleteWatch {
-    pub(crate) fn new(client: Client, prefix: String) -> Self {
-        DeleteWatch {
+impl KeyWatcher {
+    pub(crate) fn new(client: Client) -> Self {
+        KeyWatcher {
             client,
-            prefix,
-            waiters: Arc::default(),
-            live: AsyncMutex::new(None),
+            state: Arc::default(),
+            conn: Arc::new(AsyncMutex::new(None)),
         }
     }
 
-    /// Registers interest in the deletion of `key` (entry with create revision `rev`) and makes
-    /// sure the watch stream is established. Deletions after this returns are delivered; the
-    /// caller must then read the key once to catch a deletion that happened before.
-    pub(crate) async fn register(&self, key: &str, rev: u64) -> Result<Registration> {
+    /// Registers interest in the deletion of `key` and returns once a watch on it is
+    /// established: every deletion after this returns is delivered. The caller must then read
+    /// the key once, to catch a deletion that happened before.
+    pub(crate) async fn register(&self, key: &str) -> Result<Registration> {
         let (tx, rx) = oneshot::channel();
-        {
-            let mut w = self.waiters.lock().unwrap();
-            let list = w.entry(key.to_string()).or_default();
-            list.retain(|(_, tx)| !tx.is_closed());
-            list.push((rev, tx));
-        }
-        self.ensure().await?;
-        Ok(Registration { rx })
-    }
-
-    async fn ensure(&self) -> Result<()> {
-        let mut live = self.live.lock().await;
-        if let Some(token) = live.as_ref() {
-            // The stream task holds a clone while it runs.
-            if Arc::strong_count(token) > 1 {
-                return Ok(());
+        let (created_tx, created_rx) = oneshot::channel();
+        let must_create = {
+            let mut st = self.state.lock().unwrap();
+            let ks = st.keys.entry(key.to_string()).or_default();
+            ks.waiters.retain(|w| !w.is_closed());
+            ks.waiters.push(tx);
+            if ks.watch_id.is_some() {
+                let _ = created_tx.send(Ok(()));
+                false
+            } else {
+                let first = ks.creating.is_empty();
+                ks.creating.push(created_tx);
+                first
+            }
+        };
+        if must_create {
+            // The create runs as a task of its own: a caller dropped half way must not leave
+            // a key in `pending` whose request never went out (the FIFO of created replies
+            // would then name the wrong keys).
+            let (client, state, conn) =
+                (self.client.clone(), self.state.clone(), self.conn.clone());
+            let k = key.to_string();
+            let sent = tokio::spawn(async move {
+                let r = send_create(&client, &state, &conn, &k).await;
+                if let Err(e) = &r {
+                    fail_key(&state, &k, e);
+                }
+                r
+            });
+            match sent.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(temporary("watch", &e.to_string())),
             }
         }
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
-        let mut stream = self
-            .client
-            .clone()
-            .watch(self.prefix.as_str(), Some(opts))
-            .await
-            .map_err(|e| map("watch", e))?;
-        // Wait for the server to confirm the watch: from then on, no deletion is missed.
-        match stream.message().await.map_err(|e| map("watch", e))? {
-            Some(r) if r.created() && !r.canceled() => {}
-            _ => return Err(temporary("watch", "watch was not created")),
+        match created_rx.await {
+            Ok(Ok(())) => Ok(Registration { rx }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(temporary("watch", "watch stream closed")),
         }
-        let token = Arc::new(());
-        *live = Some(token.clone());
-        let waiters = self.waiters.clone();
-        tokio::spawn(async move {
-            let _alive = token;
-            let _keep_sender = &stream;
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            break;
+    }
+
+    /// Cancels the watch with `id` (best effort; the key has no waiter left).
+    async fn cancel(&self, id: i64) {
+        if let Some(c) = self.conn.lock().await.as_mut() {
+            c.stream.lock().unwrap().ids.remove(&id);
+            let _ = c.sender.lock().await.cancel(id).await;
+        }
+    }
+
+    /// Cancels watches whose key has no waiter left, once more than a few are idle.
+    pub(crate) async fn prune_if_large(&self) {
+        if self.state.lock().unwrap().keys.len() > 32 {
+            self.prune().await;
+        }
+    }
+
+    /// Cancels watches whose key has no waiter left.
+    async fn prune(&self) {
+        let idle: Vec<i64> = {
+            let mut st = self.state.lock().unwrap();
+            let mut idle = Vec::new();
+            st.keys.retain(|_, ks| {
+                ks.waiters.retain(|w| !w.is_closed());
+                let keep = !ks.waiters.is_empty() || !ks.creating.is_empty();
+                if !keep {
+                    idle.extend(ks.watch_id);
+                }
+                keep
+            });
+            idle
+        };
+        for id in idle {
+            self.cancel(id).await;
+        }
+    }
+}
+
+async fn read_loop(
+    mut responses: WatchResponseStream,
+    state: Arc<StdMutex<State>>,
+    stream: Arc<StdMutex<Stream>>,
+    sender: Arc<AsyncMutex<WatchRequestSender>>,
+) {
+    loop {
+        let resp = match responses.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => {
+                debug!(error = %e, "watch stream broke");
+                break;
+            }
+        };
+        let mut ss = stream.lock().unwrap();
+        let mut st = state.lock().unwrap();
+        if resp.created() {
+            let Some(key) = ss.pending.pop_front() else {
+                continue;
+            };
+            let ok = !resp.canceled();
+            if ok {
+                ss.ids.insert(resp.watch_id(), key.clone());
+            }
+            if let Some(ks) = st.keys.get_mut(&key) {
+                if ok {
+                    ks.watch_id = Some(resp.watch_id());
+                }
+                for c in ks.creating.drain(..) {
+                    let _ = c.send(if ok {
+                        Ok(())
+                    } else {
+                        Err(temporary("watch", "watch refused"))
+                    });
+                }
+            }
+            continue;
+        }
+        if resp.canceled() {
+            // A watch ended by the server (compaction) or by our cancel: its waiters re-read.
+            if let Some(key) = ss.ids.remove(&resp.watch_id()) {
+                if st.keys.get(&key).and_then(|k| k.watch_id) == Some(resp.watch_id()) {
+                    if let Some(ks) = st.keys.remove(&key) {
+                        for w in ks.waiters {
+                            let _ = w.send(Err(temporary("watch", "watch canceled")));
                         }
-                        for ev in resp.events() {
-                            if ev.event_type() != EventType::Delete {
-                                continue;
-                            }
-                            let Some(kv) = ev.kv() else { continue };
-                            let Ok(key) = std::str::from_utf8(kv.key()) else {
-                                continue;
-                            };
-                            let woken = waiters.lock().unwrap().remove(key);
-                            for (_, tx) in woken.into_iter().flatten() {
-                                let _ = tx.send(Ok(()));
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        debug!(error = %e, "delete watch broke");
-                        break;
                     }
                 }
             }
-            // The stream is gone: every waiter re-checks through the core's retry.
-            let all = std::mem::take(&mut *waiters.lock().unwrap());
-            for (_, tx) in all.into_values().flatten() {
-                let _ = tx.send(Err(temporary("watch", "watch stream broke")));
+            continue;
+        }
+        for ev in resp.events() {
+            if ev.event_type() != EventType::Delete {
+                continue;
             }
-        });
-        Ok(())
+            let Some(kv) = ev.kv() else { continue };
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            // Wake every waiter of the key and end its watch: a session watches only the
+            // keys it is waiting on right now.
+            if let Some(ks) = st.keys.get_mut(key) {
+                for w in ks.waiters.drain(..) {
+                    let _ = w.send(Ok(()));
+                }
+                if let Some(id) = ks.watch_id {
+                    st.keys.remove(key);
+                    ss.ids.remove(&id);
+                    let sender = sender.clone();
+                    tokio::spawn(async move {
+                        let _ = sender.lock().await.cancel(id).await;
+                    });
+                }
+            }
+        }
     }
+    // The stream is gone: every key it carried (or was creating) re-reads through the core's
+    // retry; keys on a newer stream are left alone.
+    let mut ss = stream.lock().unwrap();
+    ss.dead = true;
+    let mut st = state.lock().unwrap();
+    let ss = &mut *ss;
+    let mut keys: Vec<String> = ss.pending.drain(..).collect();
+    keys.extend(ss.ids.drain().map(|(_, k)| k));
+    for key in keys {
+        if let Some(ks) = st.keys.remove(&key) {
+            for c in ks.creating {
+                let _ = c.send(Err(temporary("watch", "watch stream broke")));
+            }
+            for w in ks.waiters {
+                let _ = w.send(Err(temporary("watch", "watch stream broke")));
+            }
+        }
+    }
+}
+
+fn fail_key(state: &StdMutex<State>, key: &str, e: &fencelock::Error) {
+    let mut st = state.lock().unwrap();
+    if let Some(ks) = st.keys.remove(key) {
+        for c in ks.creating {
+            let _ = c.send(Err(temporary("watch", &e.to_string())));
+        }
+        for w in ks.waiters {
+            let _ = w.send(Err(temporary("watch", &e.to_string())));
+        }
+    }
+}
+
+fn options() -> WatchOptions {
+    WatchOptions::new().with_filters([WatchFilterType::NoPut])
+}
+
+async fn send_create(
+    client: &Client,
+    state: &Arc<StdMutex<State>>,
+    conn: &AsyncMutex<Option<Conn>>,
+    key: &str,
+) -> Result<()> {
+    let mut conn = conn.lock().await;
+    if let Some(c) = conn.as_mut() {
+        let live = {
+            let mut st = c.stream.lock().unwrap();
+            if !st.dead {
+                st.pending.push_back(key.to_string());
+            }
+            !st.dead
+        };
+        if live {
+            let sender = c.sender.clone();
+            let sent = sender.lock().await.watch(key, Some(options())).await;
+            if let Err(e) = sent {
+                let mut st = c.stream.lock().unwrap();
+                st.pending.retain(|k| k != key);
+                st.dead = true;
+                drop(st);
+                *conn = None;
+                return Err(map("watch", e));
+            }
+            return Ok(());
+        }
+    }
+    // Open a stream with this key's watch as its first request.
+    let stream = Arc::new(StdMutex::new(Stream::default()));
+    stream.lock().unwrap().pending.push_back(key.to_string());
+    let ws = client
+        .watch_client()
+        .watch(key, Some(options()))
+        .await
+        .map_err(|e| map("watch", e))?;
+    let (sender, responses) = ws.split();
+    let sender = Arc::new(AsyncMutex::new(sender));
+    tokio::spawn(read_loop(
+        responses,
+        state.clone(),
+        stream.clone(),
+        sender.clone(),
+    ));
+    *conn = Some(Conn { sender, stream });
+    Ok(())
 }

@@ -187,6 +187,19 @@ impl ZooKeeperConfig {
     }
 }
 
+/// The pause between two attempts to establish a session.
+const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether a failed session establishment may succeed if tried again: no server answered in
+/// time, or the connections failed (the ensemble is electing a leader, restarting). Anything
+/// else (authentication, a bad connect string) is final.
+fn retry_connect(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss | zk::Error::Custom(_)
+    )
+}
+
 /// Splits `host:port,...[/chroot]` into the servers and the chroot, as the client parses it:
 /// the chroot follows the first '/' of the last server (after its optional scheme).
 fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
@@ -253,22 +266,29 @@ impl Resolved {
         if let Some((user, password)) = &self.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        let client = match tokio::time::timeout(
-            self.connect_timeout,
-            connector.connect(&self.servers),
-        )
-        .await
-        {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(error::connect(&self.servers, e)),
-            Err(_) => {
-                return Err(error::connect(
-                    &self.servers,
-                    format!(
-                        "no session established within the connect timeout of {:?}",
-                        self.connect_timeout
-                    ),
-                ))
+        // The client gives up by itself after about one session timeout (`Timeout`), which may
+        // be much shorter than the connect timeout (a 2 s session while the ensemble elects a
+        // leader or restarts): try again until the connect timeout is over.
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let client = loop {
+            let attempt = connector.clone().connect(&self.servers);
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(e)) if retry_connect(&e) && tokio::time::Instant::now() < deadline => {
+                    debug!(error = %e, "no zookeeper session yet, trying again");
+                    let pause = tokio::time::Instant::now() + CONNECT_RETRY_PAUSE;
+                    tokio::time::sleep_until(pause.min(deadline)).await;
+                }
+                Ok(Err(e)) => return Err(error::connect(&self.servers, e)),
+                Err(_) => {
+                    return Err(error::connect(
+                        &self.servers,
+                        format!(
+                            "no session established within the connect timeout of {:?}",
+                            self.connect_timeout
+                        ),
+                    ))
+                }
             }
         };
         debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "zookeeper session established");

@@ -6,7 +6,10 @@
 //! by the sequence suffix. Children without the `_c_{uuid}-` prefix (`lock-{seq}`, from a
 //! Curator client without protection) are ordered with the others.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
 
 use fencelock::backend::{Entry, QueueId, QueueKind};
 use fencelock::{Error, FencingToken, Result};
@@ -224,13 +227,38 @@ impl ZooKeeperSession {
         kind: QueueKind,
         value: &[u8],
     ) -> Result<Entry> {
+        let (e, _) = self
+            .create_entry_listed(parent, attempt, kind, value, false)
+            .await?;
+        Ok(e)
+    }
+
+    /// [`create_entry`](Self::create_entry), and with `list` the children of `parent` too, in
+    /// the same round trip: the listing is sent right behind the create, without waiting for
+    /// its reply. ZooKeeper processes the requests of one session in order (a read waits for
+    /// the session's earlier writes, on followers too), so the listing shows our new node.
+    /// The listing also arms a children watch on `parent`. It is `None` if it was not asked
+    /// for or could not be read (the caller lists again: the entry is known then).
+    async fn create_entry_listed(
+        &self,
+        parent: &str,
+        attempt: Uuid,
+        kind: QueueKind,
+        value: &[u8],
+        list: bool,
+    ) -> Result<(Entry, Option<(Vec<String>, Option<zk::OneshotWatcher>)>)> {
         const OP: &str = "create entry";
         let prefix = join(parent, &protected_name(attempt, kind));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.backend.config.acls());
         for _ in 0..CREATE_ATTEMPTS {
             let client = self.client()?;
             self.attempts.lock().unwrap().insert(attempt, None);
-            let res = client.create(&prefix, value, &options).await;
+            // Both requests go out now, in this order (the client sends on call).
+            let create = client.create(&prefix, value, &options);
+            let watch = std::env::var_os("FL_NO_ARM").is_none();
+            let watched = (list && watch).then(|| client.list_and_watch_children(parent));
+            let plain = (list && !watch).then(|| client.list_children(parent));
+            let res = create.await;
             match res {
                 Ok((stat, seq)) => {
                     let name = format!("{}{seq}", basename(&prefix));
@@ -240,7 +268,12 @@ impl ZooKeeperSession {
                         .lock()
                         .unwrap()
                         .insert(attempt, Some(e.clone()));
-                    return Ok(e);
+                    let children = match (watched, plain) {
+                        (Some(l), _) => l.await.ok().map(|(c, w)| (c, Some(w))),
+                        (None, Some(l)) => l.await.ok().map(|c| (c, None)),
+                        (None, None) => None,
+                    };
+                    return Ok((e, children));
                 }
                 Err(zk::Error::NoNode) => {
                     self.attempts.lock().unwrap().remove(&attempt);
@@ -306,13 +339,14 @@ impl ZooKeeperSession {
         value: &[u8],
     ) -> Result<(Entry, bool)> {
         let parent = self.parent_of(queue)?;
+        let m = marker(queue.kind);
         let known = self.attempts.lock().unwrap().get(&attempt).cloned();
-        let entry = match known {
-            Some(Some(e)) => e,
+        let (own, listed) = match known {
+            Some(Some(e)) => (e, None),
             Some(None) => {
                 let mut own = self.find_own_in(&parent, attempt, queue.kind).await?;
                 if own.is_empty() {
-                    self.create_entry(&parent, attempt, queue.kind, value)
+                    self.create_entry_listed(&parent, attempt, queue.kind, value, true)
                         .await?
                 } else {
                     own.sort_by_key(|e| e.order);
@@ -322,21 +356,56 @@ impl ZooKeeperSession {
                         .lock()
                         .unwrap()
                         .insert(attempt, Some(e.clone()));
-                    e
+                    (e, None)
                 }
             }
             None => {
-                self.create_entry(&parent, attempt, queue.kind, value)
+                self.create_entry_listed(&parent, attempt, queue.kind, value, true)
                     .await?
             }
         };
-        let children = self.children("list queue", &parent).await?;
-        let sorted = sorted_entries(children, marker(queue.kind));
-        let head = sorted
-            .first()
-            .is_some_and(|(_, n)| n == basename(&entry.key));
+        let name = basename(&own.key);
+        // The listing sent with the create shows our node; should it not, list again.
+        let (sorted, armed) = match listed {
+            Some((children, watch)) => {
+                let sorted = sorted_entries(children, m);
+                if sorted.iter().any(|(_, n)| n == name) {
+                    (Some(sorted), watch)
+                } else {
+                    watch.map(detach);
+                    (None, None)
+                }
+            }
+            None => (None, None),
+        };
+        let sorted = match sorted {
+            Some(sorted) => sorted,
+            None => sorted_entries(self.children("list queue", &parent).await?, m),
+        };
+        let replaced = match self.own.lock().unwrap().entry(own.key.clone()) {
+            std::collections::hash_map::Entry::Occupied(mut o) => match armed {
+                Some(w) => o.insert(Some(w)),
+                None => None,
+            },
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(armed);
+                None
+            }
+        };
+        if let Some(w) = replaced {
+            detach(w);
+        }
+        let pos = sorted.iter().position(|(_, n)| n == name);
+        if let Some(i) = pos.filter(|&i| i > 0) {
+            // The predecessor's czxid is unknown here (0): the path identifies it.
+            let (seq, pred) = &sorted[i - 1];
+            self.predecessors
+                .lock()
+                .unwrap()
+                .insert(own.key.clone(), entry(&parent, *seq, pred, 0));
+        }
         self.attempts.lock().unwrap().remove(&attempt);
-        Ok((entry, head))
+        Ok((own, pos == Some(0)))
     }
 
     pub(crate) async fn predecessor_of(
@@ -345,6 +414,10 @@ impl ZooKeeperSession {
         own: &Entry,
     ) -> Result<Option<Entry>> {
         let parent = self.parent_of(queue)?;
+        // Right after an enqueue that found a predecessor, its listing answers (once).
+        if let Some(pred) = self.predecessors.lock().unwrap().remove(&own.key) {
+            return Ok(Some(pred));
+        }
         let children = self.children("list queue", &parent).await?;
         let sorted = sorted_entries(children, marker(queue.kind));
         let name = basename(&own.key);
@@ -362,8 +435,29 @@ impl ZooKeeperSession {
 
     /// Waits until the node `e.key` is gone, with a data watch (as Curator does: unlike an
     /// exists watch, it leaves no watch behind when the node is already gone).
+    ///
+    /// On one of our own entries, the children watch its enqueue armed is used first (it
+    /// costs no request: until it fires, the entry is there); and the watch is left to fire
+    /// rather than removed when the wait is given up (see [`OwnWatch`]).
     pub(crate) async fn wait_node_gone(&self, e: &Entry) -> Result<()> {
         const OP: &str = "watch entry";
+        let (own, armed) = match self.own.lock().unwrap().get_mut(&e.key) {
+            Some(armed) => (true, armed.take()),
+            None => (false, None),
+        };
+        if let Some(armed) = armed {
+            let broken = self.broken(OP);
+            tokio::select! {
+                ev = OwnWatch::new(armed) => {
+                    if ev.event_type == zk::EventType::NodeDeleted {
+                        return Ok(()); // the parent went, and our entry with it
+                    }
+                    check_session_event(OP, &ev)?;
+                    // A child came or went: see whether it was ours.
+                }
+                err = broken => return Err(err),
+            }
+        }
         loop {
             let broken = self.broken(OP);
             let client = self.client()?;
@@ -377,8 +471,13 @@ impl ZooKeeperSession {
                 }
                 Ok((_, _, watcher)) => watcher,
             };
+            let fired: Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>> = if own {
+                Box::pin(OwnWatch::new(watcher))
+            } else {
+                Box::pin(watcher.changed())
+            };
             tokio::select! {
-                ev = watcher.changed() => match ev.event_type {
+                ev = fired => match ev.event_type {
                     zk::EventType::NodeDeleted => return Ok(()),
                     zk::EventType::Session => {
                         return Err(state_error(OP, ev.session_state)
@@ -410,6 +509,11 @@ impl ZooKeeperSession {
             .lock()
             .unwrap()
             .retain(|_, e| e.as_ref().is_none_or(|e| e.key != key));
+        self.predecessors.lock().unwrap().remove(key);
+        let armed = self.own.lock().unwrap().remove(key).flatten();
+        if let Some(w) = armed {
+            detach(w); // the node is deleted next: the watch fires at once
+        }
     }
 
     pub(crate) async fn abandon_attempt(&self, queue: &QueueId, attempt: Uuid) -> Result<()> {
@@ -563,6 +667,45 @@ impl ZooKeeperSession {
         out.sort();
         Ok(out)
     }
+}
+
+/// A one-shot watch of one of our own entries (or of its parent's children). Dropped before
+/// it fired (a wait given up: the entry is being released), it is not removed from the
+/// server, which would cost a RemoveWatches request sent ahead of the delete that follows;
+/// it is left to fire in a task of its own instead, which ends as soon as the entry goes
+/// (or the session).
+struct OwnWatch(Option<Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>>);
+
+impl OwnWatch {
+    fn new(watch: zk::OneshotWatcher) -> Self {
+        OwnWatch(Some(Box::pin(watch.changed())))
+    }
+}
+
+impl Future for OwnWatch {
+    type Output = zk::WatchedEvent;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<zk::WatchedEvent> {
+        let fired = self.0.as_mut().expect("OwnWatch polled after it fired");
+        let ev = ready!(fired.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(ev)
+    }
+}
+
+impl Drop for OwnWatch {
+    fn drop(&mut self) {
+        if let (Some(fired), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move {
+                fired.await;
+            });
+        }
+    }
+}
+
+/// Leaves a watch of one of our own entries to fire (see [`OwnWatch`]).
+fn detach(watch: zk::OneshotWatcher) {
+    drop(OwnWatch::new(watch));
 }
 
 /// A watch fired by a session event (terminal state) ends the wait with the session's error.

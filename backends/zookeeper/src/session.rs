@@ -50,6 +50,15 @@ pub struct ZooKeeperSession {
     /// Enqueue attempts whose create was sent: `None` while the outcome is unknown (the reply
     /// may have been lost), `Some` once the node is known.
     pub(crate) attempts: StdMutex<HashMap<Uuid, Option<Entry>>>,
+    /// The predecessor of an entry that did not head the queue, by the entry's key, as the
+    /// enqueue's own listing saw it: answers the `predecessor` call that follows without a
+    /// second listing (taken once; a stale one only makes that wait end at once).
+    pub(crate) predecessors: StdMutex<HashMap<String, Entry>>,
+    /// Our live entries, by key, each with the children watch on its parent that the
+    /// enqueue's listing armed (until a wait on the entry takes it): until that watch fires,
+    /// no child of the parent changed, so the entry is still there, and watching it costs no
+    /// request of its own.
+    pub(crate) own: StdMutex<HashMap<String, Option<zk::OneshotWatcher>>>,
 }
 
 impl fmt::Debug for ZooKeeperSession {
@@ -86,6 +95,8 @@ impl ZooKeeperSession {
             state,
             events: AsyncMutex::new(rx),
             attempts: StdMutex::new(HashMap::new()),
+            predecessors: StdMutex::new(HashMap::new()),
+            own: StdMutex::new(HashMap::new()),
         }
     }
 

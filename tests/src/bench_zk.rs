@@ -1,0 +1,407 @@
+//! The ZooKeeper rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
+//! local server started here with the harness of [`crate::zookeeper`]:
+//!
+//! 1. uncontended acquire + release latency of our `Mutex`, of a raw ephemeral-sequential
+//!    create + delete, and of `zookeeper-client`'s own lock recipe (`Client::lock` with
+//!    Curator's naming), measured in interleaved blocks so that the server's JIT warm-up and
+//!    drift hit every row alike;
+//! 2. contended acquisitions per second with N sessions (one connection each), ours vs the
+//!    recipe, and Apache Curator's `InterProcessMutex` (Java, `tests/java/CuratorBench.java`)
+//!    with 4 sessions when java, javac and Debian's `libcurator-recipes-java` are installed;
+//! 3. leader election: campaign latency and failover (leader's session closed; leader's process
+//!    killed, TTL 2 s). The killed rows re-run the current executable as
+//!    `<exe> holder zookeeper ...` (the bench's `main` serves that mode).
+//!
+//! Every release is confirmed (the delete's reply awaited), the recipe's too: dropping
+//! `zookeeper-client`'s `LockClient` would delete in the background, unconfirmed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock::Session;
+use fencelock_zookeeper::ZooKeeperBackend;
+use futures::future::BoxFuture;
+use zookeeper_client as zk;
+
+use crate::curator;
+use crate::faults::{Holder, Kind, Target};
+use crate::zookeeper::{self as harness, ZkServer, MIN_SESSION_TIMEOUT};
+
+/// The session TTL of the latency and throughput rows.
+const TTL: Duration = Duration::from_secs(10);
+
+/// Latency samples of one row.
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn pct(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One operation of a row (an acquire + release), repeatable.
+type Op = Box<dyn FnMut() -> BoxFuture<'static, ()> + Send>;
+
+/// Times `rounds` runs of each of `ops`, interleaved in blocks (after a warm-up of every op), so
+/// that no row is favoured by running later on a warmer server.
+async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
+    const BLOCK: usize = 50;
+    for op in ops.iter_mut() {
+        for _ in 0..rounds / 5 + 10 {
+            op().await;
+        }
+    }
+    let mut out: Vec<Vec<Duration>> = ops.iter().map(|_| Vec::with_capacity(rounds)).collect();
+    let mut done = 0;
+    while done < rounds {
+        let n = BLOCK.min(rounds - done);
+        for (op, samples) in ops.iter_mut().zip(out.iter_mut()) {
+            for _ in 0..n {
+                let t = Instant::now();
+                op().await;
+                samples.push(t.elapsed());
+            }
+        }
+        done += n;
+    }
+    out.into_iter().map(Samples).collect()
+}
+
+/// Runs the `ops` (one per contender) concurrently, each looping until `seconds` are up;
+/// returns the completions and the time taken, and gives the ops back.
+async fn run_slice(ops: Vec<Op>, seconds: f64) -> (u64, f64, Vec<Op>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for mut op in ops {
+        let (stop, count) = (stop.clone(), count.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                op().await;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            op
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let n = count.load(Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut back = Vec::new();
+    for t in tasks {
+        back.push(t.await.expect("contender"));
+    }
+    (n, elapsed, back)
+}
+
+/// Contended throughput of two groups of contenders, measured alternately in `SLICES` slices
+/// of `seconds / SLICES` each, alternating which goes first (so that load drifting on the
+/// machine hits both alike); returns the completions per second of each.
+async fn throughput_pair(mut a: Vec<Op>, mut b: Vec<Op>, seconds: f64) -> (f64, f64) {
+    const SLICES: usize = 3;
+    let slice = seconds / SLICES as f64;
+    let (mut na, mut ta, mut nb, mut tb) = (0, 0.0, 0, 0.0);
+    for i in 0..SLICES {
+        for a_now in [i % 2 == 0, i % 2 != 0] {
+            if a_now {
+                let (n, t, ops) = run_slice(a, slice).await;
+                (na, ta, a) = (na + n, ta + t, ops);
+            } else {
+                let (n, t, ops) = run_slice(b, slice).await;
+                (nb, tb, b) = (nb + n, tb + t, ops);
+            }
+        }
+    }
+    (na as f64 / ta, nb as f64 / tb)
+}
+
+/// Contended throughput of one group of contenders during `seconds`.
+async fn throughput(ops: Vec<Op>, seconds: f64) -> f64 {
+    let (n, t, _) = run_slice(ops, seconds).await;
+    n as f64 / t
+}
+
+async fn backend(connect: &str) -> ZooKeeperBackend {
+    ZooKeeperBackend::builder(connect)
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .connect()
+        .await
+        .expect("connect to ZooKeeper")
+}
+
+async fn our_session(connect: &str, ttl: Duration) -> Session {
+    Session::builder(backend(connect).await)
+        .namespace("bench")
+        .ttl(ttl)
+        .start()
+        .await
+        .expect("session")
+}
+
+/// Our `Mutex` lock + release on `name`, in a session of its own (one connection).
+async fn our_op(connect: &str, name: &str) -> Op {
+    let s = our_session(connect, TTL).await;
+    let m = Arc::new(s.mutex(name).expect("mutex"));
+    Box::new(move || {
+        let (m, _s) = (m.clone(), s.clone());
+        Box::pin(async move {
+            let g = m.lock().await.expect("lock");
+            g.release().await.expect("release");
+        })
+    })
+}
+
+/// `zookeeper-client`'s lock recipe (`Client::lock`, Curator's `_c_{uuid}-lock-` naming,
+/// CONTAINER parents like ours) on `dir`, with a confirmed delete as release.
+fn recipe_op(client: zk::Client, dir: &'static str) -> Op {
+    Box::new(move || {
+        let c = client.clone();
+        Box::pin(async move {
+            let prefix = zk::LockPrefix::new_curator(dir, "lock-").expect("prefix");
+            let options = zk::LockOptions::new(zk::Acls::anyone_all())
+                .with_ancestor_options(zk::CreateMode::Container.with_acls(zk::Acls::anyone_all()))
+                .expect("lock options");
+            let lock = c.lock(prefix, b"", options).await.expect("recipe lock");
+            c.delete(lock.lock_path(), None)
+                .await
+                .expect("recipe delete");
+            // Released above, confirmed: skip the drop's background delete.
+            std::mem::forget(lock);
+        })
+    })
+}
+
+async fn zk_client(connect: &str) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(TTL)
+        .connect(connect)
+        .await
+        .expect("zookeeper-client connect")
+}
+
+/// Prints the ZooKeeper rows (markdown tables): uncontended latency of `rounds` acquire +
+/// release, contended throughput for each count of `sessions` during `seconds` each (plus
+/// Apache Curator with 4 sessions when Java and Curator are installed), and the election rows
+/// with `failovers` repetitions per failover column. Starts (and stops) its own server;
+/// prints a skip line if ZooKeeper is not installed.
+pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], failovers: usize) {
+    if !harness::installed() {
+        println!("\n(ZooKeeper not installed: skipped)");
+        return;
+    }
+    let server = tokio::task::spawn_blocking(ZkServer::start)
+        .await
+        .expect("start ZooKeeper");
+    let connect = server.connect_string();
+    println!("\n## ZooKeeper (single server, {connect})\n");
+    uncontended_rows(rounds, &connect).await;
+    let ours4 = contended_rows(seconds, sessions, &connect).await;
+    curator_row(seconds, &connect, ours4).await;
+    election_rows(rounds, failovers, &connect).await;
+    drop(server);
+}
+
+async fn uncontended_rows(rounds: usize, connect: &str) {
+    println!("Uncontended acquire + release, {rounds} rounds (interleaved in blocks of 50):\n");
+    println!("| implementation | p50 ms | p99 ms | p50 vs recipe |");
+    println!("|---|---:|---:|---:|");
+    let client = zk_client(connect).await;
+    client
+        .mkdir(
+            "/bench/raw",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .expect("mkdir /bench/raw");
+    let raw: Op = {
+        let client = client.clone();
+        Box::new(move || {
+            let c = client.clone();
+            Box::pin(async move {
+                let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                let (_, seq) = c
+                    .create("/bench/raw/lock-", b"", &options)
+                    .await
+                    .expect("raw create");
+                c.delete(&format!("/bench/raw/lock-{seq}"), None)
+                    .await
+                    .expect("raw delete");
+            })
+        })
+    };
+    let ours = our_op(connect, "ours").await;
+    let recipe = recipe_op(client.clone(), "/bench/recipe");
+    let mut ops = [ours, raw, recipe];
+    let samples = time_interleaved(rounds, &mut ops).await;
+    let base = samples[2].pct(0.5);
+    for (name, s) in [
+        "fencelock Mutex lock + release",
+        "raw create EPHEMERAL_SEQUENTIAL + delete",
+        "zookeeper-client Client::lock + delete",
+    ]
+    .into_iter()
+    .zip(&samples)
+    {
+        println!(
+            "| {name} | {} | {} | {:.2}x |",
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+        );
+    }
+}
+
+/// Returns our figure for 4 sessions, if measured.
+async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Option<f64> {
+    println!(
+        "\nContended acquisitions per second ({seconds} s each, alternating in slices, one connection per session):\n"
+    );
+    println!("| sessions | fencelock Mutex | zookeeper-client Client::lock | ratio |");
+    println!("|---:|---:|---:|---:|");
+    let mut ours4 = None;
+    for &n in sessions {
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for _ in 0..n {
+            ours.push(our_op(connect, "contended").await);
+            theirs.push(recipe_op(
+                zk_client(connect).await,
+                "/bench/recipe-contended",
+            ));
+        }
+        let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
+        println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        if n == 4 {
+            ours4 = Some(ours);
+        }
+    }
+    ours4
+}
+
+/// Apache Curator's `InterProcessMutex` (Java) with 4 sessions, next to ours.
+async fn curator_row(seconds: f64, connect: &str, ours4: Option<f64>) {
+    if !curator::installed() {
+        println!(
+            "\n(Apache Curator row skipped: missing {})",
+            curator::missing().join(", ")
+        );
+        return;
+    }
+    let classes = match tokio::task::spawn_blocking(curator::JavaClasses::compile).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return println!("\n(Apache Curator row skipped: {e})"),
+        Err(e) => return println!("\n(Apache Curator row skipped: {e})"),
+    };
+    let theirs = match curator::bench_rate(&classes, connect, "/bench/curator", 4, seconds).await {
+        Ok(r) => r,
+        Err(e) => return println!("\n(Apache Curator row failed: {e})"),
+    };
+    let ours = match ours4 {
+        Some(o) => o,
+        None => {
+            let mut ops = Vec::new();
+            for _ in 0..4 {
+                ops.push(our_op(connect, "contended").await);
+            }
+            throughput(ops, seconds).await
+        }
+    };
+    println!("\nApache Curator `InterProcessMutex` (Java 17, one JVM, one connection per session, after a JIT warm-up):\n");
+    println!("| sessions | fencelock Mutex | Curator InterProcessMutex | ratio |");
+    println!("|---:|---:|---:|---:|");
+    println!("| 4 | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+}
+
+async fn election_rows(rounds: usize, failovers: usize, connect: &str) {
+    println!("\nLeader election on ZooKeeper: campaign → leadership → resign latency uncontended, and failover");
+    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
+    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
+    println!("|---|---:|---:|---:|---:|");
+    let ns = fencelock::conformance::unique_namespace("bench-election");
+    let ttl = Duration::from_secs(2);
+    let t = Target {
+        kind: Kind::ZooKeeper,
+        endpoint: connect.to_string(),
+    };
+    let s = t.session_at(connect, &ns, TTL).await;
+    let e = Arc::new(s.election("lat").expect("election"));
+    let mut op: Op = Box::new(move || {
+        let e = e.clone();
+        Box::pin(async move {
+            let l = e.campaign(b"v").await.expect("campaign");
+            l.resign().await.expect("resign");
+        })
+    });
+    let lat = time_interleaved((rounds / 2).max(1), std::slice::from_mut(&mut op))
+        .await
+        .remove(0);
+    let failovers = failovers.max(1);
+    let mut closed = Vec::new();
+    for i in 0..failovers {
+        let a = t.session_at(connect, &ns, ttl).await;
+        let name = format!("close-{i}");
+        let _la = a
+            .election(&name)
+            .unwrap()
+            .campaign(b"a")
+            .await
+            .expect("a leads");
+        let eb = s.election(&name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let l = eb.campaign(b"b").await.expect("b leads");
+            let at = Instant::now();
+            l.resign().await.expect("resign");
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await; // let b queue
+        let t0 = Instant::now();
+        a.close().await.expect("close");
+        closed.push(waiter.await.expect("waiter") - t0);
+    }
+    let me = std::env::current_exe().expect("current exe");
+    let mut killed = Vec::new();
+    for i in 0..failovers {
+        let name = format!("kill-{i}");
+        let mut child = Holder::start_with(
+            me.to_str().expect("utf-8 path"),
+            &["holder"],
+            &t,
+            &ns,
+            "election",
+            &name,
+            ttl,
+        );
+        let eb = s.election(&name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let l = eb.campaign(b"b").await.expect("b leads");
+            let at = Instant::now();
+            l.resign().await.expect("resign");
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        child.kill();
+        killed.push(waiter.await.expect("waiter") - t0);
+    }
+    println!(
+        "| fencelock Election | {} | {} | {} | {} |",
+        ms(lat.pct(0.5)),
+        ms(lat.pct(0.99)),
+        ms(median(closed)),
+        ms(median(killed))
+    );
+    s.close().await.expect("close");
+}

@@ -1,0 +1,330 @@
+//! Apache Curator from Java, for the interoperability tests and the benchmark: the Java
+//! programs of `tests/java/` compiled with `javac` into a temporary directory at run time (no
+//! build system), against the jars of Debian's `libcurator-recipes-java` in `/usr/share/java`.
+//!
+//! ```ignore
+//! if !fencelock_integration::curator::available() { return } // skipped (a failure in CI)
+//! let classes = tokio::task::spawn_blocking(curator::programs).await?;
+//! let mut java = CuratorMutex::spawn(&classes, &server.connect_string(), "/ns/lock", ..);
+//! let (czxid, node) = java.acquired(WAIT).await;
+//! java.release().await;
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::in_ci;
+
+/// The jars Curator's `InterProcessMutex` needs on the class path (the Class-Path entries of
+/// the Curator jars' manifests, minus the ones the client side never loads).
+pub const JARS: &[&str] = &[
+    "/usr/share/java/curator-recipes.jar",
+    "/usr/share/java/curator-framework.jar",
+    "/usr/share/java/curator-client.jar",
+    "/usr/share/java/zookeeper.jar",
+    "/usr/share/java/zookeeper-jute.jar",
+    "/usr/share/java/guava.jar",
+    "/usr/share/java/slf4j-api.jar",
+];
+
+/// Silences slf4j (it warns about a missing binding otherwise); optional.
+const SLF4J_NOP_JAR: &str = "/usr/share/java/slf4j-nop.jar";
+
+/// Where the Java sources live (`tests/java/`).
+pub fn sources_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("java")
+}
+
+/// `bin/{name}` of `JAVA_HOME`, else `{name}` on `PATH`.
+fn jdk_tool(name: &str) -> Option<PathBuf> {
+    let home = std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin").join(name));
+    let path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    home.into_iter().chain(path).find(|p| p.is_file())
+}
+
+/// What is missing to run the Curator programs (`java`, `javac`, the jars), if anything.
+pub fn missing() -> Vec<String> {
+    let mut out: Vec<String> = ["java", "javac"]
+        .into_iter()
+        .filter(|t| jdk_tool(t).is_none())
+        .map(String::from)
+        .collect();
+    out.extend(
+        JARS.iter()
+            .filter(|j| !Path::new(j).exists())
+            .map(|j| j.to_string()),
+    );
+    out
+}
+
+/// Whether `java`, `javac` and the Curator jars are installed.
+pub fn installed() -> bool {
+    missing().is_empty()
+}
+
+/// Whether the Curator programs can run: `true` if everything is installed. Otherwise panics
+/// when `CI=true` (in CI a missing piece is a failure), else prints a skip message and
+/// returns `false`.
+pub fn available() -> bool {
+    let missing = missing();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "Apache Curator from Java is not available (Debian packages `libcurator-recipes-java` \
+         and a JDK with javac); missing: {}",
+        missing.join(", ")
+    );
+    if in_ci() {
+        panic!("{msg}: required in CI");
+    }
+    eprintln!("skipped: {msg}");
+    false
+}
+
+/// The class path of the Curator jars (plus slf4j-nop when present).
+pub fn jar_classpath() -> String {
+    let mut jars: Vec<&str> = JARS.to_vec();
+    if Path::new(SLF4J_NOP_JAR).exists() {
+        jars.push(SLF4J_NOP_JAR);
+    }
+    jars.join(":")
+}
+
+/// The Java programs of `tests/java/`, compiled into a temporary directory (removed on drop).
+#[derive(Debug)]
+pub struct JavaClasses {
+    dir: tempfile::TempDir,
+}
+
+impl JavaClasses {
+    /// Compiles every `.java` file of `tests/java/`. Blocking (a second or two).
+    pub fn compile() -> Result<JavaClasses, String> {
+        let javac = jdk_tool("javac").ok_or("javac not found")?;
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-java-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?;
+        let mut sources: Vec<PathBuf> = std::fs::read_dir(sources_dir())
+            .map_err(|e| format!("{}: {e}", sources_dir().display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "java"))
+            .collect();
+        sources.sort();
+        let out = std::process::Command::new(javac)
+            .arg("-nowarn")
+            .arg("-d")
+            .arg(dir.path())
+            .arg("-cp")
+            .arg(jar_classpath())
+            .args(&sources)
+            .output()
+            .map_err(|e| format!("run javac: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "javac failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(JavaClasses { dir })
+    }
+
+    /// The class path to run the programs: the compiled classes and the Curator jars.
+    pub fn classpath(&self) -> String {
+        format!("{}:{}", self.dir.path().display(), jar_classpath())
+    }
+
+    /// A `java` command running `main_class` with the class path set and `args`.
+    pub fn command(&self, main_class: &str) -> Command {
+        let java = jdk_tool("java").unwrap_or_else(|| PathBuf::from("java"));
+        let mut cmd = Command::new(java);
+        cmd.args(["-Xmx128m", "-XX:+UseSerialGC", "-cp"])
+            .arg(self.classpath())
+            .arg(main_class);
+        cmd
+    }
+}
+
+static SHARED: Mutex<Weak<JavaClasses>> = Mutex::new(Weak::new());
+
+/// The compiled programs shared by the tests of one binary (compiled by the first that asks;
+/// blocking). Panics if `javac` fails: call [`available`] first.
+pub fn programs() -> Arc<JavaClasses> {
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = slot.upgrade() {
+        return c;
+    }
+    let classes = Arc::new(JavaClasses::compile().unwrap_or_else(|e| panic!("{e}")));
+    *slot = Arc::downgrade(&classes);
+    classes
+}
+
+/// A running `CuratorMutex` program (tests/java/CuratorMutex.java): Curator's
+/// `InterProcessMutex` on one lock path, in a JVM of its own. Killed (by its PID) on drop.
+#[derive(Debug)]
+pub struct CuratorMutex {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::UnboundedReceiver<String>,
+    /// Everything the program printed so far (stdout and stderr), for failure messages.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl CuratorMutex {
+    /// Starts the program: it connects to `connect`, prints `STARTED`, then acquires the
+    /// mutex on `path`, waiting at most `wait` (then prints `TIMEOUT` and exits), and once
+    /// granted holds it until [`release`](Self::release) or for at most `hold`.
+    pub fn spawn(
+        classes: &JavaClasses,
+        connect: &str,
+        path: &str,
+        wait: Duration,
+        hold: Duration,
+    ) -> CuratorMutex {
+        let mut child = classes
+            .command("CuratorMutex")
+            .args([connect, path])
+            .args(["--wait-secs", &wait.as_secs().max(1).to_string()])
+            .args(["--hold-secs", &hold.as_secs().max(1).to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start java CuratorMutex");
+        let (tx, lines) = mpsc::unbounded_channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let (log1, log2) = (log.clone(), log.clone());
+        tokio::spawn(async move {
+            let mut r = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = r.next_line().await {
+                log1.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        tokio::spawn(async move {
+            let mut r = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = r.next_line().await {
+                log2.lock().unwrap().push(format!("stderr: {line}"));
+            }
+        });
+        CuratorMutex {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            log,
+        }
+    }
+
+    /// What the program printed so far.
+    pub fn output(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// The next line the program prints, or `None` if it prints none within `within` (or
+    /// ended).
+    pub async fn next_line(&mut self, within: Duration) -> Option<String> {
+        tokio::time::timeout(within, self.lines.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Waits (bounded) for the next line and checks that it starts with `prefix`; returns
+    /// the rest of it. Panics with the program's output otherwise.
+    pub async fn expect(&mut self, prefix: &str, within: Duration) -> String {
+        match self.next_line(within).await {
+            Some(line) if line.starts_with(prefix) => line[prefix.len()..].trim().to_string(),
+            Some(line) => panic!(
+                "CuratorMutex said {line:?}, expected {prefix:?}; output:\n{}",
+                self.output()
+            ),
+            None => panic!(
+                "CuratorMutex did not say {prefix:?} within {within:?}; output:\n{}",
+                self.output()
+            ),
+        }
+    }
+
+    /// Waits (bounded) for `ACQUIRED <czxid> <node>`; returns the czxid and the node path.
+    pub async fn acquired(&mut self, within: Duration) -> (u64, String) {
+        let rest = self.expect("ACQUIRED ", within).await;
+        let (czxid, node) = rest.split_once(' ').expect("ACQUIRED <czxid> <node>");
+        (czxid.parse().expect("czxid"), node.to_string())
+    }
+
+    /// Asks the program to release (a line on its stdin) and waits (bounded) until it says
+    /// `RELEASED`.
+    pub async fn release(&mut self, within: Duration) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"release\n").await.expect("write stdin");
+        stdin.flush().await.expect("flush stdin");
+        self.expect("RELEASED", within).await;
+    }
+
+    /// Waits (bounded) for the program to exit; returns its status.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(status) => status.expect("wait for java"),
+            Err(_) => panic!(
+                "CuratorMutex did not exit within {within:?}; output:\n{}",
+                self.output()
+            ),
+        }
+    }
+
+    /// The program's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// Runs `tests/java/CuratorBench.java`: `sessions` Curator clients (one connection each) loop
+/// `InterProcessMutex` acquire + release on `path` for `seconds` after a short JIT warm-up;
+/// returns the acquisitions per second it measured.
+pub async fn bench_rate(
+    classes: &JavaClasses,
+    connect: &str,
+    path: &str,
+    sessions: usize,
+    seconds: f64,
+) -> Result<f64, String> {
+    let run = classes
+        .command("CuratorBench")
+        .args([connect, path, &sessions.to_string(), &seconds.to_string()])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let limit = Duration::from_secs_f64(seconds * 2.0) + Duration::from_secs(120);
+    let out = tokio::time::timeout(limit, run)
+        .await
+        .map_err(|_| format!("CuratorBench did not finish within {limit:?}"))?
+        .map_err(|e| format!("run CuratorBench: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RATE "))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "CuratorBench ({}): {stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
