@@ -337,3 +337,27 @@ async fn dump_etcd_history(target: &Target, namespace: &str) {
         }
     }
 }
+
+/// Runs every scenario (or only the one named by `FENCELOCK_SCENARIO`) against `cluster`,
+/// prints the summary table under `label`, and panics if any scenario found a violation.
+pub async fn run_all(label: &str, cluster: &mut dyn Cluster, cfg: &RunConfig) {
+    let only = std::env::var("FENCELOCK_SCENARIO").ok();
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for scenario in Scenario::ALL {
+        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+            continue;
+        }
+        let s = run(scenario, cluster, cfg).await;
+        println!("{}", s.line());
+        lines.push(s.line());
+        if !s.violations.is_empty() {
+            failed.push(format!("{}: {:?}", s.scenario, s.violations));
+        }
+    }
+    println!("\n{label}:\n{}", Summary::header());
+    for l in &lines {
+        println!("{l}");
+    }
+    assert!(failed.is_empty(), "violations: {failed:#?}");
+}

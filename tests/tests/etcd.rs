@@ -32,6 +32,27 @@ async fn go_compatible_layout_and_create_revision_token() {
     s.close().await.unwrap();
 }
 
+/// Elections use the Go `concurrency.Election` layout: `{prefix}/{lease hex}` holding the
+/// value; the epoch is the key's create revision; `proclaim` rewrites the value in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_compatible_election_layout() {
+    let Some(f) = EtcdFactory::shared().await else { return };
+    let s = Session::builder(f.etcd().clone()).namespace("").start().await.unwrap();
+    let name = format!("elect-{}", std::process::id());
+    let l = s.election(&name).unwrap().campaign(b"node-a:8080").await.unwrap();
+    assert_eq!(l.key(), format!("/{name}/{}", s.id()));
+    let mut kv = f.etcd().client().kv_client();
+    let got = kv.get(l.key(), None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"node-a:8080");
+    assert_eq!(got.kvs()[0].create_revision() as u64, l.epoch().get());
+    l.proclaim(b"node-a:9090").await.unwrap();
+    let got = kv.get(l.key(), None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"node-a:9090");
+    assert_eq!(got.kvs()[0].create_revision() as u64, l.epoch().get());
+    l.resign().await.unwrap();
+    s.close().await.unwrap();
+}
+
 /// An unreachable endpoint fails with `Error::Connect` after the bounded connect timeout.
 #[tokio::test]
 async fn unreachable_endpoint_is_a_connect_error() {

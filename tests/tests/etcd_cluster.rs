@@ -2,7 +2,7 @@
 //! summary line printed per scenario (run with `--nocapture` to see the table).
 
 use fencelock_integration::cluster::EtcdCluster;
-use fencelock_integration::scenarios::{run, RunConfig, Scenario};
+use fencelock_integration::scenarios::{run_all, RunConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adversity_etcd_cluster() {
@@ -11,26 +11,5 @@ async fn adversity_etcd_cluster() {
     }
     let mut cluster = EtcdCluster::start();
     let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
-    let mut lines = Vec::new();
-    let mut failed = Vec::new();
-    let only = std::env::var("FENCELOCK_SCENARIO").ok();
-    for scenario in Scenario::ALL {
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
-            continue;
-        }
-        let s = run(scenario, &mut cluster, &cfg).await;
-        println!("{}", s.line());
-        lines.push(s.line());
-        if !s.violations.is_empty() {
-            failed.push(format!("{}: {:?}", s.scenario, s.violations));
-        }
-    }
-    println!(
-        "\netcd (3 members):\n{}",
-        fencelock_integration::history::Summary::header()
-    );
-    for l in &lines {
-        println!("{l}");
-    }
-    assert!(failed.is_empty(), "violations: {failed:#?}");
+    run_all("etcd (3 members)", &mut cluster, &cfg).await;
 }
