@@ -13,6 +13,7 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)   # the Curator interop tests
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing: ${need[*]}"

@@ -21,63 +21,15 @@ use std::time::{Duration, Instant};
 
 use fencelock::Session;
 use fencelock_zookeeper::ZooKeeperBackend;
-use futures::future::BoxFuture;
 use zookeeper_client as zk;
 
+use crate::bench_util::{election_header, election_rows, ms, time_interleaved, Op};
 use crate::curator;
-use crate::faults::{Holder, Kind, Target};
+use crate::faults::{Kind, Target};
 use crate::zookeeper::{self as harness, ZkServer, MIN_SESSION_TIMEOUT};
 
 /// The session TTL of the latency and throughput rows.
 const TTL: Duration = Duration::from_secs(10);
-
-/// Latency samples of one row.
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn pct(&self, p: f64) -> Duration {
-        let mut v = self.0.clone();
-        v.sort();
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// One operation of a row (an acquire + release), repeatable.
-type Op = Box<dyn FnMut() -> BoxFuture<'static, ()> + Send>;
-
-/// Times `rounds` runs of each of `ops`, interleaved in blocks (after a warm-up of every op), so
-/// that no row is favoured by running later on a warmer server.
-async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
-    const BLOCK: usize = 50;
-    for op in ops.iter_mut() {
-        for _ in 0..rounds / 5 + 10 {
-            op().await;
-        }
-    }
-    let mut out: Vec<Vec<Duration>> = ops.iter().map(|_| Vec::with_capacity(rounds)).collect();
-    let mut done = 0;
-    while done < rounds {
-        let n = BLOCK.min(rounds - done);
-        for (op, samples) in ops.iter_mut().zip(out.iter_mut()) {
-            for _ in 0..n {
-                let t = Instant::now();
-                op().await;
-                samples.push(t.elapsed());
-            }
-        }
-        done += n;
-    }
-    out.into_iter().map(Samples).collect()
-}
 
 /// Runs the `ops` (one per contender) concurrently, each looping until `seconds` are up;
 /// returns the completions and the time taken, and gives the ops back.
@@ -210,7 +162,12 @@ pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], fai
     uncontended_rows(rounds, &connect).await;
     let ours4 = contended_rows(seconds, sessions, &connect).await;
     curator_row(seconds, &connect, ours4).await;
-    election_rows(rounds, failovers, &connect).await;
+    election_header("ZooKeeper");
+    let t = Target {
+        kind: Kind::ZooKeeper,
+        endpoint: connect.clone(),
+    };
+    election_rows(rounds, failovers, &t).await;
     drop(server);
 }
 
@@ -323,85 +280,4 @@ async fn curator_row(seconds: f64, connect: &str, ours4: Option<f64>) {
     println!("| sessions | fencelock Mutex | Curator InterProcessMutex | ratio |");
     println!("|---:|---:|---:|---:|");
     println!("| 4 | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
-}
-
-async fn election_rows(rounds: usize, failovers: usize, connect: &str) {
-    println!("\nLeader election on ZooKeeper: campaign → leadership → resign latency uncontended, and failover");
-    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
-    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
-    println!("|---|---:|---:|---:|---:|");
-    let ns = fencelock::conformance::unique_namespace("bench-election");
-    let ttl = Duration::from_secs(2);
-    let t = Target {
-        kind: Kind::ZooKeeper,
-        endpoint: connect.to_string(),
-    };
-    let s = t.session_at(connect, &ns, TTL).await;
-    let e = Arc::new(s.election("lat").expect("election"));
-    let mut op: Op = Box::new(move || {
-        let e = e.clone();
-        Box::pin(async move {
-            let l = e.campaign(b"v").await.expect("campaign");
-            l.resign().await.expect("resign");
-        })
-    });
-    let lat = time_interleaved((rounds / 2).max(1), std::slice::from_mut(&mut op))
-        .await
-        .remove(0);
-    let failovers = failovers.max(1);
-    let mut closed = Vec::new();
-    for i in 0..failovers {
-        let a = t.session_at(connect, &ns, ttl).await;
-        let name = format!("close-{i}");
-        let _la = a
-            .election(&name)
-            .unwrap()
-            .campaign(b"a")
-            .await
-            .expect("a leads");
-        let eb = s.election(&name).unwrap();
-        let waiter = tokio::spawn(async move {
-            let l = eb.campaign(b"b").await.expect("b leads");
-            let at = Instant::now();
-            l.resign().await.expect("resign");
-            at
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await; // let b queue
-        let t0 = Instant::now();
-        a.close().await.expect("close");
-        closed.push(waiter.await.expect("waiter") - t0);
-    }
-    let me = std::env::current_exe().expect("current exe");
-    let mut killed = Vec::new();
-    for i in 0..failovers {
-        let name = format!("kill-{i}");
-        let mut child = Holder::start_with(
-            me.to_str().expect("utf-8 path"),
-            &["holder"],
-            &t,
-            &ns,
-            "election",
-            &name,
-            ttl,
-        );
-        let eb = s.election(&name).unwrap();
-        let waiter = tokio::spawn(async move {
-            let l = eb.campaign(b"b").await.expect("b leads");
-            let at = Instant::now();
-            l.resign().await.expect("resign");
-            at
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let t0 = Instant::now();
-        child.kill();
-        killed.push(waiter.await.expect("waiter") - t0);
-    }
-    println!(
-        "| fencelock Election | {} | {} | {} | {} |",
-        ms(lat.pct(0.5)),
-        ms(lat.pct(0.99)),
-        ms(median(closed)),
-        ms(median(killed))
-    );
-    s.close().await.expect("close");
 }

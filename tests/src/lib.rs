@@ -2,6 +2,7 @@
 //! Debian's packages on loopback ports with temporary data dirs, and the conformance
 //! factories over them. Also home of the benchmark program (`src/bin/bench.rs`).
 
+pub mod bench_util;
 pub mod bench_zk;
 pub mod cluster;
 pub mod curator;

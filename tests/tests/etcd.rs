@@ -36,10 +36,21 @@ async fn go_compatible_layout_and_create_revision_token() {
 /// value; the epoch is the key's create revision; `proclaim` rewrites the value in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_compatible_election_layout() {
-    let Some(f) = EtcdFactory::shared().await else { return };
-    let s = Session::builder(f.etcd().clone()).namespace("").start().await.unwrap();
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let s = Session::builder(f.etcd().clone())
+        .namespace("")
+        .start()
+        .await
+        .unwrap();
     let name = format!("elect-{}", std::process::id());
-    let l = s.election(&name).unwrap().campaign(b"node-a:8080").await.unwrap();
+    let l = s
+        .election(&name)
+        .unwrap()
+        .campaign(b"node-a:8080")
+        .await
+        .unwrap();
     assert_eq!(l.key(), format!("/{name}/{}", s.id()));
     let mut kv = f.etcd().client().kv_client();
     let got = kv.get(l.key(), None).await.unwrap();

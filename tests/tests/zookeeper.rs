@@ -744,6 +744,61 @@ async fn cut_off_holder_steps_down_before_successor() {
     let _ = bounded(WAIT, "a closes", a.close()).await;
 }
 
+/// The requests the server received on the connection of the session `sid` (hex, as
+/// `Session::id`), from the `cons` four-letter word.
+fn requests_received(f: &ZkFactory, sid: &str) -> u64 {
+    let cons = f.server().four_letter("cons").expect("cons");
+    let line = cons
+        .lines()
+        .find(|l| l.contains(&format!("sid=0x{sid},")) || l.contains(&format!("sid=0x{sid})")))
+        .unwrap_or_else(|| panic!("no connection of session {sid} in:\n{cons}"));
+    let recved = line.split("recved=").nth(1).expect("recved=");
+    recved[..recved
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(recved.len())]
+        .parse()
+        .expect("recved count")
+}
+
+/// What an uncontended lock + release costs the server: three requests (the create, the
+/// listing sent right behind it, the delete), whether the release comes at once or after the
+/// guard's watch on its entry is in place (it rides on the listing: no request of its own, and
+/// none to remove it). A regression here shows in the benchmark's latency and throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_lock_costs_three_requests() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_requests");
+    let s = session(&f, &ns).await;
+    let m = s.mutex("m").unwrap();
+    m.lock().await.unwrap().release().await.unwrap(); // parents created
+    const ROUNDS: u64 = 20;
+    let before = requests_received(&f, &s.id());
+    for i in 0..ROUNDS {
+        let g = m.lock().await.unwrap();
+        if i % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await; // the guard watches
+        }
+        g.release().await.unwrap();
+    }
+    let spent = requests_received(&f, &s.id()) - before;
+    // Slack for a keep-alive or two.
+    assert!(
+        spent <= 3 * ROUNDS + 2,
+        "{spent} requests for {ROUNDS} lock + release"
+    );
+    // The guard's watch still sees its entry deleted by someone else.
+    let g = m.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    raw(&f).await.delete(g.key(), None).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost on deletion", g.lost()).await,
+        fencelock::LostReason::EntryDeleted
+    );
+    s.close().await.unwrap();
+}
+
 /// Interoperability with Apache Curator's `InterProcessMutex`, run in a JVM of its own (Debian's
 /// `libcurator-recipes-java`; the program is `tests/java/CuratorMutex.java`, compiled at test
 /// time): Curator and fencelock contend on the same queue `/{namespace}/{lock}`. Skipped with a

@@ -27,6 +27,13 @@ pub(crate) const PROTECTED_PREFIX: &str = "_c_";
 /// the server between our mkdir and our create).
 const CREATE_ATTEMPTS: usize = 10;
 
+/// How many keys of our removed entries a session remembers (see `wait_node_gone`).
+const REMEMBER_REMOVED: usize = 32;
+
+/// How many contended queues a session remembers (past that, it arms watches everywhere: a
+/// matter of cost only).
+const REMEMBER_CONTENDED: usize = 1024;
+
 /// The node-name marker of a queue kind: Curator's lock name.
 pub(crate) fn marker(kind: QueueKind) -> &'static str {
     match kind {
@@ -237,8 +244,9 @@ impl ZooKeeperSession {
     /// the same round trip: the listing is sent right behind the create, without waiting for
     /// its reply. ZooKeeper processes the requests of one session in order (a read waits for
     /// the session's earlier writes, on followers too), so the listing shows our new node.
-    /// The listing also arms a children watch on `parent`. It is `None` if it was not asked
-    /// for or could not be read (the caller lists again: the entry is known then).
+    /// The listing also arms a children watch on `parent` unless our latest enqueue there
+    /// found others ahead. It is `None` if it was not asked for or could not be read (the
+    /// caller lists again: the entry is known then).
     async fn create_entry_listed(
         &self,
         parent: &str,
@@ -255,7 +263,8 @@ impl ZooKeeperSession {
             self.attempts.lock().unwrap().insert(attempt, None);
             // Both requests go out now, in this order (the client sends on call).
             let create = client.create(&prefix, value, &options);
-            let watch = std::env::var_os("FL_NO_ARM").is_none();
+            // Arm the children watch only where we expect to head the queue (see `own`).
+            let watch = !self.contended.lock().unwrap().contains(parent);
             let watched = (list && watch).then(|| client.list_and_watch_children(parent));
             let plain = (list && !watch).then(|| client.list_children(parent));
             let res = create.await;
@@ -372,7 +381,9 @@ impl ZooKeeperSession {
                 if sorted.iter().any(|(_, n)| n == name) {
                     (Some(sorted), watch)
                 } else {
-                    watch.map(detach);
+                    if let Some(w) = watch {
+                        detach(w);
+                    }
                     (None, None)
                 }
             }
@@ -396,6 +407,14 @@ impl ZooKeeperSession {
             detach(w);
         }
         let pos = sorted.iter().position(|(_, n)| n == name);
+        {
+            let mut contended = self.contended.lock().unwrap();
+            if pos == Some(0) {
+                contended.remove(&parent);
+            } else if contended.len() < REMEMBER_CONTENDED {
+                contended.insert(parent.clone());
+            }
+        }
         if let Some(i) = pos.filter(|&i| i > 0) {
             // The predecessor's czxid is unknown here (0): the path identifies it.
             let (seq, pred) = &sorted[i - 1];
@@ -443,22 +462,32 @@ impl ZooKeeperSession {
         const OP: &str = "watch entry";
         let (own, armed) = match self.own.lock().unwrap().get_mut(&e.key) {
             Some(armed) => (true, armed.take()),
-            None => (false, None),
+            None => (false, None), // not ours, or removed (then `removed` has it)
         };
         if let Some(armed) = armed {
             let broken = self.broken(OP);
+            let mut fired = OwnWatch::new(armed, true);
             tokio::select! {
-                ev = OwnWatch::new(armed) => {
+                ev = &mut fired => {
                     if ev.event_type == zk::EventType::NodeDeleted {
                         return Ok(()); // the parent went, and our entry with it
                     }
                     check_session_event(OP, &ev)?;
                     // A child came or went: see whether it was ours.
                 }
-                err = broken => return Err(err),
+                err = broken => {
+                    fired.discard(); // the retry watches afresh
+                    return Err(err);
+                }
             }
         }
         loop {
+            if self.removed.lock().unwrap().contains(&e.key) {
+                // We deleted it: our delete went out before any request this wait could
+                // send, which would only find the node gone. (A wait on an entry being
+                // released, which the release cancels anyway.)
+                return Ok(());
+            }
             let broken = self.broken(OP);
             let client = self.client()?;
             let res = client.get_and_watch_data(&e.key).await;
@@ -471,13 +500,9 @@ impl ZooKeeperSession {
                 }
                 Ok((_, _, watcher)) => watcher,
             };
-            let fired: Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>> = if own {
-                Box::pin(OwnWatch::new(watcher))
-            } else {
-                Box::pin(watcher.changed())
-            };
+            let mut fired = OwnWatch::new(watcher, own);
             tokio::select! {
-                ev = fired => match ev.event_type {
+                ev = &mut fired => match ev.event_type {
                     zk::EventType::NodeDeleted => return Ok(()),
                     zk::EventType::Session => {
                         return Err(state_error(OP, ev.session_state)
@@ -485,7 +510,10 @@ impl ZooKeeperSession {
                     }
                     _ => continue, // data changed: watch again
                 },
-                err = broken => return Err(err),
+                err = broken => {
+                    fired.discard(); // the retry watches afresh
+                    return Err(err);
+                }
             }
         }
     }
@@ -510,7 +538,19 @@ impl ZooKeeperSession {
             .unwrap()
             .retain(|_, e| e.as_ref().is_none_or(|e| e.key != key));
         self.predecessors.lock().unwrap().remove(key);
-        let armed = self.own.lock().unwrap().remove(key).flatten();
+        let armed = {
+            // One step for a concurrent wait: our entry, or one we removed.
+            let mut own = self.own.lock().unwrap();
+            let Some(armed) = own.remove(key) else {
+                return;
+            };
+            let mut removed = self.removed.lock().unwrap();
+            if removed.len() >= REMEMBER_REMOVED {
+                removed.pop_front();
+            }
+            removed.push_back(key.to_string());
+            armed
+        };
         if let Some(w) = armed {
             detach(w); // the node is deleted next: the watch fires at once
         }
@@ -669,16 +709,28 @@ impl ZooKeeperSession {
     }
 }
 
-/// A one-shot watch of one of our own entries (or of its parent's children). Dropped before
-/// it fired (a wait given up: the entry is being released), it is not removed from the
-/// server, which would cost a RemoveWatches request sent ahead of the delete that follows;
-/// it is left to fire in a task of its own instead, which ends as soon as the entry goes
-/// (or the session).
-struct OwnWatch(Option<Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>>);
+/// A one-shot watch awaited. One of our own entries' (or of their parents' children), `keep`
+/// set: dropped before it fired (a wait given up: the entry is being released), it is not
+/// removed from the server, which would cost a RemoveWatches request sent ahead of the
+/// delete that follows, but left to fire in a task of its own, which ends as soon as the
+/// entry goes (or the session). Any other is removed when dropped, as usual.
+struct OwnWatch {
+    fired: Option<Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>>,
+    keep: bool,
+}
 
 impl OwnWatch {
-    fn new(watch: zk::OneshotWatcher) -> Self {
-        OwnWatch(Some(Box::pin(watch.changed())))
+    fn new(watch: zk::OneshotWatcher, keep: bool) -> Self {
+        OwnWatch {
+            fired: Some(Box::pin(watch.changed())),
+            keep,
+        }
+    }
+
+    /// Removes the watch when dropped after all (a wait that failed: its retry watches
+    /// afresh, so repeated failures leave no watches behind).
+    fn discard(&mut self) {
+        self.keep = false;
     }
 }
 
@@ -686,16 +738,19 @@ impl Future for OwnWatch {
     type Output = zk::WatchedEvent;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<zk::WatchedEvent> {
-        let fired = self.0.as_mut().expect("OwnWatch polled after it fired");
+        let fired = self.fired.as_mut().expect("OwnWatch polled after it fired");
         let ev = ready!(fired.as_mut().poll(cx));
-        self.0 = None;
+        self.fired = None;
         Poll::Ready(ev)
     }
 }
 
 impl Drop for OwnWatch {
     fn drop(&mut self) {
-        if let (Some(fired), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+        let Some(fired) = self.fired.take() else {
+            return;
+        };
+        if let (true, Ok(rt)) = (self.keep, tokio::runtime::Handle::try_current()) {
             rt.spawn(async move {
                 fired.await;
             });
@@ -705,7 +760,7 @@ impl Drop for OwnWatch {
 
 /// Leaves a watch of one of our own entries to fire (see [`OwnWatch`]).
 fn detach(watch: zk::OneshotWatcher) {
-    drop(OwnWatch::new(watch));
+    drop(OwnWatch::new(watch, true));
 }
 
 /// A watch fired by a session event (terminal state) ends the wait with the session's error.

@@ -59,6 +59,12 @@ pub struct ZooKeeperSession {
     /// no child of the parent changed, so the entry is still there, and watching it costs no
     /// request of its own.
     pub(crate) own: StdMutex<HashMap<String, Option<zk::OneshotWatcher>>>,
+    /// The keys of our latest removed entries (a few): a wait on one of them is over at once
+    /// (the delete went out before it), saving the request that would only learn so.
+    pub(crate) removed: StdMutex<std::collections::VecDeque<String>>,
+    /// The queues (parent paths) where our latest enqueue found others ahead: there the
+    /// children watch is not armed (see `own`), as other waiters would fire it at once.
+    pub(crate) contended: StdMutex<std::collections::HashSet<String>>,
 }
 
 impl fmt::Debug for ZooKeeperSession {
@@ -97,6 +103,8 @@ impl ZooKeeperSession {
             attempts: StdMutex::new(HashMap::new()),
             predecessors: StdMutex::new(HashMap::new()),
             own: StdMutex::new(HashMap::new()),
+            removed: StdMutex::new(std::collections::VecDeque::new()),
+            contended: StdMutex::new(std::collections::HashSet::new()),
         }
     }
 

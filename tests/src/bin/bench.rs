@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
+use fencelock_integration::bench_util::{election_header, election_rows, median, ms, Op, Samples};
 use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
-use fencelock_integration::faults::{Holder, Kind, Target};
+use fencelock_integration::faults::{Kind, Target};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "fencelock benchmark: latency and throughput side by side with the peers")]
@@ -32,21 +33,6 @@ struct Args {
     /// Contending session counts.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
     sessions: Vec<usize>,
-}
-
-/// Latency samples of one row.
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn pct(&self, p: f64) -> Duration {
-        let mut v = self.0.clone();
-        v.sort();
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
 /// Times `rounds` runs of `op`, after a short warm-up.
@@ -99,8 +85,6 @@ where
     }
     count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
-
-type Op = Box<dyn FnMut() -> futures::future::BoxFuture<'static, ()> + Send>;
 
 async fn etcd_rows(args: &Args, server: &EtcdServer) {
     let ep = server.endpoint();
@@ -231,89 +215,6 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
     }
 }
 
-/// Median of a few durations.
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// Election rows for any backend: campaign latency and failover (session closed; process
-/// killed with TTL 2 s).
-async fn election_rows(args: &Args, t: &Target, peer: Option<&str>) {
-    let ns = fencelock::conformance::unique_namespace("bench-election");
-    let ttl = Duration::from_secs(2);
-    let s = t
-        .session_at(&t.endpoint, &ns, Duration::from_secs(10))
-        .await;
-    let e = Arc::new(s.election("lat").unwrap());
-    let ours = time_rounds(args.rounds / 2, || {
-        let e = e.clone();
-        async move {
-            let l = e.campaign(b"v").await.unwrap();
-            l.resign().await.unwrap();
-        }
-    })
-    .await;
-    let failovers = args.failovers;
-    let mut closed = Vec::new();
-    for i in 0..failovers {
-        let a = t.session_at(&t.endpoint, &ns, ttl).await;
-        let name = format!("close-{i}");
-        let _la = a.election(&name).unwrap().campaign(b"a").await.unwrap();
-        let eb = s.election(&name).unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let waiter = tokio::spawn(async move {
-            let fut = eb.campaign(b"b");
-            let _ = tx.send(());
-            let l = fut.await.unwrap();
-            let at = Instant::now();
-            l.resign().await.unwrap();
-            at
-        });
-        rx.await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await; // let b queue
-        let t0 = Instant::now();
-        a.close().await.unwrap();
-        closed.push(waiter.await.unwrap() - t0);
-    }
-    let me = std::env::current_exe().unwrap();
-    let mut killed = Vec::new();
-    for i in 0..failovers {
-        let name = format!("kill-{i}");
-        let mut child = Holder::start_with(
-            me.to_str().unwrap(),
-            &["holder"],
-            t,
-            &ns,
-            "election",
-            &name,
-            ttl,
-        );
-        let eb = s.election(&name).unwrap();
-        let waiter = tokio::spawn(async move {
-            let l = eb.campaign(b"b").await.unwrap();
-            let at = Instant::now();
-            l.resign().await.unwrap();
-            at
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let t0 = Instant::now();
-        child.kill();
-        killed.push(waiter.await.unwrap() - t0);
-    }
-    println!(
-        "| fencelock Election | {} | {} | {} | {} |",
-        ms(ours.pct(0.5)),
-        ms(ours.pct(0.99)),
-        ms(median(closed)),
-        ms(median(killed))
-    );
-    s.close().await.unwrap();
-    if let Some(ep) = peer {
-        etcd_campaign_row(args, ep).await;
-    }
-}
-
 /// etcd's own server-side Campaign API through etcd-client, the same measurements.
 async fn etcd_campaign_row(args: &Args, ep: &str) {
     use etcd_client::{Client, ResignOptions};
@@ -377,13 +278,6 @@ async fn etcd_campaign_row(args: &Args, ep: &str) {
     );
 }
 
-fn election_header(what: &str) {
-    println!("\nLeader election on {what}: campaign → leadership → resign latency uncontended, and failover");
-    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
-    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
-    println!("|---|---:|---:|---:|---:|");
-}
-
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().collect();
@@ -405,9 +299,19 @@ async fn main() {
                     endpoint: server.endpoint(),
                 };
                 election_header("etcd");
-                election_rows(&args, &t, Some(&server.endpoint())).await;
+                election_rows(args.rounds, args.failovers, &t).await;
+                etcd_campaign_row(&args, &server.endpoint()).await;
             }
             false => println!("\n(etcd not installed: skipped)"),
         }
+    }
+    if matches!(args.backend.as_str(), "zookeeper" | "all") {
+        fencelock_integration::bench_zk::zookeeper_rows(
+            args.rounds,
+            args.seconds,
+            &args.sessions,
+            args.failovers,
+        )
+        .await;
     }
 }

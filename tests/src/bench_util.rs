@@ -1,0 +1,145 @@
+//! Pieces shared by the benchmark's etcd and ZooKeeper rows: samples and their percentiles,
+//! interleaved timing, and the leader-election rows (generic over the backend).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+
+use crate::faults::{Holder, Target};
+
+/// Latency samples of one row.
+pub struct Samples(pub Vec<Duration>);
+
+impl Samples {
+    /// The `p` quantile (0..=1).
+    pub fn pct(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+/// Milliseconds with three decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// The median of a few durations.
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One operation of a row (an acquire + release, say), repeatable.
+pub type Op = Box<dyn FnMut() -> BoxFuture<'static, ()> + Send>;
+
+/// Times `rounds` runs of each of `ops`, interleaved in blocks (after a warm-up of every op), so
+/// that no row is favoured by running later on a warmer server.
+pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
+    const BLOCK: usize = 50;
+    for op in ops.iter_mut() {
+        for _ in 0..rounds / 5 + 10 {
+            op().await;
+        }
+    }
+    let mut out: Vec<Vec<Duration>> = ops.iter().map(|_| Vec::with_capacity(rounds)).collect();
+    let mut done = 0;
+    while done < rounds {
+        let n = BLOCK.min(rounds - done);
+        for (op, samples) in ops.iter_mut().zip(out.iter_mut()) {
+            for _ in 0..n {
+                let t = Instant::now();
+                op().await;
+                samples.push(t.elapsed());
+            }
+        }
+        done += n;
+    }
+    out.into_iter().map(Samples).collect()
+}
+
+/// The election rows of our `Election` on `t`: campaign → leadership → resign latency, and
+/// failover (median) after the leader's session is closed and after its process is killed
+/// (TTL 2 s; the process is this executable in its `holder` mode).
+pub async fn election_rows(rounds: usize, failovers: usize, t: &Target) {
+    let ns = fencelock::conformance::unique_namespace("bench-election");
+    let ttl = Duration::from_secs(2);
+    let connect = t.endpoint.as_str();
+    let s = t.session_at(connect, &ns, Duration::from_secs(10)).await;
+    let e = Arc::new(s.election("lat").expect("election"));
+    let mut op: Op = Box::new(move || {
+        let e = e.clone();
+        Box::pin(async move {
+            let l = e.campaign(b"v").await.expect("campaign");
+            l.resign().await.expect("resign");
+        })
+    });
+    let lat = time_interleaved((rounds / 2).max(1), std::slice::from_mut(&mut op))
+        .await
+        .remove(0);
+    let failovers = failovers.max(1);
+    let mut closed = Vec::new();
+    for i in 0..failovers {
+        let a = t.session_at(connect, &ns, ttl).await;
+        let name = format!("close-{i}");
+        let _la = a
+            .election(&name)
+            .unwrap()
+            .campaign(b"a")
+            .await
+            .expect("a leads");
+        let eb = s.election(&name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let l = eb.campaign(b"b").await.expect("b leads");
+            let at = Instant::now();
+            l.resign().await.expect("resign");
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await; // let b queue
+        let t0 = Instant::now();
+        a.close().await.expect("close");
+        closed.push(waiter.await.expect("waiter") - t0);
+    }
+    let me = std::env::current_exe().expect("current exe");
+    let mut killed = Vec::new();
+    for i in 0..failovers {
+        let name = format!("kill-{i}");
+        let mut child = Holder::start_with(
+            me.to_str().expect("utf-8 path"),
+            &["holder"],
+            t,
+            &ns,
+            "election",
+            &name,
+            ttl,
+        );
+        let eb = s.election(&name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let l = eb.campaign(b"b").await.expect("b leads");
+            let at = Instant::now();
+            l.resign().await.expect("resign");
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        child.kill();
+        killed.push(waiter.await.expect("waiter") - t0);
+    }
+    println!(
+        "| fencelock Election | {} | {} | {} | {} |",
+        ms(lat.pct(0.5)),
+        ms(lat.pct(0.99)),
+        ms(median(closed)),
+        ms(median(killed))
+    );
+    s.close().await.expect("close");
+}
+
+/// The header of the election table.
+pub fn election_header(what: &str) {
+    println!("\nLeader election on {what}: campaign → leadership → resign latency uncontended, and failover");
+    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
+    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
+    println!("|---|---:|---:|---:|---:|");
+}
