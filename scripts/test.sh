@@ -25,5 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 echo "== cargo test (workspace; etcd and ZooKeeper are started by the harnesses)"
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc
+cargo test --workspace --all-targets "$@" -- --skip adversity_
+cargo test --workspace --doc "$@"
+echo "== adversity suite: 3-member etcd cluster and 3-server ZooKeeper ensemble (summary tables)"
+cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster "$@" -- --nocapture
