@@ -331,6 +331,7 @@ impl Held {
         let shared = session.shared().clone();
         let remote = shared.remote.clone();
         let session_lost = shared.lost();
+        let weak = Arc::downgrade(&shared);
         drop(shared);
         let (tx, stop, watched) = (lost.clone(), watcher.clone(), entry.clone());
         tokio::spawn(async move {
@@ -345,7 +346,12 @@ impl Held {
             let reason = tokio::select! {
                 _ = stop.cancelled() => return,
                 r = session_lost => r,
-                _ = gone => LostReason::EntryDeleted,
+                // A session that is closing or expiring deletes its entries too: report the
+                // session's reason when it has one.
+                _ = gone => weak
+                    .upgrade()
+                    .and_then(|s| s.lost_reason())
+                    .unwrap_or(LostReason::EntryDeleted),
             };
             tx.send_if_modified(|v| {
                 v.is_none() && {
