@@ -102,6 +102,18 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::InvalidName`], showing at most 64 characters of `name`.
+    pub fn invalid_name(name: &str, reason: &'static str) -> Self {
+        let mut shown: String = name.chars().take(64).collect();
+        if shown.len() < name.len() {
+            shown.push('…');
+        }
+        Error::InvalidName {
+            name: shown,
+            reason,
+        }
+    }
+
     /// Builds an [`Error::Backend`].
     pub fn backend(
         backend: &'static str,

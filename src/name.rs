@@ -6,14 +6,7 @@ use crate::{Error, Result};
 pub const MAX_NAME_LEN: usize = 512;
 
 fn invalid(name: &str, reason: &'static str) -> Error {
-    let mut shown: String = name.chars().take(64).collect();
-    if shown.len() < name.len() {
-        shown.push('…');
-    }
-    Error::InvalidName {
-        name: shown,
-        reason,
-    }
+    Error::invalid_name(name, reason)
 }
 
 fn check_segments(name: &str) -> Result<()> {

@@ -15,76 +15,22 @@
 //! Every release is confirmed (the delete's reply awaited), the recipe's too: dropping
 //! `zookeeper-client`'s `LockClient` would delete in the background, unconfirmed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fencelock::Session;
 use fencelock_zookeeper::ZooKeeperBackend;
 use zookeeper_client as zk;
 
-use crate::bench_util::{election_header, election_rows, ms, time_interleaved, Op};
+use crate::bench_util::{
+    election_header, election_rows, ms, throughput, throughput_pair, time_interleaved, Op,
+};
 use crate::curator;
 use crate::faults::{Kind, Target};
 use crate::zookeeper::{self as harness, ZkServer, MIN_SESSION_TIMEOUT};
 
 /// The session TTL of the latency and throughput rows.
 const TTL: Duration = Duration::from_secs(10);
-
-/// Runs the `ops` (one per contender) concurrently, each looping until `seconds` are up;
-/// returns the completions and the time taken, and gives the ops back.
-async fn run_slice(ops: Vec<Op>, seconds: f64) -> (u64, f64, Vec<Op>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for mut op in ops {
-        let (stop, count) = (stop.clone(), count.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                op().await;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            op
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let n = count.load(Ordering::Relaxed);
-    let elapsed = start.elapsed().as_secs_f64();
-    let mut back = Vec::new();
-    for t in tasks {
-        back.push(t.await.expect("contender"));
-    }
-    (n, elapsed, back)
-}
-
-/// Contended throughput of two groups of contenders, measured alternately in `SLICES` slices
-/// of `seconds / SLICES` each, alternating which goes first (so that load drifting on the
-/// machine hits both alike); returns the completions per second of each.
-async fn throughput_pair(mut a: Vec<Op>, mut b: Vec<Op>, seconds: f64) -> (f64, f64) {
-    const SLICES: usize = 3;
-    let slice = seconds / SLICES as f64;
-    let (mut na, mut ta, mut nb, mut tb) = (0, 0.0, 0, 0.0);
-    for i in 0..SLICES {
-        for a_now in [i % 2 == 0, i % 2 != 0] {
-            if a_now {
-                let (n, t, ops) = run_slice(a, slice).await;
-                (na, ta, a) = (na + n, ta + t, ops);
-            } else {
-                let (n, t, ops) = run_slice(b, slice).await;
-                (nb, tb, b) = (nb + n, tb + t, ops);
-            }
-        }
-    }
-    (na as f64 / ta, nb as f64 / tb)
-}
-
-/// Contended throughput of one group of contenders during `seconds`.
-async fn throughput(ops: Vec<Op>, seconds: f64) -> f64 {
-    let (n, t, _) = run_slice(ops, seconds).await;
-    n as f64 / t
-}
 
 async fn backend(connect: &str) -> ZooKeeperBackend {
     ZooKeeperBackend::builder(connect)

@@ -92,14 +92,7 @@ pub(crate) fn protected_name(attempt: Uuid, kind: QueueKind) -> String {
 }
 
 fn invalid(name: &str, reason: &'static str) -> Error {
-    let mut shown: String = name.chars().take(64).collect();
-    if shown.len() < name.len() {
-        shown.push('…');
-    }
-    Error::InvalidName {
-        name: shown,
-        reason,
-    }
+    Error::invalid_name(name, reason)
 }
 
 /// Checks what ZooKeeper would refuse in `path` (absolute) beyond the core's name rules:

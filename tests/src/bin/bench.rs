@@ -4,14 +4,15 @@
 //!
 //! Run: `cargo run --release -p fencelock-integration --bin bench -- --help`
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
-use fencelock_integration::bench_util::{election_header, election_rows, median, ms, Op, Samples};
+use fencelock_integration::bench_util::{
+    election_header, election_rows, median, ms, throughput_pair, Op, Samples,
+};
 use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
 use fencelock_integration::faults::{Kind, Target};
 
@@ -51,39 +52,6 @@ where
         v.push(t.elapsed());
     }
     Samples(v)
-}
-
-/// Runs `n` contenders, each looping `op(i)` until the time is up; returns completions/s.
-async fn throughput<F, Fut>(n: usize, seconds: f64, make: F) -> f64
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<
-        Output = Box<dyn FnMut() -> futures::future::BoxFuture<'static, ()> + Send>,
-    >,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let mut ops = Vec::new();
-    for i in 0..n {
-        ops.push(make(i).await);
-    }
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for mut op in ops {
-        let (stop, count) = (stop.clone(), count.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                op().await;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
-    }
-    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
 async fn etcd_rows(args: &Args, server: &EtcdServer) {
@@ -166,51 +134,44 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
     println!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
     println!("|---:|---:|---:|---:|");
     for &n in &args.sessions {
-        let ep2 = ep.clone();
-        let ours = throughput(n, args.seconds, |_| {
-            let ep = ep2.clone();
-            async move {
-                let b = EtcdBackend::connect([ep]).await.unwrap();
-                let s = Session::builder(b)
-                    .namespace("bench")
-                    .start()
-                    .await
-                    .unwrap();
-                let m = Arc::new(s.mutex("contended").unwrap());
-                let op: Op = Box::new(move || {
-                    let (m, _s) = (m.clone(), s.clone());
-                    Box::pin(async move {
-                        let g = m.lock().await.unwrap();
-                        g.release().await.unwrap();
-                    })
-                });
-                op
-            }
-        })
-        .await;
-        let ep2 = ep.clone();
-        let theirs = throughput(n, args.seconds, |_| {
-            let ep = ep2.clone();
-            async move {
-                let mut c = etcd_client::Client::connect([ep], None).await.unwrap();
-                let lease = c.lease_grant(60, None).await.unwrap().id();
-                let op: Op = Box::new(move || {
-                    let mut c = c.clone();
-                    Box::pin(async move {
-                        let opts = etcd_client::LockOptions::new().with_lease(lease);
-                        let key = c
-                            .lock("bench/etcd-contended", Some(opts))
-                            .await
-                            .unwrap()
-                            .key()
-                            .to_vec();
-                        c.unlock(key).await.unwrap();
-                    })
-                });
-                op
-            }
-        })
-        .await;
+        let mut ours_ops = Vec::new();
+        let mut their_ops = Vec::new();
+        for _ in 0..n {
+            let b = EtcdBackend::connect([ep.as_str()]).await.unwrap();
+            let s = Session::builder(b)
+                .namespace("bench")
+                .start()
+                .await
+                .unwrap();
+            let m = Arc::new(s.mutex("contended").unwrap());
+            let op: Op = Box::new(move || {
+                let (m, _s) = (m.clone(), s.clone());
+                Box::pin(async move {
+                    let g = m.lock().await.unwrap();
+                    g.release().await.unwrap();
+                })
+            });
+            ours_ops.push(op);
+            let mut c = etcd_client::Client::connect([ep.as_str()], None)
+                .await
+                .unwrap();
+            let lease = c.lease_grant(60, None).await.unwrap().id();
+            let op: Op = Box::new(move || {
+                let mut c = c.clone();
+                Box::pin(async move {
+                    let opts = etcd_client::LockOptions::new().with_lease(lease);
+                    let key = c
+                        .lock("bench/etcd-contended", Some(opts))
+                        .await
+                        .unwrap()
+                        .key()
+                        .to_vec();
+                    c.unlock(key).await.unwrap();
+                })
+            });
+            their_ops.push(op);
+        }
+        let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
         println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
     }
 }
