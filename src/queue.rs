@@ -305,6 +305,9 @@ async fn remote_turn(
     }
 }
 
+/// How long after a grant the watch on our own entry (deletion by someone else) starts.
+pub(crate) const OWN_ENTRY_WATCH_DELAY: Duration = Duration::from_millis(50);
+
 /// A granted entry: the common part of a [`Guard`](crate::Guard) and a
 /// [`Leadership`](crate::Leadership).
 pub(crate) struct Held {
@@ -336,6 +339,10 @@ impl Held {
         let (tx, stop, watched) = (lost.clone(), watcher.clone(), entry.clone());
         tokio::spawn(async move {
             let gone = async {
+                // Short tenures cost no extra request: the watch on our own entry starts a
+                // moment after the grant (deletion by someone else is rare, and the session's
+                // own loss is watched from the start).
+                tokio::time::sleep(OWN_ENTRY_WATCH_DELAY).await;
                 let mut backoff = Duration::from_millis(50);
                 while let Err(e) = remote.wait_gone(&watched).await {
                     debug!(error = %e, "watching our entry failed, retrying");

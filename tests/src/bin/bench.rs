@@ -11,7 +11,7 @@ use clap::Parser;
 use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
 use fencelock_integration::bench_util::{
-    election_header, election_rows, median, ms, throughput_pair, Op, Samples,
+    election_header, election_rows, median, ms, throughput_pair, time_interleaved, Op, Samples,
 };
 use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
 use fencelock_integration::faults::{Kind, Target};
@@ -58,16 +58,20 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
     let ep = server.endpoint();
     let backend = etcd_harness::connect(&ep).await;
     println!("\n## etcd (single member, {ep})\n");
-    println!("Uncontended acquire + release, {} rounds:\n", args.rounds);
+    println!(
+        "Uncontended acquire + release, {} rounds (interleaved in blocks of 50):\n",
+        args.rounds
+    );
     println!("| implementation | p50 ms | p99 ms | p50 vs raw txn |");
     println!("|---|---:|---:|---:|");
 
     // Raw: txn create-if-absent with a lease, then delete.
     let mut client = backend.client().clone();
     let lease = client.lease_grant(60, None).await.unwrap().id();
-    let raw = time_rounds(args.rounds, || {
-        let mut c = client.clone();
-        async move {
+    let c = client.clone();
+    let raw: Op = Box::new(move || {
+        let mut c = c.clone();
+        Box::pin(async move {
             use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
             let key = format!("bench/raw/{lease:x}");
             let txn = Txn::new()
@@ -79,29 +83,25 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
                 )]);
             c.txn(txn).await.unwrap();
             c.delete(key, None).await.unwrap();
-        }
-    })
-    .await;
-    let base = raw.pct(0.5);
-
+        })
+    });
     let session = Session::builder(backend.clone())
         .namespace("bench")
         .start()
         .await
         .unwrap();
     let mutex = Arc::new(session.mutex("ours").unwrap());
-    let ours = time_rounds(args.rounds, || {
+    let ours: Op = Box::new(move || {
         let m = mutex.clone();
-        async move {
+        Box::pin(async move {
             let g = m.lock().await.unwrap();
             g.release().await.unwrap();
-        }
-    })
-    .await;
-
-    let recipe = time_rounds(args.rounds, || {
-        let mut c = client.clone();
-        async move {
+        })
+    });
+    let c = client.clone();
+    let recipe: Op = Box::new(move || {
+        let mut c = c.clone();
+        Box::pin(async move {
             let opts = etcd_client::LockOptions::new().with_lease(lease);
             let key = c
                 .lock("bench/etcd-lock", Some(opts))
@@ -110,13 +110,17 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
                 .key()
                 .to_vec();
             c.unlock(key).await.unwrap();
-        }
-    })
-    .await;
+        })
+    });
+    // Interleaved in blocks, so that drift on the machine hits every row alike.
+    let mut ops = [ours, raw, recipe];
+    let samples = time_interleaved(args.rounds, &mut ops).await;
+    let (ours, raw, recipe) = (&samples[0], &samples[1], &samples[2]);
+    let base = raw.pct(0.5);
     for (name, s) in [
-        ("fencelock Mutex lock + release", &ours),
-        ("raw txn create + delete", &raw),
-        ("etcd-client lock() + unlock()", &recipe),
+        ("fencelock Mutex lock + release", ours),
+        ("raw txn create + delete", raw),
+        ("etcd-client lock() + unlock()", recipe),
     ] {
         println!(
             "| {name} | {} | {} | {:.2}x |",
@@ -128,7 +132,7 @@ async fn etcd_rows(args: &Args, server: &EtcdServer) {
     session.close().await.unwrap();
 
     println!(
-        "\nContended acquisitions per second ({} s each, one connection per session):\n",
+        "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
         args.seconds
     );
     println!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
