@@ -177,7 +177,7 @@ pub async fn local_queue_one_remote_entry(f: &dyn Factory) {
         for _ in 0..50 {
             tokio::task::yield_now().await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
         s.list_entries().await.unwrap().len(),
