@@ -127,14 +127,19 @@ pub async fn election_rows(rounds: usize, failovers: usize, t: &Target) {
         child.kill();
         killed.push(waiter.await.expect("waiter") - t0);
     }
+    election_row("fencelock Election", &lat, closed, killed);
+    s.close().await.expect("close");
+}
+
+/// One row of the election table: campaign latency and the median failovers.
+pub fn election_row(name: &str, lat: &Samples, closed: Vec<Duration>, killed: Vec<Duration>) {
     println!(
-        "| fencelock Election | {} | {} | {} | {} |",
+        "| {name} | {} | {} | {} | {} |",
         ms(lat.pct(0.5)),
         ms(lat.pct(0.99)),
         ms(median(closed)),
         ms(median(killed))
     );
-    s.close().await.expect("close");
 }
 
 /// The header of the election table.

@@ -346,3 +346,35 @@ pub async fn cut_off_holder_is_fenced(t: &Target, ttl: Duration) {
     gb.release().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Generates the fault tests of one backend: `$target` is a future of
+/// `Option<(guard, Target)>` (`None` skips; the guard keeps the server running), `$ttl` the
+/// session TTL, `$holder` the path of the `holder` binary.
+#[macro_export]
+macro_rules! fault_tests {
+    ($target:expr, $ttl:expr, $holder:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn killed_leader_is_replaced() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::faults::killed_leader_is_replaced($holder, &t, $ttl).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cut_off_leader_steps_down_first() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::faults::cut_off_leader_steps_down_first(&t, $ttl).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn cut_off_holder_is_fenced() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::faults::cut_off_holder_is_fenced(&t, $ttl).await;
+        }
+    };
+}

@@ -82,9 +82,7 @@ mod faults {
     use std::time::Duration;
 
     use fencelock_integration::etcd::EtcdFactory;
-    use fencelock_integration::faults::{self, Kind, Target};
-
-    const TTL: Duration = Duration::from_secs(2);
+    use fencelock_integration::faults::{Kind, Target};
 
     async fn target() -> Option<(EtcdFactory, Target)> {
         let f = EtcdFactory::shared().await?;
@@ -95,27 +93,9 @@ mod faults {
         Some((f, t))
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn killed_leader_is_replaced() {
-        let Some((_f, t)) = target().await else {
-            return;
-        };
-        faults::killed_leader_is_replaced(env!("CARGO_BIN_EXE_holder"), &t, TTL).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn cut_off_leader_steps_down_first() {
-        let Some((_f, t)) = target().await else {
-            return;
-        };
-        faults::cut_off_leader_steps_down_first(&t, TTL).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn cut_off_holder_is_fenced() {
-        let Some((_f, t)) = target().await else {
-            return;
-        };
-        faults::cut_off_holder_is_fenced(&t, TTL).await;
-    }
+    fencelock_integration::fault_tests!(
+        target(),
+        Duration::from_secs(2),
+        env!("CARGO_BIN_EXE_holder")
+    );
 }

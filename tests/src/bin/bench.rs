@@ -11,7 +11,8 @@ use clap::Parser;
 use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
 use fencelock_integration::bench_util::{
-    election_header, election_rows, median, ms, throughput_pair, time_interleaved, Op, Samples,
+    election_header, election_row, election_rows, ms, throughput_pair, time_interleaved, Op,
+    Samples,
 };
 use fencelock_integration::etcd::{self as etcd_harness, EtcdServer};
 use fencelock_integration::faults::{Kind, Target};
@@ -234,13 +235,7 @@ async fn etcd_campaign_row(args: &Args, ep: &str) {
         }
         let _ = c.lease_revoke(lb).await;
     }
-    println!(
-        "| etcd Campaign API (etcd-client) | {} | {} | {} | {} |",
-        ms(lat.pct(0.5)),
-        ms(lat.pct(0.99)),
-        ms(median(closed)),
-        ms(median(killed))
-    );
+    election_row("etcd Campaign API (etcd-client)", &lat, closed, killed);
 }
 
 #[tokio::main]
