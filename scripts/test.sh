@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+# etcd-client's build imports protobuf's well-known types (descriptor.proto, struct.proto).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)   # the Curator interop tests
