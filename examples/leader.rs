@@ -1,9 +1,9 @@
 //! A leader-elected service on the in-memory backend: it campaigns, stamps every write with its
 //! epoch, and steps down the moment `lost()` fires.
 //!
-//! Two nodes run in this process. node-a leads first; then it stalls (its heartbeats stop, as in
-//! a long pause). Its own clock deposes it before the cluster does, node-b takes over with a
-//! larger epoch, and the storage refuses node-a's late write.
+//! Two nodes run in this process. node-a leads first; then its session ends (as when its
+//! process dies), node-b takes over with a larger epoch, and the storage refuses node-a's late
+//! write.
 //!
 //! Run: `cargo run --example leader`
 
@@ -77,8 +77,8 @@ async fn main() -> Result<(), Error> {
     });
 
     lead("node-a", &leader_a, &storage, 3).await?;
-    println!("node-a: stalls (heartbeats stop)");
-    a.halt_heartbeats();
+    println!("node-a: its session ends");
+    a.close().await?;
     lead("node-a", &leader_a, &storage, usize::MAX).await?;
     let stale = leader_a.epoch();
 

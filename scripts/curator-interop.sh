@@ -35,4 +35,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 1
 fi
 
-cargo test -p fencelock-integration --test zookeeper curator:: -- --nocapture "$@"
+cargo test -p fencelock-integration --test zookeeper_curator -- --nocapture "$@"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test of fencelock against real servers.
 #
-# Installs what a fresh Debian machine lacks (etcd, ZooKeeper with a Java runtime, protoc)
-# through apt-get, then runs the whole workspace's tests. The test harnesses start etcd and
-# ZooKeeper themselves on free loopback ports with temporary data dirs, and stop them (by
-# PID) when the tests end. With CI=true a missing server fails the run instead of skipping.
+# Installs what a fresh Debian machine lacks (a C toolchain, etcd, ZooKeeper with a Java
+# runtime, protoc and protobuf's well-known types) through apt-get, then runs the whole
+# workspace's tests. The test harnesses start etcd and ZooKeeper themselves on free loopback
+# ports with temporary data dirs, and stop them (by PID) when the tests end. With CI=true a
+# missing server fails the run instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 # etcd-client's build imports protobuf's well-known types (descriptor.proto, struct.proto).
@@ -29,5 +31,19 @@ fi
 echo "== cargo test (workspace; etcd and ZooKeeper are started by the harnesses)"
 cargo test --workspace --all-targets "$@" -- --skip adversity_
 cargo test --workspace --doc "$@"
-echo "== adversity suite: 3-member etcd cluster and 3-server ZooKeeper ensemble (summary tables)"
-cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster "$@" -- --nocapture
+
+echo "== adversity suite: 3-member etcd cluster and 3-server ZooKeeper ensemble, side by side"
+# The two suites share nothing (own clusters, own ports) and mostly wait on faults: run them
+# at once, each printing its summary table.
+cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster --no-run "$@"
+logs="$(mktemp -d)"
+cargo test -p fencelock-integration --test etcd_cluster "$@" -- --nocapture >"$logs/etcd" 2>&1 &
+etcd_pid=$!
+cargo test -p fencelock-integration --test zookeeper_cluster "$@" -- --nocapture >"$logs/zookeeper" 2>&1 &
+zk_pid=$!
+status=0
+wait "$etcd_pid" || status=1
+wait "$zk_pid" || status=1
+cat "$logs/etcd" "$logs/zookeeper"
+rm -rf "$logs"
+exit "$status"

@@ -3,13 +3,17 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
+use futures_core::Stream;
 use tracing::Instrument;
 
-use crate::backend::{Entry, QueueId};
-use crate::queue::{acquire, with_retry, Held, Wait};
+use crate::acquire::{acquire, check_value, local_turn, Request, Rule, Wait};
+use crate::backend::{Entry, EntryKind, QueueId, QueueKind};
+use crate::retry::Backoff;
+use crate::session::Shared;
+use crate::tenure::Tenure;
 use crate::{Error, FencingToken, LostReason, Result, Session};
 
 /// What is known of the current leader.
@@ -50,73 +54,93 @@ impl fmt::Debug for Election {
     }
 }
 
-impl Election {
-    pub(crate) fn new(session: Session, queue: QueueId) -> Self {
-        Election { session, queue }
+impl Session {
+    /// An election named `name` in this session's namespace (same name rules as
+    /// [`mutex`](Self::mutex)).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        Ok(Election {
+            session: self.clone(),
+            queue: self.queue(name, QueueKind::Election)?,
+        })
     }
+}
 
+impl Election {
     /// The election's name.
     pub fn name(&self) -> &str {
         &self.queue.name
     }
 
-    /// Joins the candidates and waits until this one leads, publishing `value`.
+    /// Joins the candidates and waits until this one leads, publishing `value` (at most the
+    /// backend's value limit, 1,000,000 bytes by default; [`Error::InvalidValue`] otherwise).
     ///
-    /// Cancel-safe like [`Mutex::lock`](crate::Mutex::lock). Leadership is reported only after
-    /// our own entry is confirmed to still exist and the session is still within its local
-    /// deadline.
-    pub async fn campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
+    /// Leadership is reported only after our own entry is confirmed to still exist and the
+    /// session is still within its local deadline.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe like [`Mutex::lock`](crate::Mutex::lock): dropping the future leaves no
+    /// entry behind.
+    pub async fn campaign(&self, value: impl AsRef<[u8]> + Send) -> Result<Leadership> {
         let span = tracing::info_span!("campaign", election = %self.queue);
-        let held = acquire(&self.session, &self.queue, value.as_ref(), Wait::Forever)
-            .instrument(span)
-            .await?
-            .expect("waiting acquire always grants");
-        Ok(Leadership { held })
+        // Owned before the first await, so that the future needs only `Send` of the caller's
+        // value.
+        let value = value.as_ref().to_vec();
+        async {
+            let value = value.as_slice();
+            let shared = self.session.shared();
+            check_value(shared, value)?;
+            let local = local_turn(shared, &self.queue, Wait::Forever)
+                .await?
+                .expect("a waiting turn always comes");
+            let req = Request {
+                queue: &self.queue,
+                kind: EntryKind::Exclusive,
+                rule: Rule::Exclusive,
+                value,
+            };
+            let tenure = acquire(&self.session, req, local, Wait::Forever)
+                .await?
+                .expect("a waiting acquire always grants");
+            Ok(Leadership { tenure })
+        }
+        .instrument(span)
+        .await
     }
 
     /// The current leader, or `None` if there is no candidate.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
         let shared = self.session.shared();
         let remote = shared.remote.clone();
-        let head = with_retry(shared, || remote.head(&self.queue)).await?;
+        let head = shared.retry(|| remote.head(&self.queue)).await?;
         Ok(head.map(info))
     }
 
     /// A stream of leader changes: the current leader first (or `None`), then every change,
     /// including `None` when the last candidate leaves and a new value proclaimed by the same
-    /// leader. After an error it re-reads the state and goes on.
+    /// leader. After a temporary error it yields the error, re-reads the state (after a
+    /// pause) and goes on. Once the session is lost or closed it yields one
+    /// [`Error::SessionLost`] and ends.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<LeaderInfo>>> + Send + 'static {
-        let remote = self.session.shared().remote.clone();
+        let shared = self.session.shared().clone();
         let queue = self.queue.clone();
-        // (the head last reported, if any; whether the last read failed)
-        let state: (Option<Head>, bool) = (None, false);
-        futures::stream::unfold(state, move |(mut seen, failed)| {
-            let remote = remote.clone();
+        let state = Observer {
+            seen: None,
+            backoff: None,
+            done: false,
+        };
+        futures_util::stream::unfold(state, move |mut st| {
+            let shared = shared.clone();
             let queue = queue.clone();
             async move {
-                if failed {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                if st.done {
+                    return None;
                 }
-                loop {
-                    if let Some(s) = &seen {
-                        if let Err(e) = remote.wait_queue_change(&queue, s.as_ref()).await {
-                            return Some((Err(e), (seen, true)));
-                        }
-                    }
-                    match remote.head(&queue).await {
-                        Err(e) => return Some((Err(e), (seen, true))),
-                        Ok(head) => {
-                            let changed = match &seen {
-                                None => true,
-                                Some(prev) => !same_leader(prev.as_ref(), head.as_ref()),
-                            };
-                            seen = Some(head.clone());
-                            if changed {
-                                return Some((Ok(head.map(info)), (seen, false)));
-                            }
-                        }
-                    }
+                let item = st.next(&shared, &queue).await;
+                if matches!(item, Err(Error::SessionLost(_))) {
+                    st.done = true;
                 }
+                Some((item, st))
             }
         })
     }
@@ -124,6 +148,52 @@ impl Election {
 
 /// A queue head as read from the backend (`None`: no candidate).
 type Head = Option<(Entry, Vec<u8>)>;
+
+/// The state of an [`Election::observe`] stream.
+struct Observer {
+    /// The head last reported, if any.
+    seen: Option<Head>,
+    /// Set after an error: the pause before the next read.
+    backoff: Option<Backoff>,
+    done: bool,
+}
+
+impl Observer {
+    async fn next(&mut self, shared: &Arc<Shared>, queue: &QueueId) -> Result<Option<LeaderInfo>> {
+        let remote = shared.remote.clone();
+        loop {
+            shared.check_alive()?;
+            if let Some(backoff) = self.backoff.as_mut() {
+                shared.unless_lost(backoff.pause()).await?;
+            }
+            if let Some(seen) = &self.seen {
+                let change = remote.wait_queue_change(queue, seen.as_ref());
+                if let Err(e) = shared.unless_lost(change).await? {
+                    return Err(self.failed(e));
+                }
+            }
+            match shared.unless_lost(remote.head(queue)).await? {
+                Err(e) => return Err(self.failed(e)),
+                Ok(head) => {
+                    self.backoff = None;
+                    let changed = match &self.seen {
+                        None => true,
+                        Some(prev) => !same_leader(prev.as_ref(), head.as_ref()),
+                    };
+                    self.seen = Some(head.clone());
+                    if changed {
+                        return Ok(head.map(info));
+                    }
+                }
+            }
+        }
+    }
+
+    fn failed(&mut self, e: Error) -> Error {
+        self.backoff.get_or_insert_with(Backoff::new);
+        e
+    }
+}
 
 fn same_leader(a: Option<&(Entry, Vec<u8>)>, b: Option<&(Entry, Vec<u8>)>) -> bool {
     match (a, b) {
@@ -141,15 +211,16 @@ fn info((entry, value): (Entry, Vec<u8>)) -> LeaderInfo {
 }
 
 /// Proof of leadership, with the epoch. Dropping it resigns in the background.
+#[must_use = "leadership is resigned as soon as it is dropped"]
 pub struct Leadership {
-    held: Held,
+    tenure: Tenure,
 }
 
 impl fmt::Debug for Leadership {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Leadership")
-            .field("key", &self.held.entry.key)
-            .field("epoch", &self.held.token())
+            .field("key", &self.tenure.entry.key)
+            .field("epoch", &self.tenure.token())
             .field("leader", &self.is_leader())
             .finish()
     }
@@ -158,44 +229,51 @@ impl fmt::Debug for Leadership {
 impl Leadership {
     /// The leader's epoch: the fencing token of its entry. Stamp every action with it.
     pub fn epoch(&self) -> FencingToken {
-        self.held.token()
+        self.tenure.token()
     }
 
     /// The key or node path of our entry on the cluster.
     pub fn key(&self) -> &str {
-        &self.held.entry.key
+        &self.tenure.entry.key
+    }
+
+    /// How long this candidate has been leading.
+    pub fn held_for(&self) -> Duration {
+        self.tenure.held_for()
     }
 
     /// Resolves when leadership is lost (the same contract as
     /// [`Guard::lost`](crate::Guard::lost)). Step down when it fires.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.held.lost()
+        self.tenure.lost()
     }
 
     /// Whether this candidate still leads as far as this process can tell.
     pub fn is_leader(&self) -> bool {
-        self.held.is_held()
+        self.tenure.is_held()
     }
 
     /// Publishes a new value, only while still leader (the write is guarded by our entry's
-    /// identity on the cluster). A deposed leader gets [`Error::NotHeld`] or
-    /// [`Error::SessionLost`].
-    pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<()> {
-        self.held.check_held()?;
-        let shared = self.held.session.shared();
+    /// identity on the cluster). A deposed leader gets [`Error::NotHeld`] with the reason.
+    pub async fn proclaim(&self, value: impl AsRef<[u8]> + Send) -> Result<()> {
+        let value = value.as_ref().to_vec();
+        let value = value.as_slice();
+        let shared = self.tenure.session.shared();
+        check_value(shared, value)?;
+        self.tenure.check_held()?;
         let remote = shared.remote.clone();
-        let entry = &self.held.entry;
-        let value = value.as_ref();
-        if with_retry(shared, || remote.set_value(entry, value)).await? {
-            Ok(())
-        } else {
-            Err(Error::NotHeld("our entry is gone: no longer leader"))
+        let entry = &self.tenure.entry;
+        match shared.retry(|| remote.set_value(entry, value)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::NotHeld(LostReason::EntryDeleted)),
+            Err(Error::SessionLost(end)) => Err(Error::NotHeld(LostReason::Session(end))),
+            Err(e) => Err(e),
         }
     }
 
     /// Resigns at once: the next candidate is promoted. A second call fails with
     /// [`Error::NotHeld`].
     pub async fn resign(&self) -> Result<()> {
-        self.held.release().await
+        self.tenure.release().await
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! Backends: [`MemoryBackend`] (in-process test double, always compiled), `fencelock-etcd` and
 //! `fencelock-zookeeper`. Backend authors implement [`backend::Backend`] and run the
-//! [`conformance`] suite.
+//! conformance suite (the `conformance` module, feature `testing`).
 //!
 //! ```
 //! # #[tokio::main] async fn main() -> fencelock::Result<()> {
@@ -36,25 +36,37 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
 pub mod backend;
+#[cfg(feature = "testing")]
 pub mod conformance;
 mod election;
 mod error;
 mod memory;
 mod mutex;
 mod name;
-mod queue;
+mod race;
+mod retry;
 mod session;
+mod tenure;
 mod token;
 
 pub use election::{Election, LeaderInfo, Leadership};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, InvalidInput, Result};
 pub use memory::MemoryBackend;
 pub use mutex::{Guard, Mutex};
 pub use name::{validate_name, validate_namespace, MAX_NAME_LEN};
 pub use session::{
-    IntoBackend, LostReason, Session, SessionBuilder, SessionState, DEFAULT_NAMESPACE, DEFAULT_TTL,
+    IntoBackend, LostReason, Session, SessionBuilder, SessionEnd, SessionState, DEFAULT_NAMESPACE,
+    DEFAULT_TTL,
 };
 pub use token::{Fence, FencingToken};
+
+/// Re-exports for the conformance macro, so that it does not depend on the caller's crates.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod __private {
+    pub use tokio;
+}

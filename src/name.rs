@@ -83,7 +83,7 @@ mod tests {
             &"n".repeat(513),
         ] {
             assert!(
-                matches!(validate_name(bad), Err(Error::InvalidName { .. })),
+                matches!(validate_name(bad), Err(Error::InvalidName(_))),
                 "{bad:?}"
             );
         }

@@ -3,10 +3,10 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures_util::StreamExt;
 
 use super::{bounded, open, unique_namespace, wait_entries, Factory, TTL, WAIT};
-use crate::{Error, LeaderInfo};
+use crate::{Error, LeaderInfo, LostReason};
 
 /// Of five candidates exactly one leads; `leader()` names it.
 pub async fn single_leader_among_five(f: &dyn Factory) {
@@ -27,7 +27,7 @@ pub async fn single_leader_among_five(f: &dyn Factory) {
                 .await
                 .unwrap();
             leaders.lock().unwrap().push((i, l.epoch()));
-            futures::future::pending::<()>().await;
+            std::future::pending::<()>().await;
             drop(l);
         }));
     }
@@ -160,7 +160,7 @@ pub async fn observe_reports_every_change(f: &dyn Factory) {
 
 async fn next<S>(stream: &mut std::pin::Pin<&mut S>) -> Option<LeaderInfo>
 where
-    S: futures::Stream<Item = crate::Result<Option<LeaderInfo>>>,
+    S: futures_core::Stream<Item = crate::Result<Option<LeaderInfo>>>,
 {
     bounded(WAIT, "observe", stream.next())
         .await
@@ -179,7 +179,10 @@ pub async fn deposed_leader_cannot_proclaim(f: &dyn Factory) {
     f.delete_as_admin(l.key()).await.unwrap();
     bounded(WAIT, "lost fires", l.lost()).await;
     assert!(!l.is_leader());
-    assert!(matches!(l.proclaim(b"v3").await, Err(Error::NotHeld(_))));
+    assert!(matches!(
+        l.proclaim(b"v3").await,
+        Err(Error::NotHeld(LostReason::EntryDeleted))
+    ));
     // Resigning a lost leadership reports it (and frees the local slot).
     assert!(matches!(l.resign().await, Err(Error::NotHeld(_))));
     let l2 = e.campaign(b"w1").await.unwrap();

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{open, unique_namespace, Factory, TTL};
-use crate::{Error, LostReason, Session};
+use crate::{Error, LostReason, Session, SessionEnd};
 
 /// Invalid names, namespaces and TTLs are refused with typed errors before anything is sent.
 pub async fn bad_input(f: &dyn Factory) {
@@ -20,11 +20,11 @@ pub async fn bad_input(f: &dyn Factory) {
         long.as_str(),
     ] {
         assert!(
-            matches!(s.mutex(bad), Err(Error::InvalidName { .. })),
+            matches!(s.mutex(bad), Err(Error::InvalidName(_))),
             "mutex {bad:?}"
         );
         assert!(
-            matches!(s.election(bad), Err(Error::InvalidName { .. })),
+            matches!(s.election(bad), Err(Error::InvalidName(_))),
             "election {bad:?}"
         );
     }
@@ -35,10 +35,7 @@ pub async fn bad_input(f: &dyn Factory) {
             .ttl(ttl)
             .start()
             .await;
-        assert!(
-            matches!(r, Err(Error::InvalidTtl { .. })),
-            "ttl {ttl:?}: {r:?}"
-        );
+        assert!(matches!(r, Err(Error::InvalidTtl(_))), "ttl {ttl:?}: {r:?}");
     }
     let r = Session::builder(f.backend())
         .namespace(&ns)
@@ -47,17 +44,14 @@ pub async fn bad_input(f: &dyn Factory) {
         .start()
         .await;
     assert!(
-        matches!(r, Err(Error::InvalidTtl { .. })),
+        matches!(r, Err(Error::InvalidTtl(_))),
         "margin = ttl: {r:?}"
     );
     let r = Session::builder(f.backend())
         .namespace("a//b")
         .start()
         .await;
-    assert!(
-        matches!(r, Err(Error::InvalidName { .. })),
-        "namespace: {r:?}"
-    );
+    assert!(matches!(r, Err(Error::InvalidName(_))), "namespace: {r:?}");
     assert!(
         s.list_entries().await.unwrap().is_empty(),
         "nothing created"
@@ -66,7 +60,7 @@ pub async fn bad_input(f: &dyn Factory) {
 }
 
 /// After `close()`, every operation fails with [`Error::SessionLost`] and closing again is
-/// harmless; guards taken before report the loss.
+/// harmless; guards taken before report the loss ([`Error::NotHeld`] with the session's end).
 pub async fn use_after_close(f: &dyn Factory) {
     let ns = unique_namespace("use_after_close");
     let s = open(f, &ns, TTL).await;
@@ -77,7 +71,7 @@ pub async fn use_after_close(f: &dyn Factory) {
     assert!(!g.is_held());
     assert!(matches!(
         g.release().await,
-        Err(Error::SessionLost(LostReason::Closed))
+        Err(Error::NotHeld(LostReason::Session(SessionEnd::Closed)))
     ));
     assert!(matches!(m.lock().await, Err(Error::SessionLost(_))));
     assert!(matches!(m.try_lock().await, Err(Error::SessionLost(_))));

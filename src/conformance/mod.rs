@@ -1,6 +1,10 @@
 //! The conformance suite: one documented `pub async fn` per behaviour, run against every
 //! backend (memory, etcd, ZooKeeper) by [`conformance_tests!`](crate::conformance_tests).
 //!
+//! **Unstable**: compiled only with the `testing` feature, for backend authors and fencelock's
+//! own tests. Behaviours are added, changed and removed without a major version bump; it is not
+//! part of the stable public API.
+//!
 //! Each behaviour takes a [`Factory`] that hands out fresh sessions, works in a namespace of its
 //! own, asserts (panics) on any violation and bounds every wait, so that a bug fails instead of
 //! hanging. Backend authors run it with:
@@ -12,6 +16,7 @@
 //! where the expression is a future of `Option<impl Factory>` (`None` skips the tests, for a
 //! server that is not installed outside CI).
 
+mod contract;
 mod election;
 mod input;
 mod mutex;
@@ -27,6 +32,7 @@ use tokio::time::Instant;
 use crate::backend::Backend;
 use crate::{MemoryBackend, Result, Session};
 
+pub use contract::*;
 pub use election::*;
 pub use input::*;
 pub use mutex::*;
@@ -106,17 +112,37 @@ macro_rules! conformance_tests {
             leader_steps_down_before_successor,
             cancelled_campaign_leaves_no_entry,
             candidates_in_one_session,
+            contract_enqueue_is_idempotent_per_attempt,
+            contract_abandon_removes_only_the_attempt,
+            contract_ahead_lists_the_queue_in_order,
+            contract_wait_never_misses_a_racing_deletion,
+            contract_guarded_remove_never_deletes_a_newer_entry,
+            contract_enqueue_all_is_all_or_nothing,
+            contract_session_ends_without_keep_alive,
+            contract_own_entry_deletion_is_seen,
         );
     };
     (@each $factory:expr; $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let Some(factory) = $factory.await else { return };
-                $crate::conformance::$name(&factory).await;
+            #[test]
+            fn $name() {
+                $crate::conformance::runtime().block_on(async {
+                    let Some(factory) = $factory.await else { return };
+                    $crate::conformance::$name(&factory).await;
+                });
             }
         )*
     };
+}
+
+/// The runtime each generated test runs on: multi-threaded, two workers, time and I/O
+/// enabled (what `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` builds).
+pub fn runtime() -> crate::__private::tokio::runtime::Runtime {
+    crate::__private::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
 }
 
 /// A namespace no other test uses.
@@ -172,8 +198,3 @@ pub async fn wait_entries(
 
 /// The TTL used by tests that do not exercise expiry.
 pub const TTL: Duration = Duration::from_secs(10);
-
-#[cfg(test)]
-mod memory {
-    crate::conformance_tests!(async { Some(crate::conformance::MemoryFactory::new()) });
-}

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use super::{bounded, open, unique_namespace, wait_entries, Factory, TTL, WAIT};
-use crate::{Error, Fence, FencingToken};
+use crate::{Error, Fence, FencingToken, LostReason};
 
 /// Lock, observe our entry on the server, release, observe it gone.
 pub async fn acquire_release(f: &dyn Factory) {
@@ -338,7 +338,10 @@ pub async fn release_twice(f: &dyn Factory) {
     let b = open(f, &ns, TTL).await;
     let ga = a.mutex("r").unwrap().lock().await.unwrap();
     ga.release().await.unwrap();
-    assert!(matches!(ga.release().await, Err(Error::NotHeld(_))));
+    assert!(matches!(
+        ga.release().await,
+        Err(Error::NotHeld(LostReason::Released))
+    ));
     let gb = b.mutex("r").unwrap().lock().await.unwrap();
     // Same session, same key again: the old guard must not touch the new entry.
     let ga2 = a.mutex("r2").unwrap().lock().await.unwrap();

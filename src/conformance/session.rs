@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use super::{bounded, open, unique_namespace, wait_entries, Factory, TTL, WAIT};
-use crate::{Error, LostReason, SessionState};
+use crate::{Error, LostReason, SessionEnd, SessionState};
 
 /// `close()` frees every lock of the session at once: a waiter on another session is granted,
-/// and the closed session's guards report [`LostReason::Closed`].
+/// and the closed session's guards report [`SessionEnd::Closed`].
 pub async fn close_frees_everything(f: &dyn Factory) {
     let ns = unique_namespace("close_frees");
     let a = open(f, &ns, TTL).await;
@@ -27,9 +27,12 @@ pub async fn close_frees_everything(f: &dyn Factory) {
         .unwrap()
         .unwrap();
     assert!(gb.token() > guards[1].token());
-    assert_eq!(bounded(WAIT, "lost fires", lost).await, LostReason::Closed);
+    assert_eq!(
+        bounded(WAIT, "lost fires", lost).await,
+        LostReason::Session(SessionEnd::Closed)
+    );
     assert!(guards.iter().all(|g| !g.is_held()));
-    assert!(matches!(a.state(), SessionState::Lost(LostReason::Closed)));
+    assert!(matches!(a.state(), SessionState::Lost(SessionEnd::Closed)));
     let left = b.list_entries().await.unwrap();
     assert_eq!(left, vec![gb.key().to_string()], "only b's entry is left");
     b.close().await.unwrap();
@@ -56,7 +59,10 @@ pub async fn entry_deleted_fires_lost(f: &dyn Factory) {
     assert!(!ga.is_held());
     let tb = bounded(WAIT, "b granted", waiter).await.unwrap().unwrap();
     assert!(tb > ga.token());
-    assert!(matches!(ga.release().await, Err(Error::NotHeld(_))));
+    assert!(matches!(
+        ga.release().await,
+        Err(Error::NotHeld(LostReason::EntryDeleted))
+    ));
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
@@ -103,7 +109,7 @@ pub async fn session_states(f: &dyn Factory) {
     s.halt_heartbeats();
     let reason = bounded(s.ttl() + WAIT, "session lost", s.lost()).await;
     assert!(
-        matches!(reason, LostReason::LocalDeadline | LostReason::Expired),
+        matches!(reason, SessionEnd::LocalDeadline | SessionEnd::Expired),
         "{reason}"
     );
     assert!(!g.is_held());
@@ -124,10 +130,15 @@ pub async fn use_after_lost(f: &dyn Factory) {
     bounded(ttl + WAIT, "guard lost", g.lost()).await;
     bounded(WAIT, "leadership lost", l.lost()).await;
     assert!(!g.is_held() && !l.is_leader());
-    assert!(matches!(g.release().await, Err(Error::SessionLost(_))));
-    assert!(matches!(g.release().await, Err(Error::NotHeld(_))));
-    assert!(matches!(l.proclaim(b"w").await, Err(Error::SessionLost(_))));
-    assert!(matches!(l.resign().await, Err(Error::SessionLost(_))));
+    let session_ended =
+        |r: &Result<(), Error>| matches!(r, Err(Error::NotHeld(LostReason::Session(_))));
+    assert!(session_ended(&g.release().await));
+    assert!(matches!(
+        g.release().await,
+        Err(Error::NotHeld(LostReason::Released))
+    ));
+    assert!(session_ended(&l.proclaim(b"w").await));
+    assert!(session_ended(&l.resign().await));
     assert!(matches!(
         a.mutex("m").unwrap().lock().await,
         Err(Error::SessionLost(_))

@@ -16,8 +16,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::backend::{Backend, BackendSession, Entry, QueueId};
-use crate::{Error, FencingToken, LostReason, Result};
+use crate::backend::{
+    Backend, BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+};
+use crate::{Error, FencingToken, Result, SessionEnd};
 
 const NAME: &str = "memory";
 
@@ -62,6 +64,7 @@ struct Sess {
 struct Record {
     create_rev: u64,
     session: u64,
+    kind: EntryKind,
     value: Vec<u8>,
 }
 
@@ -85,9 +88,7 @@ impl MemoryBackend {
         }
         alive
     }
-}
 
-impl MemoryBackend {
     /// Deletes the entry at `key` as an outsider would (an operator with a CLI): its holder's
     /// `lost()` fires with [`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted).
     /// Returns whether it existed.
@@ -142,7 +143,7 @@ impl State {
     fn alive(&self, id: u64) -> Result<()> {
         match self.sessions.get(&id) {
             Some(s) if s.alive => Ok(()),
-            _ => Err(Error::SessionLost(LostReason::Expired)),
+            _ => Err(Error::SessionLost(SessionEnd::Expired)),
         }
     }
 
@@ -160,10 +161,31 @@ impl State {
         v
     }
 
-    fn same(&self, entry: &Entry) -> Option<&Record> {
-        self.entries
-            .get(&entry.key)
-            .filter(|r| r.create_rev == entry.order)
+    fn same(&self, key: &str, order: u64) -> Option<&Record> {
+        self.entries.get(key).filter(|r| r.create_rev == order)
+    }
+
+    /// Creates `key` in `queue` for `session` unless it exists; returns it with the entries
+    /// ahead of it.
+    fn enqueue(&mut self, session: u64, req: &EnqueueRequest<'_>, key: &str) -> (Entry, Vec<Peer>) {
+        if !self.entries.contains_key(key) {
+            self.revision += 1;
+            let record = Record {
+                create_rev: self.revision,
+                session,
+                kind: req.kind,
+                value: req.value.to_vec(),
+            };
+            self.entries.insert(key.to_string(), record);
+        }
+        let own = self.entries[key].clone();
+        let ahead = self
+            .queue(req.queue)
+            .into_iter()
+            .filter(|(_, r)| r.create_rev < own.create_rev)
+            .map(|(k, r)| peer(k, &r))
+            .collect();
+        (entry(key.to_string(), &own), ahead)
     }
 }
 
@@ -172,6 +194,15 @@ fn entry(key: String, r: &Record) -> Entry {
         key,
         token: FencingToken::new(r.create_rev),
         order: r.create_rev,
+        kind: r.kind,
+    }
+}
+
+fn peer(key: String, r: &Record) -> Peer {
+    Peer {
+        key,
+        order: r.create_rev,
+        kind: r.kind,
     }
 }
 
@@ -228,6 +259,11 @@ struct MemorySession {
 }
 
 impl MemorySession {
+    /// This session's key in `queue`: the etcd layout `{namespace}/{name}/{session id in hex}`.
+    fn key(&self, queue: &QueueId) -> String {
+        format!("{}/{:x}", queue.path(), self.id)
+    }
+
     /// Waits until `done` holds for the state, re-checking after every change.
     async fn wait_until(&self, mut done: impl FnMut(&State) -> bool) {
         let mut rx = self.inner.changed.subscribe();
@@ -264,51 +300,72 @@ impl BackendSession for MemorySession {
         Ok(())
     }
 
-    async fn enqueue(
-        &self,
-        queue: &QueueId,
-        _attempt: Uuid,
-        value: &[u8],
-    ) -> Result<(Entry, bool)> {
+    async fn close(&self) -> Result<()> {
         let mut st = self.inner.lock();
-        st.alive(self.id)?;
-        let key = format!("{}/{:x}", queue.path(), self.id);
-        if !st.entries.contains_key(&key) {
-            st.revision += 1;
-            let record = Record {
-                create_rev: st.revision,
-                session: self.id,
-                value: value.to_vec(),
-            };
-            st.entries.insert(key.clone(), record);
+        if st.sessions.get(&self.id).is_some_and(|s| s.alive) {
+            st.kill(self.id);
             self.inner.notify(&st);
         }
-        let record = st.entries[&key].clone();
-        let head = st.queue(queue).first().is_some_and(|(k, _)| *k == key);
-        Ok((entry(key, &record), head))
+        Ok(())
     }
 
-    async fn predecessor(&self, queue: &QueueId, e: &Entry) -> Result<Option<Entry>> {
-        let st = self.inner.lock();
-        if st.same(e).is_none() {
-            return Err(Error::EntryVanished { key: e.key.clone() });
+    async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+        let mut st = self.inner.lock();
+        st.alive(self.id)?;
+        let key = self.key(req.queue);
+        let (entry, ahead) = st.enqueue(self.id, &req, &key);
+        self.inner.notify(&st);
+        Ok(Enqueued::new(entry, ahead, None))
+    }
+
+    async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
+        let mut st = self.inner.lock();
+        st.alive(self.id)?;
+        let keys: Vec<String> = reqs.iter().map(|r| self.key(r.queue)).collect();
+        // A retry finds what the first try created: our own entries do not count as taken.
+        let taken = reqs
+            .iter()
+            .zip(&keys)
+            .any(|(r, key)| st.queue(r.queue).iter().any(|(k, _)| k != key));
+        if taken {
+            return Ok(None);
         }
-        Ok(st
-            .queue(queue)
-            .into_iter()
-            .rev()
-            .find(|(_, r)| r.create_rev < e.order)
-            .map(|(k, r)| entry(k, &r)))
+        let entries = reqs
+            .iter()
+            .zip(&keys)
+            .map(|(r, key)| st.enqueue(self.id, r, key).0)
+            .collect();
+        self.inner.notify(&st);
+        Ok(Some(entries))
     }
 
-    async fn wait_gone(&self, e: &Entry) -> Result<()> {
-        self.wait_until(|st| st.same(e).is_none()).await;
+    async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
+        {
+            let st = self.inner.lock();
+            if st.same(&own.key, own.order).is_none() {
+                return Err(Error::EntryVanished {
+                    key: own.key.clone(),
+                });
+            }
+        }
+        self.wait_until(|st| st.same(&target.key, target.order).is_none())
+            .await;
+        Ok(())
+    }
+
+    async fn exists(&self, own: &Entry) -> Result<bool> {
+        Ok(self.inner.lock().same(&own.key, own.order).is_some())
+    }
+
+    async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
+        self.wait_until(|st| st.same(&own.key, own.order).is_none())
+            .await;
         Ok(())
     }
 
     async fn remove(&self, e: &Entry) -> Result<bool> {
         let mut st = self.inner.lock();
-        if st.same(e).is_none() {
+        if st.same(&e.key, e.order).is_none() {
             return Ok(false);
         }
         st.entries.remove(&e.key);
@@ -317,10 +374,9 @@ impl BackendSession for MemorySession {
         Ok(true)
     }
 
-    async fn abandon(&self, queue: &QueueId, _attempt: Uuid) -> Result<()> {
+    async fn abandon(&self, queue: &QueueId, _kind: EntryKind, _attempt: Uuid) -> Result<()> {
         let mut st = self.inner.lock();
-        let key = format!("{}/{:x}", queue.path(), self.id);
-        if st.entries.remove(&key).is_some() {
+        if st.entries.remove(&self.key(queue)).is_some() {
             st.revision += 1;
             self.inner.notify(&st);
         }
@@ -330,10 +386,10 @@ impl BackendSession for MemorySession {
     async fn set_value(&self, e: &Entry, value: &[u8]) -> Result<bool> {
         let mut st = self.inner.lock();
         st.alive(self.id)?;
-        let Some(key) = st.same(e).map(|_| e.key.clone()) else {
+        if st.same(&e.key, e.order).is_none() {
             return Ok(false);
-        };
-        st.entries.get_mut(&key).expect("present").value = value.to_vec();
+        }
+        st.entries.get_mut(&e.key).expect("present").value = value.to_vec();
         st.revision += 1;
         self.inner.notify(&st);
         Ok(true)
@@ -376,14 +432,5 @@ impl BackendSession for MemorySession {
             .filter(|k| k.starts_with(&prefix))
             .cloned()
             .collect())
-    }
-
-    async fn close(&self) -> Result<()> {
-        let mut st = self.inner.lock();
-        if st.sessions.get(&self.id).is_some_and(|s| s.alive) {
-            st.kill(self.id);
-            self.inner.notify(&st);
-        }
-        Ok(())
     }
 }

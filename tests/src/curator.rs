@@ -10,16 +10,16 @@
 //! java.release().await;
 //! ```
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
 use crate::in_ci;
+use crate::process::ManagedChild;
 
 /// The jars Curator's `InterProcessMutex` needs on the class path (the Class-Path entries of
 /// the Curator jars' manifests, minus the ones the client side never loads).
@@ -176,7 +176,7 @@ pub fn programs() -> Arc<JavaClasses> {
 /// `InterProcessMutex` on one lock path, in a JVM of its own. Killed (by its PID) on drop.
 #[derive(Debug)]
 pub struct CuratorMutex {
-    child: Child,
+    child: ManagedChild,
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
     /// Everything the program printed so far (stdout and stderr), for failure messages.
@@ -202,29 +202,28 @@ impl CuratorMutex {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("start java CuratorMutex");
         let (tx, lines) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
+        let stdin = child.stdin.take();
         let (log1, log2) = (log.clone(), log.clone());
-        tokio::spawn(async move {
-            let mut r = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = r.next_line().await {
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 log1.lock().unwrap().push(line.clone());
                 let _ = tx.send(line);
             }
         });
-        tokio::spawn(async move {
-            let mut r = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = r.next_line().await {
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 log2.lock().unwrap().push(format!("stderr: {line}"));
             }
         });
+        let child = ManagedChild::adopt("CuratorMutex", child, Path::new("/dev/null"));
         CuratorMutex {
-            stdin: child.stdin.take(),
+            stdin,
             child,
             lines,
             log,
@@ -272,25 +271,30 @@ impl CuratorMutex {
     /// `RELEASED`.
     pub async fn release(&mut self, within: Duration) {
         let stdin = self.stdin.as_mut().expect("stdin");
-        stdin.write_all(b"release\n").await.expect("write stdin");
-        stdin.flush().await.expect("flush stdin");
+        stdin.write_all(b"release\n").expect("write stdin");
+        stdin.flush().expect("flush stdin");
         self.expect("RELEASED", within).await;
     }
 
     /// Waits (bounded) for the program to exit; returns its status.
     pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(status) => status.expect("wait for java"),
-            Err(_) => panic!(
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < within,
                 "CuratorMutex did not exit within {within:?}; output:\n{}",
                 self.output()
-            ),
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// The program's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.child.pid()
     }
 }
 
@@ -304,27 +308,44 @@ pub async fn bench_rate(
     sessions: usize,
     seconds: f64,
 ) -> Result<f64, String> {
-    let run = classes
-        .command("CuratorBench")
-        .args([connect, path, &sessions.to_string(), &seconds.to_string()])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let limit = Duration::from_secs_f64(seconds * 2.0) + Duration::from_secs(120);
-    let out = tokio::time::timeout(limit, run)
-        .await
-        .map_err(|_| format!("CuratorBench did not finish within {limit:?}"))?
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let log = dir.path().join("bench.log");
+    let mut cmd = classes.command("CuratorBench");
+    cmd.args([connect, path, &sessions.to_string(), &seconds.to_string()]);
+    let mut child = ManagedChild::spawn("CuratorBench", cmd, &log)
         .map_err(|e| format!("run CuratorBench: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
+    let limit = Duration::from_secs_f64(seconds * 2.0) + Duration::from_secs(120);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            return Err(format!("CuratorBench did not finish within {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = std::fs::read_to_string(&log).unwrap_or_default();
+    out.lines()
         .find_map(|l| l.strip_prefix("RATE "))
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "CuratorBench ({}): {stdout}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+        .ok_or_else(|| format!("CuratorBench ({status}): {out}"))
+}
+
+/// `_c_{uuid}-{marker}{10 digits}` under `parent`.
+pub fn assert_curator_name(key: &str, parent: &str, marker: &str) {
+    let name = key
+        .strip_prefix(&format!("{parent}/"))
+        .unwrap_or_else(|| panic!("{key} is not a child of {parent}"));
+    let rest = name.strip_prefix("_c_").expect("protected prefix _c_");
+    let (uuid, seq) = rest.split_at(36);
+    assert!(
+        uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-') && uuid.matches('-').count() == 4,
+        "uuid part of {name}"
+    );
+    let seq = seq.strip_prefix(&format!("-{marker}")).expect("marker");
+    assert!(
+        seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
+        "sequence of {name}"
+    );
 }

@@ -1,90 +1,31 @@
-//! Fault scenarios shared by the backends: a leader killed in another process, a leader or
-//! holder cut off by a proxy. Each takes a [`Target`] (which backend, where).
+//! Fault tests shared by the backends: a leader killed in another process, a leader or holder
+//! cut off by a proxy. Each takes a [`Target`] (which backend, where); [`fault_tests!`] makes
+//! the tests of one backend.
+//!
+//! [`fault_tests!`]: crate::fault_tests
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fencelock::backend::Backend;
-use fencelock::{Error, Fence, Session};
+use fencelock::{Error, Fence};
 use tokio::time::Instant;
 
+use crate::process::ManagedChild;
 use crate::proxy::{Mode, Proxy};
-
-/// Which backend a scenario runs against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// etcd (endpoint `host:port`).
-    Etcd,
-    /// ZooKeeper (connect string `host:port`).
-    ZooKeeper,
-}
-
-/// A backend kind and the server's client address.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// Which backend.
-    pub kind: Kind,
-    /// The server's client address, `127.0.0.1:PORT`.
-    pub endpoint: String,
-}
-
-impl Target {
-    /// Connects a backend to `addr` (the server itself, or a proxy in front of it), retrying
-    /// while the cluster elects a leader; panics if it cannot.
-    pub async fn backend_at(&self, addr: &str) -> Arc<dyn Backend> {
-        match self.kind {
-            Kind::Etcd => {
-                Arc::new(crate::etcd::connect_all(&addr.split(',').collect::<Vec<_>>()).await)
-            }
-            Kind::ZooKeeper => self
-                .try_backend_at(addr)
-                .await
-                .expect("connect to ZooKeeper"),
-        }
-    }
-
-    /// Connects a backend to `addr` once (bounded by the backend's connect timeout).
-    pub async fn try_backend_at(&self, addr: &str) -> fencelock::Result<Arc<dyn Backend>> {
-        Ok(match self.kind {
-            Kind::Etcd => Arc::new(
-                fencelock_etcd::EtcdBackend::connect(addr.split(',').collect::<Vec<_>>()).await?,
-            ),
-            Kind::ZooKeeper => {
-                Arc::new(fencelock_zookeeper::ZooKeeperBackend::connect(addr).await?)
-            }
-        })
-    }
-
-    /// Opens a session on `addr` in `namespace`.
-    pub async fn session_at(&self, addr: &str, namespace: &str, ttl: Duration) -> Session {
-        Session::builder(self.backend_at(addr).await)
-            .namespace(namespace)
-            .ttl(ttl)
-            .start()
-            .await
-            .expect("session")
-    }
-
-    fn arg(&self) -> &'static str {
-        match self.kind {
-            Kind::Etcd => "etcd",
-            Kind::ZooKeeper => "zookeeper",
-        }
-    }
-}
+use crate::target::Target;
 
 /// A child process (the `holder` binary) holding a lock or leading an election.
+#[derive(Debug)]
 pub struct Holder {
-    child: Child,
+    child: ManagedChild,
     /// The token (epoch) the child was granted.
     pub token: u64,
 }
 
 impl Holder {
     /// Starts `holder_bin` (followed by `prefix_args`, e.g. the bench's `holder` mode) and
-    /// waits (bounded) until it holds `name`.
+    /// waits (bounded) until it holds `name` (`kind` is `lock` or `election`).
     pub fn start_with(
         holder_bin: &str,
         prefix_args: &[&str],
@@ -94,14 +35,16 @@ impl Holder {
         name: &str,
         ttl: Duration,
     ) -> Holder {
+        let log = std::env::temp_dir().join(format!("fencelock-holder-{}.log", std::process::id()));
         let mut child = Command::new(holder_bin)
             .args(prefix_args)
-            .args([t.arg(), &t.endpoint, namespace, kind, name])
-            .arg(ttl.as_millis().to_string())
+            .args(["hold", t.kind.arg(), &t.endpoint, namespace, kind, name])
+            .arg(format!("{}", ttl.as_millis()))
             .stdout(Stdio::piped())
             .spawn()
             .expect("start holder");
-        let stdout = child.stdout.take().unwrap();
+        let stdout = child.stdout.take().expect("stdout");
+        let child = ManagedChild::adopt("holder", child, &log);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
@@ -132,67 +75,33 @@ impl Holder {
     }
 
     /// The child's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    pub fn pid(&self) -> Option<u32> {
+        self.child.pid()
     }
 
     /// SIGKILL.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
-    /// Sends a signal by name (`STOP`, `CONT`) to the child, by its PID.
-    pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{sig} {}", self.pid());
+    /// SIGSTOP, as a long GC pause would.
+    pub fn pause(&mut self) {
+        self.child.pause();
     }
-}
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.signal_quiet();
-        self.kill();
+    /// SIGCONT.
+    pub fn resume(&mut self) {
+        self.child.resume();
     }
 }
 
-impl Holder {
-    fn signal_quiet(&self) -> std::io::Result<std::process::ExitStatus> {
-        Command::new("kill")
-            .arg("-CONT")
-            .arg(self.pid().to_string())
-            .stderr(Stdio::null())
-            .status()
-    }
-}
-
-/// The body of the `holder` child process: `args` are
-/// `<etcd|zookeeper> <endpoint> <namespace> <lock|election> <name> <ttl-ms>`. Takes the lock or
-/// leads the election, prints `HELD <token>`, then waits forever.
-pub async fn run_holder(args: &[String]) {
+/// The body of `holder hold <kind> <endpoints> <namespace> <lock|election> <name> <ttl-ms>`:
+/// takes the lock or leads the election, prints `HELD <token>`, then waits forever (to be
+/// SIGKILLed or SIGSTOPped by the test).
+pub async fn run_holder(t: &Target, namespace: &str, kind: &str, name: &str, ttl: Duration) {
     use std::io::Write;
-    let [backend, endpoint, namespace, kind, name, ttl] = args else {
-        eprintln!(
-            "usage: holder <etcd|zookeeper> <endpoint> <namespace> <lock|election> <name> <ttl-ms>"
-        );
-        std::process::exit(2);
-    };
-    let kind_of = match backend.as_str() {
-        "etcd" => Kind::Etcd,
-        "zookeeper" => Kind::ZooKeeper,
-        other => panic!("unknown backend {other}"),
-    };
-    let t = Target {
-        kind: kind_of,
-        endpoint: endpoint.clone(),
-    };
-    let ttl = Duration::from_millis(ttl.parse().expect("ttl in ms"));
-    let session = t.session_at(endpoint, namespace, ttl).await;
-    let token = match kind.as_str() {
+    let session = t.session(namespace, ttl).await;
+    let token = match kind {
         "lock" => {
             let g = session.mutex(name).unwrap().lock().await.expect("lock");
             let t = g.token();
@@ -210,7 +119,7 @@ pub async fn run_holder(args: &[String]) {
     };
     println!("HELD {token}");
     std::io::stdout().flush().unwrap();
-    futures::future::pending::<()>().await;
+    std::future::pending::<()>().await;
 }
 
 fn unique(test: &str) -> String {
@@ -222,9 +131,7 @@ fn unique(test: &str) -> String {
 pub async fn killed_leader_is_replaced(holder_bin: &str, t: &Target, ttl: Duration) -> Duration {
     let ns = unique("killed_leader");
     let mut child = Holder::start(holder_bin, t, &ns, "election", "e", ttl);
-    let successor = t
-        .session_at(&t.endpoint, &ns, Duration::from_secs(10))
-        .await;
+    let successor = t.session(&ns, Duration::from_secs(10)).await;
     let election = successor.election("e").unwrap();
     assert_eq!(
         election.leader().await.unwrap().map(|l| l.epoch.get()),
@@ -259,9 +166,7 @@ pub async fn cut_off_leader_steps_down_first(t: &Target, ttl: Duration) {
     let ns = unique("cut_off_leader");
     let proxy = Proxy::start(&t.endpoint).await;
     let a = t.session_at(&proxy.addr(), &ns, ttl).await;
-    let b = t
-        .session_at(&t.endpoint, &ns, Duration::from_secs(10))
-        .await;
+    let b = t.session(&ns, Duration::from_secs(10)).await;
     let la = a.election("e").unwrap().campaign(b"a").await.unwrap();
     let lost = la.lost();
     let lost_at = tokio::spawn(async move {
@@ -301,9 +206,7 @@ pub async fn cut_off_holder_is_fenced(t: &Target, ttl: Duration) {
     let ns = unique("cut_off_holder");
     let proxy = Proxy::start(&t.endpoint).await;
     let a = t.session_at(&proxy.addr(), &ns, ttl).await;
-    let b = t
-        .session_at(&t.endpoint, &ns, Duration::from_secs(10))
-        .await;
+    let b = t.session(&ns, Duration::from_secs(10)).await;
     let fence = Fence::new();
     let ga = a.mutex("m").unwrap().lock().await.unwrap();
     fence.admit(ga.token()).unwrap();
@@ -343,6 +246,7 @@ pub async fn cut_off_holder_is_fenced(t: &Target, ttl: Duration) {
         a.mutex("m").unwrap().try_lock().await,
         Err(Error::SessionLost(_))
     ));
+    assert!(matches!(ga.release().await, Err(Error::NotHeld(_))));
     gb.release().await.unwrap();
     b.close().await.unwrap();
 }

@@ -1,18 +1,17 @@
-//! Test harnesses for fencelock: real etcd and ZooKeeper servers started from the binaries of
-//! Debian's packages on loopback ports with temporary data dirs, and the conformance
-//! factories over them. Also home of the benchmark program (`src/bin/bench.rs`).
+//! Test harnesses of fencelock: real etcd and ZooKeeper clusters started from the binaries of
+//! Debian's packages on loopback ports with temporary data dirs, the conformance factories over
+//! them, a TCP proxy, the shared fault tests, the adversity suite, Apache Curator from Java,
+//! and the benchmark's pieces (the program is `src/bin/bench.rs`).
 
-pub mod bench_util;
-pub mod bench_zk;
-pub mod cluster;
+pub mod adversity;
+pub mod bench;
 pub mod curator;
-pub mod etcd;
 pub mod faults;
-pub mod history;
+pub mod holder;
+pub mod process;
 pub mod proxy;
-pub mod scenarios;
-pub mod zk_cluster;
-pub mod zookeeper;
+pub mod servers;
+pub mod target;
 
 /// Whether we run in CI (`CI=true`), where a missing server is a failure, never a skip.
 pub fn in_ci() -> bool {

@@ -1,11 +1,11 @@
-//! The conformance suite and etcd-specific behaviour against a real etcd server started by the
+//! The conformance suite and etcd-specific behaviour against a real etcd member started by the
 //! harness.
 
 use std::time::Duration;
 
 use fencelock::{Error, Session};
 use fencelock_etcd::{EtcdBackend, EtcdConfig};
-use fencelock_integration::etcd::EtcdFactory;
+use fencelock_integration::servers::etcd::EtcdFactory;
 
 fencelock::conformance_tests!(EtcdFactory::shared());
 
@@ -64,7 +64,8 @@ async fn go_compatible_election_layout() {
     s.close().await.unwrap();
 }
 
-/// An unreachable endpoint fails with `Error::Connect` after the bounded connect timeout.
+/// An unreachable endpoint fails with `Error::Connect` after the bounded connect timeout; no
+/// endpoint at all is a configuration error.
 #[tokio::test]
 async fn unreachable_endpoint_is_a_connect_error() {
     let port = fencelock_integration::free_port();
@@ -76,26 +77,4 @@ async fn unreachable_endpoint_is_a_connect_error() {
     assert!(start.elapsed() < Duration::from_secs(5));
     let r = EtcdBackend::connect(Vec::<String>::new()).await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
-}
-
-mod faults {
-    use std::time::Duration;
-
-    use fencelock_integration::etcd::EtcdFactory;
-    use fencelock_integration::faults::{Kind, Target};
-
-    async fn target() -> Option<(EtcdFactory, Target)> {
-        let f = EtcdFactory::shared().await?;
-        let t = Target {
-            kind: Kind::Etcd,
-            endpoint: f.server.endpoint(),
-        };
-        Some((f, t))
-    }
-
-    fencelock_integration::fault_tests!(
-        target(),
-        Duration::from_secs(2),
-        env!("CARGO_BIN_EXE_holder")
-    );
 }

@@ -1,15 +1,19 @@
 //! The adversity suite on a 3-server ZooKeeper ensemble: every scenario, its history checked,
 //! a summary line printed per scenario (run with `--nocapture` to see the table).
 
-use fencelock_integration::scenarios::{run_all, RunConfig};
-use fencelock_integration::zk_cluster::ZkEnsemble;
+use fencelock_integration::adversity::{run_all, RunConfig};
+use fencelock_integration::servers::available;
+use fencelock_integration::servers::zookeeper::ZkEnsemble;
+use fencelock_integration::target::Kind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adversity_zookeeper_ensemble() {
-    if !fencelock_integration::zookeeper::available() {
+    if !available(Kind::ZooKeeper) {
         return;
     }
-    let mut ensemble = ZkEnsemble::start();
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+        .await
+        .unwrap();
     let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
-    run_all("ZooKeeper (3 servers)", &mut ensemble, &cfg).await;
+    run_all("ZooKeeper (3 servers)", &ensemble, &cfg).await;
 }

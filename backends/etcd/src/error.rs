@@ -1,6 +1,6 @@
 //! Mapping etcd-client errors into [`fencelock::Error`].
 
-use fencelock::{Error, LostReason};
+use fencelock::{Error, SessionEnd};
 
 pub(crate) const NAME: &str = "etcd";
 
@@ -11,7 +11,7 @@ pub(crate) fn map(op: &'static str, e: etcd_client::Error) -> Error {
     let temporary = match &e {
         E::GRpcStatus(s) => {
             if s.message().contains("lease not found") {
-                return Error::SessionLost(LostReason::Expired);
+                return Error::SessionLost(SessionEnd::Expired);
             }
             matches!(
                 s.code(),
@@ -24,7 +24,7 @@ pub(crate) fn map(op: &'static str, e: etcd_client::Error) -> Error {
             ) || s.message().contains("leader")
         }
         E::LeaseKeepAliveError(m) if m.contains("lease not found") => {
-            return Error::SessionLost(LostReason::Expired)
+            return Error::SessionLost(SessionEnd::Expired)
         }
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
         _ => false,

@@ -1,6 +1,6 @@
 //! # fencelock-etcd
 //!
-//! The etcd backend of [fencelock](fencelock): a session is one etcd lease kept alive by one
+//! The etcd backend of [fencelock]: a session is one etcd lease kept alive by one
 //! keep-alive stream; a lock or election queue is a key prefix; an entry is the key
 //! `{namespace}/{name}/{lease id in lowercase hex}` attached to the lease — the layout of etcd's
 //! Go `clientv3/concurrency` `Mutex` and `Election`, so Go services and ours contend on the same
@@ -20,11 +20,10 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod config;
 mod error;
-mod queue;
+mod layout;
 mod session;
 mod watch;
 
@@ -70,12 +69,13 @@ impl EtcdBackend {
     /// Connects with explicit settings.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
         if config.endpoints.is_empty() {
-            return Err(Error::InvalidConfig("no etcd endpoint given".into()));
+            return Err(Error::invalid_config("", "no etcd endpoint given"));
         }
         let shown = config.endpoints.join(",");
         let fail = |source: fencelock::BoxError| Error::Connect {
             backend: NAME,
             endpoints: shown.clone(),
+            temporary: true,
             source,
         };
         let mut options = ConnectOptions::new()
@@ -117,6 +117,9 @@ impl EtcdBackend {
 /// smaller requests).
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
+/// The largest lease TTL etcd grants (its `MaxLeaseTTL`, 9,000,000,000 s).
+pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
+
 #[async_trait]
 impl Backend for EtcdBackend {
     fn name(&self) -> &'static str {
@@ -125,6 +128,10 @@ impl Backend for EtcdBackend {
 
     fn min_ttl(&self) -> Duration {
         MIN_TTL
+    }
+
+    fn max_ttl(&self) -> Duration {
+        MAX_TTL
     }
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {

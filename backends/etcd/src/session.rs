@@ -1,20 +1,27 @@
-//! One etcd lease per session, kept alive by one keep-alive stream.
+//! One etcd lease per session, kept alive by one keep-alive stream, and the queue operations
+//! of the session.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use fencelock::backend::{BackendSession, Entry, QueueId};
-use fencelock::{Error, LostReason, Result};
+use fencelock::backend::{
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+};
+use fencelock::{Error, Result, SessionEnd};
 use tokio::sync::Mutex as AsyncMutex;
 use uuid::Uuid;
 
 use crate::error::{map, temporary};
-use crate::queue::{direct_children, entry_of, prefix_of};
+use crate::layout::{entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
 use crate::watch::KeyWatcher;
+
+/// How often [`enqueue_all`](BackendSession::enqueue_all) re-checks queues that changed
+/// between its read and its write before it reports them taken.
+const ENQUEUE_ALL_TRIES: usize = 3;
 
 pub(crate) struct EtcdSession {
     client: Client,
@@ -36,9 +43,11 @@ impl std::fmt::Debug for EtcdSession {
 
 impl EtcdSession {
     pub(crate) async fn open(mut client: Client, ttl: Duration) -> Result<Self> {
+        // Whole seconds, rounded up (the backend's maximum keeps this within an i64).
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let secs = i64::try_from(secs).map_err(|_| Error::invalid_ttl(ttl, "too long for etcd"))?;
         let grant = client
-            .lease_grant(secs as i64, None)
+            .lease_grant(secs, None)
             .await
             .map_err(|e| map("lease grant", e))?;
         if !grant.error().is_empty() {
@@ -58,31 +67,52 @@ impl EtcdSession {
         })
     }
 
-    fn key(&self, queue: &QueueId) -> String {
-        format!("{}{:x}", prefix_of(queue), self.lease)
+    async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        self.client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| map(op, e))
     }
 
     /// Reads `key`: its create revision, or `None` if absent.
-    async fn create_rev(&self, key: &str) -> Result<Option<u64>> {
+    async fn create_rev(&self, op: &'static str, key: &str) -> Result<Option<u64>> {
         let resp = self
             .client
-            .clone()
+            .kv_client()
             .get(key, Some(GetOptions::new().with_keys_only()))
             .await
-            .map_err(|e| map("get", e))?;
+            .map_err(|e| map(op, e))?;
         Ok(resp.kvs().first().map(|kv| kv.create_revision() as u64))
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> TxnOp {
+        TxnOp::put(key, value, Some(PutOptions::new().with_lease(self.lease)))
     }
 }
 
-fn sorted_queue(ascending: bool) -> GetOptions {
-    let order = if ascending {
-        SortOrder::Ascend
-    } else {
-        SortOrder::Descend
-    };
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, order)
+/// `create_revision(key) == rev`: the entry is still the same one.
+fn same(entry: &Entry) -> Compare {
+    Compare::create_revision(entry.key.as_str(), CompareOp::Equal, entry.order as i64)
+}
+
+fn keys_only() -> GetOptions {
+    GetOptions::new().with_keys_only()
+}
+
+fn queue_keys() -> GetOptions {
+    GetOptions::new().with_prefix().with_keys_only()
+}
+
+/// The range reads of a txn reply, in order.
+fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -122,103 +152,159 @@ impl BackendSession for EtcdSession {
                 *slot = Some((keeper, stream));
                 Ok(())
             }
-            Some(_) => Err(Error::SessionLost(LostReason::Expired)),
+            Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
             None => Err(temporary("keep-alive", "keep-alive stream ended")),
         }
     }
 
-    async fn enqueue(
-        &self,
-        queue: &QueueId,
-        _attempt: Uuid,
-        value: &[u8],
-    ) -> Result<(Entry, bool)> {
-        let key = self.key(queue);
-        let prefix = prefix_of(queue);
+    async fn close(&self) -> Result<()> {
+        match self.client.lease_client().revoke(self.lease).await {
+            Ok(_) => Ok(()),
+            Err(e) => match map("close", e) {
+                Error::SessionLost(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+        let key = key_of(req.queue, self.lease);
+        let prefix = prefix_of(req.queue);
         let read = [
-            TxnOp::get(key.as_str(), None),
-            TxnOp::get(prefix.as_str(), Some(sorted_queue(true).with_keys_only())),
+            TxnOp::get(key.as_str(), Some(keys_only())),
+            TxnOp::get(prefix.as_str(), Some(queue_keys())),
         ];
-        // Create if absent (with our lease), else find it again: the same key is derived from
-        // the lease, so a retry after a lost reply finds our own entry.
+        // Create if absent (with our lease), else find it again: the key is derived from the
+        // lease, so a retry after a lost reply finds our own entry. Either way, read the queue
+        // in the same round trip.
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key.as_str(),
-                    value,
-                    Some(PutOptions::new().with_lease(self.lease)),
-                ),
-                read[0].clone(),
-                read[1].clone(),
-            ])
+            .and_then([self.put(&key, req.value), read[0].clone(), read[1].clone()])
             .or_else(read);
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map("enqueue", e))?;
-        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
-        let (Some(own), Some(queue_keys)) = (gets.next(), gets.next()) else {
-            return Err(temporary("enqueue", "unexpected txn reply"));
+        let resp = self.txn("enqueue", txn).await?;
+        let [own, queue] = <[Vec<KeyValue>; 2]>::try_from(gets(&resp))
+            .map_err(|_| temporary("enqueue", "unexpected txn reply"))?;
+        let Some(kv) = own.first() else {
+            // The put with a dead lease fails instead, so this is unexpected.
+            return Err(Error::SessionLost(SessionEnd::Expired));
         };
-        let Some(kv) = own.kvs().first() else {
-            // Our lease is gone: the put with a dead lease fails instead, so this is unexpected.
-            return Err(Error::SessionLost(LostReason::Expired));
-        };
-        let entry = entry_of(key.clone(), kv.create_revision());
-        let head = direct_children(&prefix, queue_keys.kvs())
-            .next()
-            .is_some_and(|kv| kv.key() == key.as_bytes());
-        Ok((entry, head))
+        let entry = entry_of(key, kv.create_revision());
+        let ahead = queue_order(&prefix, &queue)
+            .into_iter()
+            .take_while(|kv| (kv.create_revision() as u64) < entry.order)
+            .map(peer_of)
+            .collect();
+        Ok(Enqueued::new(entry, ahead, None))
     }
 
-    async fn predecessor(&self, queue: &QueueId, entry: &Entry) -> Result<Option<Entry>> {
-        let prefix = prefix_of(queue);
-        let opts = sorted_queue(false)
-            .with_keys_only()
-            .with_max_create_revision(entry.order as i64 - 1);
+    async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
+        let keys: Vec<String> = reqs.iter().map(|r| key_of(r.queue, self.lease)).collect();
+        let prefixes: Vec<String> = reqs.iter().map(|r| prefix_of(r.queue)).collect();
+        let puts: Vec<TxnOp> = reqs
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| self.put(k, r.value))
+            .collect();
+        let own_reads: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(k.as_str(), Some(keys_only())))
+            .collect();
+        let queue_reads: Vec<TxnOp> = prefixes
+            .iter()
+            .map(|p| TxnOp::get(p.as_str(), Some(queue_keys())))
+            .collect();
+        // First: every queue empty (a range compare: no key under the prefix) → create all.
+        let empty: Vec<Compare> = prefixes
+            .iter()
+            .map(|p| Compare::create_revision(p.as_str(), CompareOp::Equal, 0).with_prefix())
+            .collect();
+        let mut txn = Txn::new()
+            .when(empty)
+            .and_then([puts.clone(), own_reads.clone()].concat())
+            .or_else(queue_reads.clone());
+        for _ in 0..ENQUEUE_ALL_TRIES {
+            let resp = self.txn("enqueue all", txn).await?;
+            let reads = gets(&resp);
+            if resp.succeeded() {
+                let entries = reads
+                    .iter()
+                    .zip(&keys)
+                    .map(|(kvs, k)| {
+                        kvs.first()
+                            .map(|kv| entry_of(k.clone(), kv.create_revision()))
+                            .ok_or(Error::SessionLost(SessionEnd::Expired))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                return Ok(Some(entries));
+            }
+            // A prefix was not empty: taken, unless all it holds is our own entry (a retry) or
+            // deeper keys of other locks (`a/b/…` under `a/`).
+            let mut must_create = Vec::new();
+            for ((kvs, prefix), (key, put)) in
+                reads.iter().zip(&prefixes).zip(keys.iter().zip(&puts))
+            {
+                let direct = queue_order(prefix, kvs);
+                if direct.iter().any(|kv| kv.key() != key.as_bytes()) {
+                    return Ok(None);
+                }
+                if direct.is_empty() {
+                    must_create.push((key.clone(), put.clone()));
+                }
+            }
+            // Then: nothing under any prefix changed since that read → create what is missing.
+            let read_at = resp.header().map_or(0, |h| h.revision());
+            let unchanged: Vec<Compare> = prefixes
+                .iter()
+                .map(|p| {
+                    Compare::mod_revision(p.as_str(), CompareOp::Less, read_at + 1).with_prefix()
+                })
+                .collect();
+            let creates: Vec<TxnOp> = must_create.into_iter().map(|(_, put)| put).collect();
+            txn = Txn::new()
+                .when(unchanged)
+                .and_then([creates, own_reads.clone()].concat())
+                .or_else(queue_reads.clone());
+        }
+        Ok(None)
+    }
+
+    async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
+        // Watch the key from now, then read it in a txn that also confirms our own entry: no
+        // deletion can slip between the two, and the read costs the same whatever the queue's
+        // length (one key, never a range).
+        let reg = self.watcher.register(&target.key).await?;
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.as_str(),
-                CompareOp::Equal,
-                entry.order as i64,
-            )])
-            .and_then([TxnOp::get(prefix.as_str(), Some(opts))]);
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map("predecessor", e))?;
+            .when([same(own)])
+            .and_then([TxnOp::get(target.key.as_str(), Some(keys_only()))]);
+        let resp = self.txn("wait", txn).await?;
         if !resp.succeeded() {
             return Err(Error::EntryVanished {
-                key: entry.key.clone(),
+                key: own.key.clone(),
             });
         }
-        let Some(TxnOpResponse::Get(g)) = resp.op_responses().into_iter().next() else {
-            return Err(temporary("predecessor", "unexpected txn reply"));
+        let still_there = gets(&resp)
+            .first()
+            .and_then(|kvs| kvs.first().map(|kv| kv.create_revision() as u64))
+            == Some(target.order);
+        let res = if still_there {
+            reg.wait().await
+        } else {
+            Ok(())
         };
-        let pred = direct_children(&prefix, g.kvs()).next().map(|kv| {
-            entry_of(
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.create_revision(),
-            )
-        });
-        Ok(pred)
+        self.watcher.prune_if_large().await;
+        res
     }
 
-    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        // Watch the key from now, then re-read it comparing the create revision (a key name
-        // repeats when a session queues again): no deletion can slip between the two.
-        let reg = self.watcher.register(&entry.key).await?;
-        let res = match self.create_rev(&entry.key).await? {
-            Some(rev) if rev == entry.order => reg.wait().await,
-            _ => Ok(()),
+    async fn exists(&self, own: &Entry) -> Result<bool> {
+        Ok(self.create_rev("check entry", &own.key).await? == Some(own.order))
+    }
+
+    async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
+        let reg = self.watcher.register(&own.key).await?;
+        let res = if self.exists(own).await? {
+            reg.wait().await
+        } else {
+            Ok(())
         };
         self.watcher.prune_if_large().await;
         res
@@ -226,29 +312,19 @@ impl BackendSession for EtcdSession {
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.as_str(),
-                CompareOp::Equal,
-                entry.order as i64,
-            )])
+            .when([same(entry)])
             .and_then([TxnOp::delete(entry.key.as_str(), None)]);
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map("release", e))?;
-        Ok(resp.succeeded())
+        Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    async fn abandon(&self, queue: &QueueId, _attempt: Uuid) -> Result<()> {
+    async fn abandon(&self, queue: &QueueId, _kind: EntryKind, _attempt: Uuid) -> Result<()> {
         // The key is ours alone (derived from our lease) and the caller holds the session's
         // local slot for this queue, so whatever entry is there belongs to the abandoned
         // attempt. Delete it guarded by its create revision, never unconditionally: a request
         // that reaches the cluster late (sent through a member that died, say) must not delete
         // an entry this session creates afterwards.
-        let key = self.key(queue);
-        if let Some(rev) = self.create_rev(&key).await? {
+        let key = key_of(queue, self.lease);
+        if let Some(rev) = self.create_rev("abandon", &key).await? {
             self.remove(&entry_of(key, rev as i64)).await?;
         }
         Ok(())
@@ -256,39 +332,25 @@ impl BackendSession for EtcdSession {
 
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.as_str(),
-                CompareOp::Equal,
-                entry.order as i64,
-            )])
-            .and_then([TxnOp::put(
-                entry.key.as_str(),
-                value,
-                Some(PutOptions::new().with_lease(self.lease)),
-            )]);
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map("proclaim", e))?;
-        Ok(resp.succeeded())
+            .when([same(entry)])
+            .and_then([self.put(&entry.key, value)]);
+        Ok(self.txn("proclaim", txn).await?.succeeded())
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
         let prefix = prefix_of(queue);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
         let resp = self
             .client
             .kv_client()
-            .get(prefix.as_str(), Some(sorted_queue(true)))
+            .get(prefix.as_str(), Some(options))
             .await
             .map_err(|e| map("leader", e))?;
-        let head = direct_children(&prefix, resp.kvs()).next().map(|kv| {
+        let head = queue_order(&prefix, resp.kvs()).first().map(|kv| {
             (
-                entry_of(
-                    String::from_utf8_lossy(kv.key()).into_owned(),
-                    kv.create_revision(),
-                ),
+                entry_of(key_string(kv), kv.create_revision()),
                 kv.value().to_vec(),
             )
         });
@@ -339,28 +401,11 @@ impl BackendSession for EtcdSession {
         let resp = self
             .client
             .kv_client()
-            .get(
-                format!("{namespace}/"),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
+            .get(format!("{namespace}/"), Some(queue_keys()))
             .await
             .map_err(|e| map("list", e))?;
-        let mut keys: Vec<String> = resp
-            .kvs()
-            .iter()
-            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
-            .collect();
+        let mut keys: Vec<String> = resp.kvs().iter().map(key_string).collect();
         keys.sort();
         Ok(keys)
-    }
-
-    async fn close(&self) -> Result<()> {
-        match self.client.lease_client().revoke(self.lease).await {
-            Ok(_) => Ok(()),
-            Err(e) => match map("close", e) {
-                Error::SessionLost(_) => Ok(()),
-                other => Err(other),
-            },
-        }
     }
 }

@@ -3,12 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use fencelock::backend::Backoff;
 use fencelock::{Error, Result};
 use tracing::debug;
 use zookeeper_client as zk;
 
 use crate::error;
-use crate::queue::check_zk_path;
+use crate::layout::check_zk_path;
 use crate::ZooKeeperBackend;
 
 /// How long [`ZooKeeperConfig::connect`] and every session start wait for the cluster by
@@ -135,7 +136,7 @@ impl ZooKeeperConfig {
     }
 
     fn resolve(self) -> Result<Resolved> {
-        let invalid = |msg: String| Error::InvalidConfig(msg);
+        let invalid = |msg: String| Error::invalid_config("", msg);
         let (servers, from_string) = split_chroot(&self.connect_string);
         if servers.trim().is_empty() {
             return Err(invalid("the connect string names no server".into()));
@@ -186,9 +187,6 @@ impl ZooKeeperConfig {
         })
     }
 }
-
-/// The pause between two attempts to establish a session.
-const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Whether a failed session establishment may succeed if tried again: no server answered in
 /// time, or the connections failed (the ensemble is electing a leader, restarting). Anything
@@ -270,13 +268,14 @@ impl Resolved {
         // be much shorter than the connect timeout (a 2 s session while the ensemble elects a
         // leader or restarts): try again until the connect timeout is over.
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let mut backoff = Backoff::new();
         let client = loop {
             let attempt = connector.clone().connect(&self.servers);
             match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(Ok(client)) => break client,
                 Ok(Err(e)) if retry_connect(&e) && tokio::time::Instant::now() < deadline => {
                     debug!(error = %e, "no zookeeper session yet, trying again");
-                    let pause = tokio::time::Instant::now() + CONNECT_RETRY_PAUSE;
+                    let pause = tokio::time::Instant::now() + backoff.next_delay();
                     tokio::time::sleep_until(pause.min(deadline)).await;
                 }
                 Ok(Err(e)) => return Err(error::connect(&self.servers, e)),
@@ -295,7 +294,7 @@ impl Resolved {
         match (&self.chroot, rooted) {
             (Some(root), true) => client
                 .chroot(root.clone())
-                .map_err(|_| Error::InvalidConfig(format!("invalid chroot {root:?}"))),
+                .map_err(|_| Error::invalid_config(root, "invalid chroot")),
             _ => Ok(client),
         }
     }

@@ -1,6 +1,6 @@
 //! Mapping of `zookeeper-client` errors into [`fencelock::Error`].
 
-use fencelock::{BoxError, Error, LostReason};
+use fencelock::{BoxError, Error, SessionEnd};
 use zookeeper_client as zk;
 
 /// The backend tag used in errors and traces.
@@ -15,9 +15,9 @@ pub(crate) const NAME: &str = "zookeeper";
 pub(crate) fn map(op: &'static str, e: zk::Error) -> Error {
     match e {
         zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::AuthFailed => {
-            Error::SessionLost(LostReason::Expired)
+            Error::SessionLost(SessionEnd::Expired)
         }
-        zk::Error::ClientClosed => Error::SessionLost(LostReason::Closed),
+        zk::Error::ClientClosed => Error::SessionLost(SessionEnd::Closed),
         e => {
             let temporary = is_temporary(&e);
             Error::backend(NAME, op, temporary, e)
@@ -48,8 +48,8 @@ pub(crate) fn disconnected(op: &'static str) -> Error {
 pub(crate) fn state_error(op: &'static str, state: zk::SessionState) -> Option<Error> {
     match state {
         zk::SessionState::Disconnected => Some(disconnected(op)),
-        zk::SessionState::Closed => Some(Error::SessionLost(LostReason::Closed)),
-        s if s.is_terminated() => Some(Error::SessionLost(LostReason::Expired)),
+        zk::SessionState::Closed => Some(Error::SessionLost(SessionEnd::Closed)),
+        s if s.is_terminated() => Some(Error::SessionLost(SessionEnd::Expired)),
         _ => None,
     }
 }
@@ -59,6 +59,7 @@ pub(crate) fn connect(endpoints: &str, source: impl Into<BoxError>) -> Error {
     Error::Connect {
         backend: NAME,
         endpoints: endpoints.to_string(),
+        temporary: true,
         source: source.into(),
     }
 }

@@ -32,7 +32,6 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -45,12 +44,14 @@ use tracing::info_span;
 use tracing::Instrument;
 
 mod config;
+mod election;
 mod error;
+mod layout;
 mod queue;
 mod session;
+mod watch;
 
 pub use config::{AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL};
-pub use session::ZooKeeperSession;
 
 use config::Resolved;
 
@@ -102,19 +103,11 @@ impl ZooKeeperBackend {
     pub fn chroot(&self) -> Option<&str> {
         self.inner.config.chroot.as_deref()
     }
-
-    /// Opens one ZooKeeper session requesting `ttl` as its timeout, as
-    /// [`Backend::open_session`] does, but returns the concrete type.
-    pub async fn session(&self, ttl: Duration) -> Result<ZooKeeperSession> {
-        let span = info_span!("zookeeper_session", requested = ?ttl);
-        async {
-            let client = self.inner.config.connect_client(ttl, true).await?;
-            Ok(ZooKeeperSession::new(self.inner.clone(), client))
-        }
-        .instrument(span)
-        .await
-    }
 }
+
+/// The largest session timeout a ZooKeeper client can ask for (the protocol carries it as
+/// 32-bit milliseconds); servers cap it lower, at their `maxSessionTimeout`.
+pub const MAX_TTL: Duration = Duration::from_millis(i32::MAX as u64);
 
 #[async_trait]
 impl Backend for ZooKeeperBackend {
@@ -126,7 +119,27 @@ impl Backend for ZooKeeperBackend {
         self.inner.config.min_ttl
     }
 
+    fn max_ttl(&self) -> Duration {
+        MAX_TTL
+    }
+
+    fn check_name(&self, namespace: &str, name: &str) -> Result<()> {
+        layout::queue_path_of(namespace, name, self.inner.config.chroot.is_some()).map(drop)
+    }
+
+    fn check_namespace(&self, namespace: &str) -> Result<()> {
+        layout::namespace_root(namespace, self.inner.config.chroot.is_some()).map(drop)
+    }
+
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
-        Ok(Arc::new(self.session(ttl).await?))
+        let span = info_span!("zookeeper_session", requested = ?ttl);
+        async {
+            let client = self.inner.config.connect_client(ttl, true).await?;
+            let session: Arc<dyn BackendSession> =
+                Arc::new(session::ZkSession::new(self.inner.clone(), client));
+            Ok(session)
+        }
+        .instrument(span)
+        .await
     }
 }

@@ -1,15 +1,17 @@
-//! One ZooKeeper session: heartbeat, session events, close. The queue operations live in
-//! `queue.rs`.
+//! One ZooKeeper session: its lifecycle (heartbeat, session events, the keep-alive watchdog,
+//! close) and the one `impl BackendSession`, built on the queue operations of `queue.rs`, the
+//! queue reads of `election.rs` and the watches of `watch.rs`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock::backend::{BackendSession, Entry, QueueId, SessionEvent};
-use fencelock::{Error, LostReason, Result};
+use fencelock::backend::{
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, SessionEvent,
+};
+use fencelock::{Error, Result, SessionEnd};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -17,26 +19,27 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{self, state_error};
+use crate::layout::{basename, is_entry_name, join, namespace_root, queue_path, sorted_entries};
+use crate::queue::{ahead_of, entry};
+use crate::watch::{armed, check_session_event, detach, KeptWatch};
 use crate::Inner;
 
 /// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
 /// session at most.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-/// One ZooKeeper session, as a [`BackendSession`]. Usually driven by a
-/// [`fencelock::Session`]; made by [`crate::ZooKeeperBackend::session`] or
-/// [`Backend::open_session`](fencelock::backend::Backend::open_session).
+/// One ZooKeeper session, as a [`BackendSession`].
 ///
 /// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
 /// session deletes all of them at once. Dropping it closes the session too.
 ///
-/// **Heartbeat contract.** The ZooKeeper client pings the server by itself, which would keep
-/// the session alive for as long as the process runs, even after fencelock's heartbeat
-/// stopped. To keep fencelock's contract (a session lives only while its heartbeat runs: the
-/// entries of an owner that stopped heartbeating go after the TTL), the session closes itself
-/// when [`keep_alive`](BackendSession::keep_alive) has not been called for one TTL. A
-/// [`fencelock::Session`] calls it every TTL/3; direct users of this type must do the same.
-pub struct ZooKeeperSession {
+/// **Heartbeat contract** (see [`BackendSession`]). The ZooKeeper client pings the server by
+/// itself, which would keep the session alive for as long as the process runs, even after
+/// fencelock's heartbeat stopped. To keep the contract (a session lives only while its
+/// heartbeat runs: the entries of an owner that stopped heartbeating go after the TTL), the
+/// session closes itself when [`keep_alive`](BackendSession::keep_alive) has not been called for
+/// one TTL.
+pub(crate) struct ZkSession {
     pub(crate) backend: Arc<Inner>,
     /// The client while the session is open; dropping its last clone closes the session.
     client: Arc<RwLock<Slot>>,
@@ -47,29 +50,11 @@ pub struct ZooKeeperSession {
     /// A template: clone it and consume its current state to watch for later changes.
     state: zk::StateWatcher,
     events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
-    /// Enqueue attempts whose create was sent: `None` while the outcome is unknown (the reply
-    /// may have been lost), `Some` once the node is known.
-    pub(crate) attempts: StdMutex<HashMap<Uuid, Option<Entry>>>,
-    /// The predecessor of an entry that did not head the queue, by the entry's key, as the
-    /// enqueue's own listing saw it: answers the `predecessor` call that follows without a
-    /// second listing (taken once; a stale one only makes that wait end at once).
-    pub(crate) predecessors: StdMutex<HashMap<String, Entry>>,
-    /// Our live entries, by key, each with the children watch on its parent that the
-    /// enqueue's listing armed (until a wait on the entry takes it): until that watch fires,
-    /// no child of the parent changed, so the entry is still there, and watching it costs no
-    /// request of its own.
-    pub(crate) own: StdMutex<HashMap<String, Option<zk::OneshotWatcher>>>,
-    /// The keys of our latest removed entries (a few): a wait on one of them is over at once
-    /// (the delete went out before it), saving the request that would only learn so.
-    pub(crate) removed: StdMutex<std::collections::VecDeque<String>>,
-    /// The queues (parent paths) where our latest enqueue found others ahead: there the
-    /// children watch is not armed (see `own`), as other waiters would fire it at once.
-    pub(crate) contended: StdMutex<std::collections::HashSet<String>>,
 }
 
-impl fmt::Debug for ZooKeeperSession {
+impl fmt::Debug for ZkSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZooKeeperSession")
+        f.debug_struct("ZkSession")
             .field("id", &self.id())
             .field("ttl", &self.ttl)
             .field("state", &self.state.peek_state())
@@ -77,7 +62,7 @@ impl fmt::Debug for ZooKeeperSession {
     }
 }
 
-impl ZooKeeperSession {
+impl ZkSession {
     pub(crate) fn new(backend: Arc<Inner>, client: zk::Client) -> Self {
         let id = client.session_id().0;
         let ttl = client.session_timeout();
@@ -92,7 +77,7 @@ impl ZooKeeperSession {
             ttl,
             id,
         ));
-        ZooKeeperSession {
+        ZkSession {
             backend,
             client,
             last_beat,
@@ -100,11 +85,6 @@ impl ZooKeeperSession {
             ttl,
             state,
             events: AsyncMutex::new(rx),
-            attempts: StdMutex::new(HashMap::new()),
-            predecessors: StdMutex::new(HashMap::new()),
-            own: StdMutex::new(HashMap::new()),
-            removed: StdMutex::new(std::collections::VecDeque::new()),
-            contended: StdMutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -139,22 +119,17 @@ impl ZooKeeperSession {
             }
         }
     }
-
-    /// The session's current state as the client knows it.
-    pub fn state(&self) -> zk::SessionState {
-        self.state.peek_state()
-    }
 }
 
 /// The client of an open session, or why there is none.
 enum Slot {
     Open(zk::Client),
-    Gone(LostReason),
+    Gone(SessionEnd),
 }
 
 impl Slot {
     /// Takes the client out (closing the session once its clones are gone), leaving `reason`.
-    fn take(&mut self, reason: LostReason) -> Option<zk::Client> {
+    fn take(&mut self, reason: SessionEnd) -> Option<zk::Client> {
         match std::mem::replace(self, Slot::Gone(reason)) {
             Slot::Open(c) => Some(c),
             Slot::Gone(r) => {
@@ -181,7 +156,7 @@ async fn watchdog(
             let Some(client) = client.upgrade() else {
                 return;
             };
-            let taken = client.write().unwrap().take(LostReason::Expired);
+            let taken = client.write().unwrap().take(SessionEnd::Expired);
             if taken.is_some() {
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
             }
@@ -226,7 +201,7 @@ async fn forward_events(mut watcher: zk::StateWatcher, tx: mpsc::UnboundedSender
 }
 
 #[async_trait]
-impl BackendSession for ZooKeeperSession {
+impl BackendSession for ZkSession {
     fn id(&self) -> String {
         format!("{:x}", self.id as u64)
     }
@@ -257,52 +232,12 @@ impl BackendSession for ZooKeeperSession {
         let mut rx = self.events.lock().await;
         match rx.recv().await {
             Some(event) => event,
-            None => futures::future::pending().await,
+            None => std::future::pending().await,
         }
     }
 
-    async fn enqueue(&self, queue: &QueueId, attempt: Uuid, value: &[u8]) -> Result<(Entry, bool)> {
-        self.enqueue_entry(queue, attempt, value).await
-    }
-
-    async fn predecessor(&self, queue: &QueueId, entry: &Entry) -> Result<Option<Entry>> {
-        self.predecessor_of(queue, entry).await
-    }
-
-    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        self.wait_node_gone(entry).await
-    }
-
-    async fn remove(&self, entry: &Entry) -> Result<bool> {
-        self.remove_entry(entry).await
-    }
-
-    async fn abandon(&self, queue: &QueueId, attempt: Uuid) -> Result<()> {
-        self.abandon_attempt(queue, attempt).await
-    }
-
-    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
-        self.set_entry_value(entry, value).await
-    }
-
-    async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
-        self.queue_head(queue).await
-    }
-
-    async fn wait_queue_change(
-        &self,
-        queue: &QueueId,
-        seen: Option<&(Entry, Vec<u8>)>,
-    ) -> Result<()> {
-        self.wait_head_change(queue, seen).await
-    }
-
-    async fn list(&self, namespace: &str) -> Result<Vec<String>> {
-        self.list_entries(namespace).await
-    }
-
     async fn close(&self) -> Result<()> {
-        let client = self.client.write().unwrap().take(LostReason::Closed);
+        let client = self.client.write().unwrap().take(SessionEnd::Closed);
         let Some(client) = client else { return Ok(()) };
         let mut watcher = self.state.clone();
         drop(client); // the last clone: the client sends CloseSession
@@ -320,5 +255,244 @@ impl BackendSession for ZooKeeperSession {
             debug!(session = %self.id(), "zookeeper session closed");
         }
         Ok(())
+    }
+
+    async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+        const OP: &str = "enqueue";
+        let parent = self.parent_of(&req)?;
+        if req.retry {
+            // The create of an earlier try may have succeeded with its reply lost: adopt the
+            // node if it is there (ours: named with the attempt, owned by this session).
+            let children = self.children(OP, &parent).await?;
+            if let Some(own) = self
+                .find_own(&parent, &children, &req)
+                .await?
+                .into_iter()
+                .next()
+            {
+                debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
+                let sorted = sorted_entries(children, req.queue.kind);
+                let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
+                return Ok(Enqueued::new(own, ahead, None));
+            }
+        }
+        let created = self.create_listed(&parent, &req, true, true).await?;
+        let own = created.entry;
+        let name = basename(&own.key).to_string();
+        // The listing sent with the create shows our node; should it not, list again.
+        let (ahead, watch) = match created.listing {
+            Some((children, watch)) => {
+                match ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name) {
+                    Some(ahead) => (Some(ahead), watch),
+                    None => {
+                        if let Some(w) = watch {
+                            detach(w);
+                        }
+                        (None, None)
+                    }
+                }
+            }
+            None => (None, None),
+        };
+        let ahead = match ahead {
+            Some(ahead) => ahead,
+            None => {
+                let children = self.children(OP, &parent).await?;
+                ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name).ok_or_else(
+                    || Error::EntryVanished {
+                        key: own.key.clone(),
+                    },
+                )?
+            }
+        };
+        // The children watch is a free watch on our own entry while nobody else is in the
+        // queue; where others are, it would fire at once.
+        let armed = match watch {
+            Some(w) if ahead.is_empty() => Some(armed(w)),
+            Some(w) => {
+                detach(w);
+                None
+            }
+            None => None,
+        };
+        Ok(Enqueued::new(own, ahead, armed))
+    }
+
+    async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
+        self.create_all(reqs).await
+    }
+
+    async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
+        const OP: &str = "wait";
+        loop {
+            let broken = self.broken(OP);
+            let client = self.client()?;
+            // One round trip: our own entry checked, the target read and watched (a data
+            // watch, as Curator does: unlike an exists watch it leaves nothing behind when the
+            // node is gone already).
+            let mine = client.check_stat(&own.key);
+            let theirs = client.get_and_watch_data(&target.key);
+            let (mine, theirs) = futures::join!(mine, theirs);
+            drop(client);
+            match mine {
+                Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
+                Ok(_) => {
+                    return Err(Error::EntryVanished {
+                        key: own.key.clone(),
+                    })
+                }
+                Err(e) => return Err(error::map(OP, e)),
+            }
+            let watcher = match theirs {
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(e) => return Err(error::map(OP, e)),
+                Ok((_, _, watcher)) => watcher,
+            };
+            let mut fired = KeptWatch::new(watcher, false);
+            tokio::select! {
+                ev = &mut fired => match ev.event_type {
+                    zk::EventType::NodeDeleted => return Ok(()),
+                    zk::EventType::Session => {
+                        return Err(state_error(OP, ev.session_state)
+                            .unwrap_or_else(|| error::disconnected(OP)));
+                    }
+                    _ => continue, // its data changed: watch again
+                },
+                err = broken => {
+                    fired.discard(); // the retry watches afresh
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    async fn exists(&self, own: &Entry) -> Result<bool> {
+        let client = self.client()?;
+        let res = client.check_stat(&own.key).await;
+        match res {
+            Ok(Some(stat)) => Ok(stat.czxid as u64 == own.token.get()),
+            Ok(None) => Ok(false),
+            Err(e) => Err(error::map("check entry", e)),
+        }
+    }
+
+    async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
+        const OP: &str = "watch entry";
+        loop {
+            let broken = self.broken(OP);
+            let client = self.client()?;
+            let res = client.get_and_watch_data(&own.key).await;
+            drop(client);
+            let watcher = match res {
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(err) => return Err(error::map(OP, err)),
+                Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Ok(()),
+                Ok((_, _, watcher)) => watcher,
+            };
+            // Our own node: a wait given up (the guard released) leaves the watch to fire on
+            // the delete that follows, rather than send a request to remove it.
+            let mut fired = KeptWatch::new(watcher, true);
+            tokio::select! {
+                ev = &mut fired => match ev.event_type {
+                    zk::EventType::NodeDeleted => return Ok(()),
+                    zk::EventType::Session => {
+                        check_session_event(OP, &ev)?;
+                        return Err(error::disconnected(OP));
+                    }
+                    _ => continue, // data changed: watch again
+                },
+                err = broken => {
+                    fired.discard();
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    async fn remove(&self, e: &Entry) -> Result<bool> {
+        let deleted = self.delete("delete entry", &e.key).await?;
+        if deleted {
+            debug!(key = %e.key, "deleted entry");
+        }
+        Ok(deleted)
+    }
+
+    async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
+        let req = EnqueueRequest::new(queue, kind, attempt, b"");
+        self.abandon_attempt(&req).await
+    }
+
+    async fn set_value(&self, e: &Entry, value: &[u8]) -> Result<bool> {
+        let client = self.client()?;
+        let res = client.set_data(&e.key, value, None).await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(err) => Err(error::map("set value", err)),
+        }
+    }
+
+    async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+        const OP: &str = "read head";
+        let parent = queue_path(queue, self.chrooted())?;
+        loop {
+            let children = self.children(OP, &parent).await?;
+            let Some(first) = sorted_entries(children, queue.kind).into_iter().next() else {
+                return Ok(None);
+            };
+            let path = join(&parent, &first.name);
+            let client = self.client()?;
+            let res = client.get_data(&path).await;
+            match res {
+                Ok((data, stat)) => {
+                    return Ok(Some((entry(path, first.seq, first.kind, stat.czxid), data)))
+                }
+                Err(zk::Error::NoNode) => continue, // the head went meanwhile
+                Err(err) => return Err(error::map(OP, err)),
+            }
+        }
+    }
+
+    async fn wait_queue_change(
+        &self,
+        queue: &QueueId,
+        seen: Option<&(Entry, Vec<u8>)>,
+    ) -> Result<()> {
+        self.wait_head_change(queue, seen).await
+    }
+
+    async fn list(&self, namespace: &str) -> Result<Vec<String>> {
+        const OP: &str = "list";
+        let root = namespace_root(namespace, self.chrooted())?;
+        let skip_reserved = !self.chrooted();
+        let mut out = Vec::new();
+        let mut dirs = vec![root];
+        while !dirs.is_empty() {
+            let client = self.client()?;
+            let lists =
+                futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
+            let mut next = Vec::new();
+            for (dir, res) in dirs.iter().zip(lists) {
+                let children = match res {
+                    Ok(c) => c,
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(error::map(OP, e)),
+                };
+                for child in children {
+                    if skip_reserved && dir == "/" && child == "zookeeper" {
+                        continue;
+                    }
+                    let path = join(dir, &child);
+                    if is_entry_name(&child) {
+                        out.push(path);
+                    } else {
+                        next.push(path);
+                    }
+                }
+            }
+            dirs = next;
+        }
+        out.sort();
+        Ok(out)
     }
 }

@@ -1,5 +1,5 @@
 //! The ZooKeeper rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
-//! local server started here with the harness of [`crate::zookeeper`]:
+//! local server started here with the harness of [`crate::servers::zookeeper`]:
 //!
 //! 1. uncontended acquire + release latency of our `Mutex`, of a raw ephemeral-sequential
 //!    create + delete, and of `zookeeper-client`'s own lock recipe (`Client::lock` with
@@ -22,12 +22,12 @@ use fencelock::Session;
 use fencelock_zookeeper::ZooKeeperBackend;
 use zookeeper_client as zk;
 
-use crate::bench_util::{
+use super::{
     election_header, election_rows, ms, throughput, throughput_pair, time_interleaved, Op,
 };
 use crate::curator;
-use crate::faults::{Kind, Target};
-use crate::zookeeper::{self as harness, ZkServer, MIN_SESSION_TIMEOUT};
+use crate::servers::zookeeper::{self as harness, ZkEnsemble, MIN_SESSION_TIMEOUT};
+use crate::target::{Kind, Target};
 
 /// The session TTL of the latency and throughput rows.
 const TTL: Duration = Duration::from_secs(10);
@@ -96,11 +96,11 @@ async fn zk_client(connect: &str) -> zk::Client {
 /// with `failovers` repetitions per failover column. Starts (and stops) its own server;
 /// prints a skip line if ZooKeeper is not installed.
 pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], failovers: usize) {
-    if !harness::installed() {
+    if harness::missing().is_some() {
         println!("\n(ZooKeeper not installed: skipped)");
         return;
     }
-    let server = tokio::task::spawn_blocking(ZkServer::start)
+    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
         .await
         .expect("start ZooKeeper");
     let connect = server.connect_string();
@@ -109,10 +109,7 @@ pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], fai
     let ours4 = contended_rows(seconds, sessions, &connect).await;
     curator_row(seconds, &connect, ours4).await;
     election_header("ZooKeeper");
-    let t = Target {
-        kind: Kind::ZooKeeper,
-        endpoint: connect.clone(),
-    };
+    let t = Target::new(Kind::ZooKeeper, connect.clone());
     election_rows(rounds, failovers, &t).await;
     drop(server);
 }

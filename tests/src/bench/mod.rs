@@ -1,23 +1,75 @@
-//! Pieces shared by the benchmark's etcd and ZooKeeper rows: samples and their percentiles,
-//! interleaved timing, and the leader-election rows (generic over the backend).
+//! The benchmark's pieces (the program is `src/bin/bench.rs`): latency histograms, interleaved
+//! timing, contended throughput measured in alternating slices, and the leader-election rows
+//! (generic over the backend); the etcd and ZooKeeper rows live in their own modules.
+
+pub mod etcd;
+pub mod zookeeper;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
 
-use crate::faults::{Holder, Target};
+use crate::faults::Holder;
+use crate::target::Target;
 
-/// Latency samples of one row.
-pub struct Samples(pub Vec<Duration>);
+/// The benchmark's options.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(about = "fencelock benchmark: latency and throughput side by side with the peers")]
+pub struct Args {
+    /// Which backends to measure: etcd, zookeeper or all.
+    #[arg(long, default_value = "all")]
+    pub backend: String,
+    /// Uncontended acquire+release rounds per row.
+    #[arg(long, default_value_t = 500)]
+    pub rounds: usize,
+    /// Seconds of each contended throughput measurement.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Failover repetitions per row (each takes about a TTL when killed).
+    #[arg(long, default_value_t = 3)]
+    pub failovers: usize,
+    /// Contending session counts.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
+    pub sessions: Vec<usize>,
+}
+
+/// Latency samples of one row, in a histogram of microseconds (3 significant digits).
+#[derive(Debug, Clone)]
+pub struct Samples(Histogram<u64>);
 
 impl Samples {
+    /// An empty set of samples.
+    pub fn new() -> Self {
+        Samples(Histogram::new(3).expect("a histogram"))
+    }
+
+    /// Records one sample.
+    pub fn record(&mut self, d: Duration) {
+        self.0.saturating_record(d.as_micros().max(1) as u64);
+    }
+
     /// The `p` quantile (0..=1).
     pub fn pct(&self, p: f64) -> Duration {
-        let mut v = self.0.clone();
-        v.sort();
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
+        Duration::from_micros(self.0.value_at_quantile(p))
+    }
+
+    /// How many samples were recorded.
+    pub fn len(&self) -> u64 {
+        self.0.len()
+    }
+
+    /// Whether no sample was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Default for Samples {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -44,7 +96,7 @@ pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
             op().await;
         }
     }
-    let mut out: Vec<Vec<Duration>> = ops.iter().map(|_| Vec::with_capacity(rounds)).collect();
+    let mut out: Vec<Samples> = ops.iter().map(|_| Samples::new()).collect();
     let mut done = 0;
     while done < rounds {
         let n = BLOCK.min(rounds - done);
@@ -52,12 +104,12 @@ pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
             for _ in 0..n {
                 let t = Instant::now();
                 op().await;
-                samples.push(t.elapsed());
+                samples.record(t.elapsed());
             }
         }
         done += n;
     }
-    out.into_iter().map(Samples).collect()
+    out
 }
 
 /// The election rows of our `Election` on `t`: campaign → leadership → resign latency, and
@@ -66,8 +118,7 @@ pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
 pub async fn election_rows(rounds: usize, failovers: usize, t: &Target) {
     let ns = fencelock::conformance::unique_namespace("bench-election");
     let ttl = Duration::from_secs(2);
-    let connect = t.endpoint.as_str();
-    let s = t.session_at(connect, &ns, Duration::from_secs(10)).await;
+    let s = t.session(&ns, Duration::from_secs(10)).await;
     let e = Arc::new(s.election("lat").expect("election"));
     let mut op: Op = Box::new(move || {
         let e = e.clone();
@@ -82,7 +133,7 @@ pub async fn election_rows(rounds: usize, failovers: usize, t: &Target) {
     let failovers = failovers.max(1);
     let mut closed = Vec::new();
     for i in 0..failovers {
-        let a = t.session_at(connect, &ns, ttl).await;
+        let a = t.session(&ns, ttl).await;
         let name = format!("close-{i}");
         let _la = a
             .election(&name)

@@ -1,0 +1,253 @@
+//! The node layout, Apache Curator compatible: pure functions and their tests.
+//!
+//! A queue `{namespace}/{name}` is the parent node `/{namespace}/{name}`; its entries are
+//! ephemeral-sequential children `_c_{uuid}-{marker}{seq}`, ordered by the sequence suffix:
+//! `lock-` for a mutex (Curator `InterProcessMutex` in protected mode), `latch-` for an
+//! election (Curator `LeaderLatch`). Children without the `_c_{uuid}-` prefix (from a Curator
+//! client without protection) are ordered with the others.
+
+use fencelock::backend::{EntryKind, QueueId, QueueKind};
+use fencelock::{Error, Result};
+use uuid::Uuid;
+
+/// Curator's protected-mode prefix: `_c_` + a UUID + `-`.
+pub(crate) const PROTECTED_PREFIX: &str = "_c_";
+
+/// Every marker any queue kind uses (to tell entries from other nodes).
+const MARKERS: [&str; 2] = ["lock-", "latch-"];
+
+/// The node-name marker of an entry of `kind` in a queue of `queue` kind.
+pub(crate) fn marker(queue: QueueKind, _kind: EntryKind) -> &'static str {
+    match queue {
+        QueueKind::Election => "latch-",
+        _ => "lock-",
+    }
+}
+
+/// The markers of a queue kind's entries, with the kind each marks.
+pub(crate) fn markers(queue: QueueKind) -> &'static [(&'static str, EntryKind)] {
+    match queue {
+        QueueKind::Election => &[("latch-", EntryKind::Exclusive)],
+        _ => &[("lock-", EntryKind::Exclusive)],
+    }
+}
+
+/// The sequence number of an entry called `name` with `marker`, if `name` is one:
+/// `[_c_{uuid}-]{marker}{digits}` (ten digits, nineteen past 2^31).
+pub(crate) fn sequence_of(name: &str, marker: &str) -> Option<u64> {
+    let i = name.rfind(marker)?;
+    let prefix = &name[..i];
+    if !(prefix.is_empty() || prefix.ends_with('-')) {
+        return None;
+    }
+    let digits = &name[i + marker.len()..];
+    if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Whether `name` is the name of a queue entry of any kind.
+pub(crate) fn is_entry_name(name: &str) -> bool {
+    MARKERS.iter().any(|m| sequence_of(name, m).is_some())
+}
+
+/// One entry of a listing: its sequence, name and kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub(crate) seq: u64,
+    pub(crate) name: String,
+    pub(crate) kind: EntryKind,
+}
+
+/// The entries of a `queue`-kind queue among `children`, in queue order.
+pub(crate) fn sorted_entries(children: Vec<String>, queue: QueueKind) -> Vec<Listed> {
+    let markers = markers(queue);
+    let mut v: Vec<Listed> = children
+        .into_iter()
+        .filter_map(|name| {
+            markers.iter().find_map(|(m, kind)| {
+                sequence_of(&name, m).map(|seq| Listed {
+                    seq,
+                    name: name.clone(),
+                    kind: *kind,
+                })
+            })
+        })
+        .collect();
+    v.sort_by(|a, b| (a.seq, &a.name).cmp(&(b.seq, &b.name)));
+    v
+}
+
+/// `parent/child`.
+pub(crate) fn join(parent: &str, child: &str) -> String {
+    if parent == "/" {
+        format!("/{child}")
+    } else {
+        format!("{parent}/{child}")
+    }
+}
+
+/// The last segment of `path`.
+pub(crate) fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The name prefix of the entry of `attempt`; the server appends the sequence.
+pub(crate) fn protected_name(attempt: Uuid, marker: &str) -> String {
+    format!("{PROTECTED_PREFIX}{attempt}-{marker}")
+}
+
+/// Whether `name` is an entry created by `attempt` with `marker`.
+pub(crate) fn is_attempt(name: &str, attempt: Uuid, marker: &str) -> bool {
+    name.starts_with(&protected_name(attempt, marker)) && sequence_of(name, marker).is_some()
+}
+
+fn invalid(name: &str, reason: &'static str) -> Error {
+    Error::invalid_name(name, reason)
+}
+
+/// Whether ZooKeeper accepts `c` in a path (`PathUtils.validatePath`: no control characters,
+/// nothing in U+D800–U+F8FF or U+FFF0–U+FFFF, and so no character above U+FFFF, which Java
+/// encodes as a surrogate pair).
+fn zookeeper_accepts(c: char) -> bool {
+    !(c.is_control()
+        || ('\u{e000}'..='\u{f8ff}').contains(&c)
+        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        || c > '\u{ffff}')
+}
+
+/// Checks what ZooKeeper would refuse in `path` (absolute) beyond the core's name rules:
+/// characters ZooKeeper rejects, the reserved top-level `zookeeper` node when there is no
+/// chroot, and segments that look like queue entries (they would be mistaken for entries).
+/// `shown` is the name reported in the error.
+pub(crate) fn check_zk_path(path: &str, shown: &str, chrooted: bool) -> Result<()> {
+    if !path.chars().all(zookeeper_accepts) {
+        return Err(invalid(
+            shown,
+            "contains a character ZooKeeper rejects in paths (a control character, U+D800-U+F8FF, U+FFF0-U+FFFF, or any character above U+FFFF such as an emoji)",
+        ));
+    }
+    let mut segments = path.split('/').skip(1);
+    if !chrooted && segments.clone().next() == Some("zookeeper") {
+        return Err(invalid(
+            shown,
+            "the top-level node /zookeeper is reserved by ZooKeeper",
+        ));
+    }
+    for seg in &mut segments {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Err(invalid(shown, "contains an empty, '.' or '..' segment"));
+        }
+        if is_entry_name(seg) {
+            return Err(invalid(
+                shown,
+                "a segment looks like a queue entry (lock-/latch- and a sequence number)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The root node of `namespace`: `/{namespace}` (one leading '/' of the namespace stripped),
+/// or `/` for the empty namespace.
+pub(crate) fn namespace_root(namespace: &str, chrooted: bool) -> Result<String> {
+    fencelock::validate_namespace(namespace)?;
+    let ns = namespace.strip_prefix('/').unwrap_or(namespace);
+    if ns.is_empty() {
+        return Ok("/".to_string());
+    }
+    let root = format!("/{ns}");
+    check_zk_path(&root, namespace, chrooted)?;
+    Ok(root)
+}
+
+/// The parent node of a queue called `name` in `namespace`: `/{namespace}/{name}`, or
+/// `/{name}` for the empty namespace.
+pub(crate) fn queue_path_of(namespace: &str, name: &str, chrooted: bool) -> Result<String> {
+    fencelock::validate_name(name)?;
+    let root = namespace_root(namespace, chrooted)?;
+    let path = join(&root, name);
+    check_zk_path(&path, name, chrooted)?;
+    Ok(path)
+}
+
+/// The parent node of `queue`.
+pub(crate) fn queue_path(queue: &QueueId, chrooted: bool) -> Result<String> {
+    queue_path_of(&queue.namespace, &queue.name, chrooted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(ns: &str, name: &str) -> QueueId {
+        QueueId::new(ns, name, QueueKind::Lock)
+    }
+
+    #[test]
+    fn sequences() {
+        let u = "_c_0f2a8f8e-9d2c-4e0e-8a50-0b1f5b3c1e2d-lock-0000000042";
+        assert_eq!(sequence_of(u, "lock-"), Some(42));
+        assert_eq!(sequence_of(u, "latch-"), None);
+        assert_eq!(sequence_of("lock-0000000007", "lock-"), Some(7));
+        assert_eq!(sequence_of("latch-0000000007", "latch-"), Some(7));
+        assert_eq!(sequence_of("xlock-0000000007", "lock-"), None);
+        assert_eq!(sequence_of("lock-12", "lock-"), None);
+        assert_eq!(sequence_of("lock-00000000a1", "lock-"), None);
+        assert_eq!(sequence_of("lock-0000000000000000042", "lock-"), Some(42));
+        let sorted = sorted_entries(
+            vec![
+                "_c_b-lock-0000000003".into(),
+                "lock-0000000001".into(),
+                "other".into(),
+                "_c_a-latch-0000000000".into(),
+                "_c_a-lock-0000000002".into(),
+            ],
+            QueueKind::Lock,
+        );
+        let names: Vec<_> = sorted.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "lock-0000000001",
+                "_c_a-lock-0000000002",
+                "_c_b-lock-0000000003"
+            ]
+        );
+        let attempt = Uuid::nil();
+        let name = format!("{}0000000005", protected_name(attempt, "lock-"));
+        assert!(is_attempt(&name, attempt, "lock-"));
+        assert!(!is_attempt(&name, Uuid::max(), "lock-"));
+        assert!(!is_attempt(&name, attempt, "latch-"));
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            queue_path(&q("fencelock", "a/b"), false).unwrap(),
+            "/fencelock/a/b"
+        );
+        assert_eq!(
+            queue_path(&q("/svc/locks", "a"), false).unwrap(),
+            "/svc/locks/a"
+        );
+        assert_eq!(queue_path(&q("", "a"), false).unwrap(), "/a");
+        assert!(queue_path(&q("", "zookeeper"), false).is_err());
+        assert!(queue_path(&q("", "zookeeper/x"), false).is_err());
+        assert!(queue_path(&q("", "zookeeper"), true).is_ok());
+        assert!(queue_path(&q("/zookeeper", "x"), false).is_err());
+        assert!(queue_path(&q("ns", "zookeeper"), false).is_ok());
+        assert!(queue_path(&q("ns", "a\u{e000}"), false).is_err());
+        assert!(queue_path(&q("ns", "a\u{fff5}"), false).is_err());
+        assert!(queue_path(&q("ns", "emoji-\u{1f512}"), false).is_err());
+        assert!(queue_path(&q("ns", "cjk-ext-b-\u{20000}"), false).is_err());
+        assert!(queue_path(&q("ns", "é-中文"), false).is_ok());
+        assert!(queue_path(&q("ns", "x/lock-0000000001"), false).is_err());
+        assert_eq!(namespace_root("", false).unwrap(), "/");
+        assert_eq!(namespace_root("/a/b", false).unwrap(), "/a/b");
+        assert!(namespace_root("zookeeper", false).is_err());
+        assert_eq!(join("/", "a"), "/a");
+        assert_eq!(join("/a", "b"), "/a/b");
+    }
+}

@@ -1,0 +1,244 @@
+//! The implementer API: what a backend provides. **Users of fencelock never call these
+//! methods**; they are for authors of backends (and the backends shipped with fencelock).
+//! Nothing in the core knows etcd, ZooKeeper or Redis: a [`Session`](crate::Session) and every
+//! lock primitive run on these traits alone.
+//!
+//! # The model
+//!
+//! A backend hands out *sessions* ([`Backend::open_session`]): an etcd lease, a ZooKeeper
+//! session, a Redis key with a TTL. A session owns *entries* in ordered *queues*: one queue
+//! per lock, election, read-write lock or semaphore ([`QueueId`]); at most one entry per
+//! session per queue at a time (the core queues the tasks of one session locally first). An
+//! entry is *ephemeral*: it goes when its session goes, all of a session's entries at once.
+//!
+//! The core runs every algorithm: the local queue, the wait loop (which entry ahead to wait
+//! for, per the primitive's rule), retries, the heartbeat and the local deadline, and the
+//! deferred cleanup of dropped guards. A backend only supplies the primitives below, each a
+//! small number of round trips, and honours the contract stated on each.
+//!
+//! # What the interface is built for
+//!
+//! - **Entries of a kind** ([`EntryKind`]): readers and writers of a read-write lock share one
+//!   order; a reader waits only on the nearest earlier writer.
+//! - **The entries ahead of one's own** ([`Enqueued::ahead`]): an enqueue returns all of them,
+//!   in order, in the same round trip as the create. They can only leave, never be added, so
+//!   the core walks this list instead of re-reading the queue: a handoff costs the same
+//!   whatever the queue's length, and a semaphore with `n` permits can reason about the `n`
+//!   entries ahead of a waiter.
+//! - **Several queues in one atomic request** (an all-or-nothing multi-lock):
+//!   [`BackendSession::enqueue_all`] creates entries in several queues in one etcd `Txn`, one
+//!   ZooKeeper `multi` or one Redis script, or none of them.
+//! - **Backends without ordered keys** (Redis): the order is whatever the backend defines
+//!   ([`Entry::order`]: a sorted-set score), and waking a waiter is whatever it can do without
+//!   polling (a notification per deleted entry).
+//!
+//! # Errors
+//!
+//! Every method returns [`crate::Error`]. Map client errors carefully, by the server's error
+//! code rather than message text:
+//! - **temporary** ([`crate::Error::is_temporary`]) only when the same call may succeed if
+//!   retried unchanged: connection loss, leader change, timeouts. The core retries those with
+//!   [`Backoff`], until the session is lost;
+//! - [`crate::Error::SessionLost`] when the cluster says the session is gone (expired, closed);
+//! - [`crate::Error::EntryVanished`] when one's own entry is found gone while waiting;
+//! - everything else (bad input, size limits, authentication, authorization, configuration)
+//!   permanent. A permanent error is returned to the caller at once: never retried.
+//!
+//! # Cancellation
+//!
+//! The core may drop any future of these methods at any await point. A backend must stay
+//! consistent when that happens (no half-registered watch that misroutes later events, no lock
+//! held across the cancel). The core never relies on a dropped call's side effects: a dropped
+//! [`enqueue`](BackendSession::enqueue) is followed by an
+//! [`abandon`](BackendSession::abandon) of its attempt.
+
+mod types;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use types::{
+    ArmedWatch, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, QueueKind, SessionEvent,
+};
+
+pub use crate::retry::Backoff;
+use crate::Result;
+
+/// The largest entry value (an election candidate's published value) accepted by default, in
+/// bytes: 1,000,000, which fits a ZooKeeper packet under its default `jute.maxbuffer` (1 MiB)
+/// and an etcd request under its default `--max-request-bytes` (1.5 MiB).
+pub const DEFAULT_MAX_VALUE_LEN: usize = 1_000_000;
+
+/// A backend: a factory of sessions. Object safe; the core holds it as `Arc<dyn Backend>`.
+///
+/// # Validation
+///
+/// [`check_name`](Self::check_name), [`min_ttl`](Self::min_ttl), [`max_ttl`](Self::max_ttl)
+/// and [`max_value_len`](Self::max_value_len) let the core refuse bad input with a typed error
+/// at the earliest point (`session.mutex(name)`, `builder.start()`, `campaign(value)`),
+/// instead of an untyped failure at the first request.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// A short tag used in errors and traces (`"etcd"`, `"zookeeper"`, `"memory"`).
+    fn name(&self) -> &'static str;
+
+    /// The smallest TTL this backend accepts.
+    fn min_ttl(&self) -> Duration;
+
+    /// The largest TTL this backend accepts (default: one day). Larger requests are refused
+    /// with [`Error::InvalidTtl`](crate::Error::InvalidTtl), never truncated or wrapped.
+    fn max_ttl(&self) -> Duration {
+        Duration::from_secs(24 * 3600)
+    }
+
+    /// The largest entry value accepted (default [`DEFAULT_MAX_VALUE_LEN`]).
+    fn max_value_len(&self) -> usize {
+        DEFAULT_MAX_VALUE_LEN
+    }
+
+    /// Checks what this backend forbids in a lock or election name beyond the core's rules
+    /// ([`crate::validate_name`]), for a queue in `namespace`. Fails with
+    /// [`Error::InvalidName`](crate::Error::InvalidName). Default: nothing more.
+    fn check_name(&self, namespace: &str, name: &str) -> Result<()> {
+        let _ = (namespace, name);
+        Ok(())
+    }
+
+    /// Checks a namespace beyond the core's rules ([`crate::validate_namespace`]). Default:
+    /// nothing more.
+    fn check_namespace(&self, namespace: &str) -> Result<()> {
+        let _ = namespace;
+        Ok(())
+    }
+
+    /// Creates a session with the requested TTL (already checked against
+    /// [`min_ttl`](Self::min_ttl) and [`max_ttl`](Self::max_ttl)). The returned session reports
+    /// the TTL actually granted or negotiated, which the core then enforces.
+    async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>>;
+}
+
+/// One session on the cluster. Every entry it creates is ephemeral: it goes when the session
+/// goes.
+///
+/// # Lifecycle
+///
+/// [`keep_alive`](Self::keep_alive) is the one heartbeat: the core calls it every `ttl / 3` and
+/// counts its local deadline from the instant it *sent* the last call that succeeded.
+///
+/// **Contract: a session must end (its entries go) when `keep_alive` has not been called for
+/// one TTL**, exactly as a cluster expires an etcd lease. A backend whose client keeps the
+/// session alive by itself (ZooKeeper's client pings on its own) must enforce this: the
+/// ZooKeeper backend closes the session when `keep_alive` has not been called for one TTL.
+/// Otherwise a process whose fencelock heartbeat stopped (a stuck runtime) would keep its
+/// locks forever.
+///
+/// [`next_event`](Self::next_event) reports what the connection learns by itself (a
+/// disconnect, the cluster's expiry), and [`close`](Self::close) ends the session on the
+/// cluster.
+///
+/// # Entries
+///
+/// [`enqueue`](Self::enqueue) creates this session's entry in a queue and returns it with the
+/// entries ahead of it. [`wait`](Self::wait) waits for one of those to go;
+/// [`exists`](Self::exists) confirms one's own entry before a grant;
+/// [`remove`](Self::remove) deletes one's own entry, guarded by its identity;
+/// [`abandon`](Self::abandon) deletes whatever an attempt may have created;
+/// [`set_value`](Self::set_value) changes an entry's value, guarded likewise;
+/// [`wait_own_gone`](Self::wait_own_gone) watches one's own entry for deletion by others.
+///
+/// **Contract: a guarded operation never touches a newer entry.** Keys repeat (on etcd a session
+/// that releases and queues again re-creates the same key): `remove`, `set_value` and
+/// `wait` compare the entry's identity ([`Entry::order`] or token), never the key alone.
+///
+/// # Reading queues
+///
+/// [`head`](Self::head), [`wait_queue_change`](Self::wait_queue_change) and
+/// [`list`](Self::list) serve elections' `leader()`/`observe()` and inspection.
+#[async_trait]
+pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
+    /// The session's id as the cluster knows it (lease id in hex, ZooKeeper session id in hex).
+    fn id(&self) -> String;
+
+    /// The TTL granted (etcd) or negotiated (ZooKeeper).
+    fn ttl(&self) -> Duration;
+
+    /// Sends one heartbeat and waits for its confirmation. `Ok(())` means the cluster
+    /// confirmed the session alive *after* the call started; the core counts its local
+    /// deadline from the start of the call. [`Error::SessionLost`](crate::Error::SessionLost)
+    /// means the cluster expired it; a temporary error means "unknown, try again".
+    async fn keep_alive(&self) -> Result<()>;
+
+    /// Waits for the next session-level event pushed by the cluster connection. Backends
+    /// without such events never resolve (the default).
+    async fn next_event(&self) -> SessionEvent {
+        std::future::pending().await
+    }
+
+    /// Ends the session on the cluster: every entry it owns goes at once. Idempotent.
+    async fn close(&self) -> Result<()>;
+
+    /// Creates this session's entry as `req` asks, or finds it again when `req.retry` is set
+    /// and an earlier try of the same attempt created it (the create-succeeded-but-reply-lost
+    /// case). Returns the entry, every entry ahead of it and an optional armed watch, in as
+    /// few round trips as the backend can (one on etcd and ZooKeeper).
+    ///
+    /// Must fail with a permanent error, having created nothing, for a value longer than
+    /// [`Backend::max_value_len`] (the core checks first; this is the backstop).
+    async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued>;
+
+    /// Creates one entry in each of `reqs`' queues in **one atomic request**, each only if it
+    /// would head its queue at once; else creates nothing and returns `None`. The all-or-nothing
+    /// `try_lock` of a multi-lock. A retry of the same attempts must not create duplicates.
+    async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>>;
+
+    /// Waits until `target` (an entry ahead of `own` from [`enqueue`](Self::enqueue)) is gone:
+    /// deleted, expired, or replaced by a newer entry with its key. Returns at once if it is
+    /// gone already. Must not miss a deletion that happens while the call is starting (watch
+    /// first, then read). Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if
+    /// it finds `own` gone when it starts, so that a waiter whose entry was deleted does not
+    /// wait on. Costs a constant number of requests whatever the queue's length.
+    async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
+
+    /// Whether `own` still exists as the same entry. The core asks before granting an entry
+    /// that had to wait.
+    async fn exists(&self, own: &Entry) -> Result<bool>;
+
+    /// Resolves once `own` no longer exists (deleted by someone else, expired, or replaced by
+    /// a newer entry with the same key). Returns at once if it is already gone. Must not miss
+    /// a deletion that happens while the call is starting. The core calls it only while a user
+    /// awaits a guard's `lost()`: a held entry costs no watch otherwise.
+    async fn wait_own_gone(&self, own: &Entry) -> Result<()>;
+
+    /// Deletes `entry` if it is still the same entry. Returns whether it deleted anything.
+    async fn remove(&self, entry: &Entry) -> Result<bool>;
+
+    /// Deletes whatever attempt `attempt` of this session created in `queue` as a `kind`
+    /// entry, when the caller does not know whether the create happened (a cancelled or failed
+    /// enqueue). Succeeds if there is nothing to delete.
+    async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()>;
+
+    /// Replaces the value of `entry` if it is still the same entry. Returns `false` if it is
+    /// gone.
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool>;
+
+    /// The head of `queue` (its first entry of any kind) and its value, or `None` if the queue
+    /// is empty.
+    async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>>;
+
+    /// Resolves when `queue` changes relative to `seen` (the head and value last read by
+    /// [`head`](Self::head)): the head is added, removed or replaced, or its value changes.
+    /// Returns at once if the queue already differs from `seen`.
+    async fn wait_queue_change(
+        &self,
+        queue: &QueueId,
+        seen: Option<&(Entry, Vec<u8>)>,
+    ) -> Result<()>;
+
+    /// Lists the keys of every entry (of any session) under `namespace`, sorted. For
+    /// inspection and for tests that prove no entry leaked.
+    async fn list(&self, namespace: &str) -> Result<Vec<String>>;
+}

@@ -1,0 +1,216 @@
+//! The values that cross the backend interface.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use uuid::Uuid;
+
+use crate::FencingToken;
+
+/// What a queue is used for. It decides the entry naming on backends that follow a foreign
+/// layout (ZooKeeper: Curator's `-lock-`, `-latch-`, `__READ__`/`__WRIT__`, `-lease-`) and never
+/// the ordering rules, which the core applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QueueKind {
+    /// A mutex queue: every entry is [`EntryKind::Exclusive`].
+    Lock,
+    /// A leader-election queue: every entry is [`EntryKind::Exclusive`] and carries a value.
+    Election,
+    /// A read-write lock: readers are [`EntryKind::Shared`], writers [`EntryKind::Exclusive`],
+    /// in one order.
+    ReadWrite,
+    /// A counting semaphore: every entry is a [`EntryKind::Shared`] permit request.
+    Semaphore,
+}
+
+/// The kind of one entry of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EntryKind {
+    /// Excludes every other entry: a mutex waiter, an election candidate, a writer.
+    Exclusive,
+    /// Compatible with other shared entries: a reader, a semaphore permit.
+    Shared,
+}
+
+/// Identifies one queue: `{namespace}/{name}`, used as a `kind` queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QueueId {
+    /// The session's namespace (a validated key prefix; may be empty).
+    pub namespace: String,
+    /// The validated lock or election name.
+    pub name: String,
+    /// What the queue is for.
+    pub kind: QueueKind,
+}
+
+impl QueueId {
+    /// A queue id from its parts (the caller has validated them).
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>, kind: QueueKind) -> Self {
+        QueueId {
+            namespace: namespace.into(),
+            name: name.into(),
+            kind,
+        }
+    }
+
+    /// The queue's directory path: `{namespace}/{name}`, or `/{name}` for an empty namespace
+    /// (the layout of etcd's Go `concurrency` package for a prefix `/{name}`).
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.path())
+    }
+}
+
+/// An entry whose fencing token is known: one of this session's own entries, or a queue head
+/// read with its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The full key or node path.
+    pub key: String,
+    /// The entry's fencing token (etcd create revision, ZooKeeper czxid).
+    pub token: FencingToken,
+    /// The entry's position in its queue (etcd create revision, ZooKeeper sequence number):
+    /// smaller is earlier. Positions are never reused within one queue's lifetime on the
+    /// cluster, except that a recreated ZooKeeper parent restarts its sequence; the key then
+    /// differs.
+    pub order: u64,
+    /// Exclusive or shared.
+    pub kind: EntryKind,
+}
+
+/// Another entry of a queue, as an enqueue saw it: enough to wait for it to go, and no token
+/// (ZooKeeper's listing does not carry one, and nothing may be fenced with a peer's token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The full key or node path.
+    pub key: String,
+    /// The peer's position (as [`Entry::order`]); on etcd also what tells a re-created key
+    /// with the same name apart.
+    pub order: u64,
+    /// Exclusive or shared.
+    pub kind: EntryKind,
+}
+
+/// What [`BackendSession::enqueue`](super::BackendSession::enqueue) is asked to create.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct EnqueueRequest<'a> {
+    /// The queue.
+    pub queue: &'a QueueId,
+    /// The entry's kind.
+    pub kind: EntryKind,
+    /// Identifies this acquisition attempt: a retry of the same attempt must find the entry an
+    /// earlier try created instead of creating a second one.
+    pub attempt: Uuid,
+    /// The entry's value (an election candidate's published value; empty for locks).
+    pub value: &'a [u8],
+    /// Whether an earlier try of this attempt may have created the entry (its reply was lost
+    /// or it failed in flight): look for it before creating.
+    pub retry: bool,
+}
+
+impl<'a> EnqueueRequest<'a> {
+    /// A first try of `attempt`.
+    pub fn new(queue: &'a QueueId, kind: EntryKind, attempt: Uuid, value: &'a [u8]) -> Self {
+        EnqueueRequest {
+            queue,
+            kind,
+            attempt,
+            value,
+            retry: false,
+        }
+    }
+
+    /// The same request, marked as a retry of an attempt that may have created its entry.
+    pub fn retried(mut self) -> Self {
+        self.retry = true;
+        self
+    }
+}
+
+/// What an enqueue created and learned, in the same round trip.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// Our entry.
+    pub entry: Entry,
+    /// Every entry ahead of ours, of every kind, in queue order (earliest first); empty when
+    /// ours heads the queue. Entries ahead of ours can only leave, never be added: this list
+    /// is all the core needs to find each next entry to wait for.
+    pub ahead: Vec<Peer>,
+    /// A watch on our own entry the backend armed while enqueueing, if any (see
+    /// [`ArmedWatch`]).
+    pub armed: Option<ArmedWatch>,
+}
+
+impl Enqueued {
+    /// An enqueue result.
+    pub fn new(entry: Entry, ahead: Vec<Peer>, armed: Option<ArmedWatch>) -> Self {
+        Enqueued {
+            entry,
+            ahead,
+            armed,
+        }
+    }
+
+    /// Whether our entry heads the queue.
+    pub fn is_head(&self) -> bool {
+        self.ahead.is_empty()
+    }
+}
+
+/// A watch on one's own entry that a backend armed during the enqueue round trip (ZooKeeper: the
+/// children watch set by the listing sent with the create). Until it resolves, the entry
+/// certainly still exists; once it resolves, something may have changed and the core falls back
+/// to [`BackendSession::wait_own_gone`](super::BackendSession::wait_own_gone). It lets an
+/// uncontended holder learn of its entry's deletion without a request of its own.
+///
+/// Dropping it is always allowed; the backend decides what that costs (ZooKeeper lets the
+/// watch fire on its own rather than send a request to remove it).
+pub struct ArmedWatch {
+    fired: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
+}
+
+impl ArmedWatch {
+    /// Wraps a future that resolves when the watch fires.
+    pub fn new(fired: impl Future<Output = ()> + Send + 'static) -> Self {
+        ArmedWatch {
+            fired: Box::pin(fired),
+        }
+    }
+}
+
+impl Future for ArmedWatch {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.fired.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for ArmedWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArmedWatch").finish_non_exhaustive()
+    }
+}
+
+/// A session-level event pushed by a backend's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// The cluster reports the session expired (terminal).
+    Expired,
+    /// The connection to the cluster dropped; the session may still be alive.
+    Disconnected,
+    /// The connection came back and the session is still alive.
+    Reconnected,
+}

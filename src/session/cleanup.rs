@@ -1,0 +1,143 @@
+//! The deferred cleanup protocol: releases handed over by dropped guards and cancelled
+//! acquisitions, carried out in order by the session's background task, so that a `Drop` never
+//! blocks, never needs a runtime, and never leaves an entry behind.
+
+use std::sync::{Arc, Weak};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, info_span, Instrument};
+use uuid::Uuid;
+
+use super::local::LocalSlot;
+use super::shared::Shared;
+use crate::backend::{Enqueued, Entry, EntryKind, QueueId};
+use crate::retry::Backoff;
+use crate::Result;
+
+/// An enqueue request in flight, running as a task of its own: dropping the acquisition that
+/// sent it cannot cut it off half way, so whoever cleans up can await its answer and knows
+/// exactly what was created.
+pub(crate) type EnqueueTask = JoinHandle<Result<Enqueued>>;
+
+/// Work for the session's background task. Each carries the local queue slot of its lock, so
+/// that the next local waiter cannot start before the remote entry is gone.
+pub(crate) enum Cleanup {
+    /// Delete this entry (guarded by its identity).
+    Remove {
+        queue: QueueId,
+        entry: Entry,
+        local: Option<LocalSlot>,
+    },
+    /// Await the create request still in flight, then delete what it created.
+    Enqueued {
+        queue: QueueId,
+        kind: EntryKind,
+        attempt: Uuid,
+        inflight: EnqueueTask,
+        local: Option<LocalSlot>,
+    },
+    /// Delete whatever this attempt may have created.
+    Abandon {
+        queue: QueueId,
+        kind: EntryKind,
+        attempt: Uuid,
+        local: Option<LocalSlot>,
+    },
+    /// Answer once every earlier item is done.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Carries out the handed-over work in order, retrying temporary errors until the session is
+/// lost (then the cluster removes the entries with the session).
+pub(crate) async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Cleanup>) {
+    let span = shared.span.clone();
+    let remote = shared.remote.clone();
+    let weak = Arc::downgrade(&shared);
+    drop(shared);
+    async move {
+        while let Some(work) = rx.recv().await {
+            let (queue, local) = match work {
+                Cleanup::Flush(tx) => {
+                    let _ = tx.send(());
+                    continue;
+                }
+                Cleanup::Remove {
+                    queue,
+                    entry,
+                    local,
+                } => {
+                    let span = info_span!("release", key = %entry.key, token = %entry.token);
+                    until_done(&weak, || remote.remove(&entry))
+                        .instrument(span)
+                        .await;
+                    (queue, local)
+                }
+                Cleanup::Enqueued {
+                    queue,
+                    kind,
+                    attempt,
+                    inflight,
+                    local,
+                } => {
+                    let span = info_span!("abandon", queue = %queue);
+                    match inflight.await {
+                        Ok(Ok(enqueued)) => {
+                            until_done(&weak, || remote.remove(&enqueued.entry))
+                                .instrument(span)
+                                .await
+                        }
+                        _ => {
+                            until_done(&weak, || remote.abandon(&queue, kind, attempt))
+                                .instrument(span)
+                                .await
+                        }
+                    }
+                    (queue, local)
+                }
+                Cleanup::Abandon {
+                    queue,
+                    kind,
+                    attempt,
+                    local,
+                } => {
+                    let span = info_span!("abandon", queue = %queue);
+                    until_done(&weak, || remote.abandon(&queue, kind, attempt))
+                        .instrument(span)
+                        .await;
+                    (queue, local)
+                }
+            };
+            drop(local);
+            if let Some(shared) = weak.upgrade() {
+                shared.trim_local_queue(&queue);
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs `op` until it succeeds, a permanent error, or the session is gone.
+async fn until_done<T, F, Fut>(weak: &Weak<Shared>, mut op: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match op().await {
+            Ok(_) => return,
+            Err(e) => {
+                let gone = weak
+                    .upgrade()
+                    .is_none_or(|s| s.end().is_some() || s.stop.is_cancelled());
+                if gone || !e.is_temporary() {
+                    debug!(error = %e, "background release given up (the session takes the entry with it)");
+                    return;
+                }
+                backoff.pause().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The state one session shares with its handles and background tasks.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::cleanup::Cleanup;
+use super::local::LocalQueue;
+use super::state::{SessionEnd, SessionState};
+use crate::backend::{Backend, BackendSession, QueueId};
+use crate::race::{race, First};
+use crate::retry::Backoff;
+use crate::{Error, Result};
+
+/// The inside of a [`Session`](crate::Session).
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) remote: Arc<dyn BackendSession>,
+    pub(crate) namespace: String,
+    pub(crate) ttl: Duration,
+    pub(crate) margin: Duration,
+    /// The local deadline: past it without a confirmed heartbeat, the session is lost.
+    pub(crate) deadline: StdMutex<Instant>,
+    pub(crate) state: watch::Sender<SessionState>,
+    /// Cancelled when the session closes or its last handle goes.
+    pub(crate) stop: CancellationToken,
+    /// Heartbeats stopped on purpose (a test playing a paused process).
+    pub(crate) halted: AtomicBool,
+    local: StdMutex<HashMap<QueueId, LocalQueue>>,
+    cleanup: mpsc::UnboundedSender<Cleanup>,
+    pub(crate) span: tracing::Span,
+}
+
+impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        remote: Arc<dyn BackendSession>,
+        namespace: String,
+        ttl: Duration,
+        margin: Duration,
+        deadline: Instant,
+        cleanup: mpsc::UnboundedSender<Cleanup>,
+        span: tracing::Span,
+    ) -> Self {
+        Shared {
+            backend,
+            remote,
+            namespace,
+            ttl,
+            margin,
+            deadline: StdMutex::new(deadline),
+            state: watch::channel(SessionState::Live).0,
+            stop: CancellationToken::new(),
+            halted: AtomicBool::new(false),
+            local: StdMutex::new(HashMap::new()),
+            cleanup,
+            span,
+        }
+    }
+
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap()
+    }
+
+    /// The state, counting a passed local deadline as lost even before the heartbeat task
+    /// noticed.
+    pub(crate) fn state(&self) -> SessionState {
+        let state = *self.state.borrow();
+        match state {
+            SessionState::Lost(_) => state,
+            _ if Instant::now() >= self.deadline() => SessionState::Lost(SessionEnd::LocalDeadline),
+            _ => state,
+        }
+    }
+
+    pub(crate) fn end(&self) -> Option<SessionEnd> {
+        match self.state() {
+            SessionState::Lost(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match self.end() {
+            Some(r) => Err(Error::SessionLost(r)),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves when the session is lost (at once if it is).
+    pub(crate) fn lost(&self) -> impl Future<Output = SessionEnd> + Send + 'static {
+        let mut rx = self.state.subscribe();
+        let deadline_passed = self.end();
+        async move {
+            if let Some(r) = deadline_passed {
+                return r;
+            }
+            loop {
+                if let SessionState::Lost(r) = *rx.borrow_and_update() {
+                    return r;
+                }
+                if rx.changed().await.is_err() {
+                    return SessionEnd::Closed;
+                }
+            }
+        }
+    }
+
+    /// Records the end of the session (the first reason wins) and logs it.
+    pub(crate) fn set_lost(&self, reason: SessionEnd) {
+        let changed = self.state.send_if_modified(|s| {
+            if matches!(s, SessionState::Lost(_)) {
+                false
+            } else {
+                *s = SessionState::Lost(reason);
+                true
+            }
+        });
+        if changed && reason != SessionEnd::Closed {
+            warn!(%reason, "session lost");
+        }
+    }
+
+    /// Records Live or Suspended (never after Lost) and logs the change.
+    pub(crate) fn set_state(&self, new: SessionState) {
+        let mut old = None;
+        self.state.send_if_modified(|s| {
+            if matches!(s, SessionState::Lost(_)) || *s == new {
+                false
+            } else {
+                old = Some(*s);
+                *s = new;
+                true
+            }
+        });
+        match (old, new) {
+            (Some(_), SessionState::Suspended) => info!("session suspended: heartbeat unconfirmed or connection lost; locks held until the local deadline"),
+            (Some(SessionState::Suspended), SessionState::Live) => info!("session resumed: heartbeat confirmed"),
+            _ => {}
+        }
+    }
+
+    /// Runs `fut` unless the session is lost first ([`Error::SessionLost`] then).
+    pub(crate) async fn unless_lost<T>(&self, fut: impl Future<Output = T>) -> Result<T> {
+        match race(fut, self.lost()).await {
+            First::Left(v) => Ok(v),
+            First::Right(end) => Err(Error::SessionLost(end)),
+        }
+    }
+
+    /// Runs `op` until it succeeds, retrying temporary errors with [`Backoff`], and gives up
+    /// with [`Error::SessionLost`] as soon as the session is lost.
+    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut backoff = Backoff::new();
+        loop {
+            self.check_alive()?;
+            match self.unless_lost(op()).await? {
+                Err(e) if e.is_temporary() => {
+                    debug!(error = %e, "temporary error, retrying");
+                    self.unless_lost(backoff.pause()).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The local queue of this session for `queue`, made by `make` on first use.
+    pub(crate) fn local_queue(
+        &self,
+        queue: &QueueId,
+        make: impl FnOnce() -> LocalQueue,
+    ) -> LocalQueue {
+        let mut map = self.local.lock().unwrap();
+        map.entry(queue.clone()).or_insert_with(make).clone()
+    }
+
+    /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
+    pub(crate) fn trim_local_queue(&self, queue: &QueueId) {
+        let mut map = self.local.lock().unwrap();
+        if map.get(queue).is_some_and(LocalQueue::unused) {
+            map.remove(queue);
+        }
+    }
+
+    /// Hands work to the session's background task: never blocks, needs no runtime.
+    pub(crate) fn hand_off(&self, work: Cleanup) {
+        // If the worker is gone the session is gone, and so are its entries.
+        let _ = self.cleanup.send(work);
+    }
+}

@@ -1,0 +1,359 @@
+//! The history of an adversity run and its checker: a pure function of what was recorded, so
+//! that it is tested on synthetic histories that must be rejected.
+//!
+//! Checks:
+//! 1. the fenced resource never accepted a token lower than one it had accepted before;
+//! 2. no token was granted twice, and no two in-process tenures overlap (a tenure ends when its
+//!    holder calls `release()` or sees `lost()` fire);
+//! 3. every acquisition invoked before the faults healed ended within a bound after they
+//!    healed (no waiter stuck);
+//! 4. the workload ran: at least the required number of grants before the first fault and
+//!    after the faults healed;
+//! 5. no entry was left on the cluster once every session was closed.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// One acquisition attempt, as recorded.
+#[derive(Debug, Clone)]
+pub struct Op {
+    /// Which worker (and its session id).
+    pub worker: String,
+    /// When the acquisition was invoked.
+    pub invoked: Instant,
+    /// When it returned; `None` if it never did.
+    pub completed: Option<Instant>,
+    /// The token, if granted.
+    pub token: Option<u64>,
+    /// When the tenure ended (release called, or `lost()` fired), if granted.
+    pub ended: Option<Instant>,
+    /// Whether the tenure ended by a loss rather than a release.
+    pub lost: bool,
+    /// The error, if not granted (`"timeout"` for a timeout).
+    pub error: Option<String>,
+    /// Whether it ran in a child process: its tenure is known only coarsely, from its output,
+    /// so it takes part in the token checks but not in the overlap check.
+    pub remote: bool,
+}
+
+/// Everything a run recorded.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Every acquisition.
+    pub ops: Vec<Op>,
+    /// The tokens the resource accepted, in the order it accepted them.
+    pub accepted: Vec<u64>,
+    /// How many writes the resource refused (stale tokens).
+    pub refused: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// When the first fault began.
+    pub fault_began: Instant,
+    /// When the last fault healed.
+    pub healed: Instant,
+    /// When the workload was told to stop.
+    pub stopped: Instant,
+    /// Entries left on the cluster after every session closed.
+    pub leftover: usize,
+}
+
+/// What the checker requires of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Requirements {
+    /// How long after the faults healed every acquisition must have ended.
+    pub bound: Duration,
+    /// Grants required before the first fault, and again after the faults healed.
+    pub min_grants: usize,
+}
+
+/// The outcome of the checker for one scenario.
+#[derive(Debug, Default, Clone)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Acquisitions attempted.
+    pub ops: usize,
+    /// Acquisitions granted.
+    pub grants: usize,
+    /// Faults injected.
+    pub faults: u64,
+    /// Stale writes the fence refused.
+    pub stale_refused: u64,
+    /// Violations found (must be none), with descriptions.
+    pub violations: Vec<String>,
+    /// Entries left on the server after every session closed (must be 0).
+    pub leftover: usize,
+    /// The longest time without any holder while workers were trying.
+    pub longest_unavailable: Duration,
+}
+
+impl Summary {
+    /// One line for the summary table.
+    pub fn line(&self) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} s |",
+            self.scenario,
+            self.ops,
+            self.grants,
+            self.faults,
+            self.stale_refused,
+            self.violations.len(),
+            self.leftover,
+            self.longest_unavailable.as_secs_f64()
+        )
+    }
+
+    /// The table header.
+    pub fn header() -> &'static str {
+        "| scenario | ops | grants | faults | stale writes refused | violations | leftover entries | longest unavailability |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+    }
+}
+
+/// Checks a finished run.
+pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
+    let mut v = Vec::new();
+    // (1) the resource's accepted tokens never decrease.
+    for w in r.accepted.windows(2) {
+        if w[1] < w[0] {
+            v.push(format!("resource accepted token {} after {}", w[1], w[0]));
+        }
+    }
+    // (2) grants unique; in-process tenures do not overlap.
+    let mut grants: Vec<&Op> = r.ops.iter().filter(|o| o.token.is_some()).collect();
+    grants.sort_by_key(|o| o.token);
+    for w in grants.windows(2) {
+        if w[0].token == w[1].token {
+            v.push(format!(
+                "token {:?} granted twice ({} and {})",
+                w[0].token, w[0].worker, w[1].worker
+            ));
+        }
+    }
+    let local: Vec<&&Op> = grants.iter().filter(|o| !o.remote).collect();
+    for w in local.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let (Some(a_end), Some(b_start)) = (a.ended.or(a.completed), b.completed) else {
+            continue;
+        };
+        if a_end > b_start {
+            v.push(format!(
+                "tenures overlap: {} (token {:?}, lost={}) ended after {} (token {:?}) was granted",
+                a.worker, a.token, a.lost, b.worker, b.token
+            ));
+        }
+    }
+    // (3) every acquisition ended within the bound after the faults healed.
+    let deadline = r.healed + req.bound;
+    for o in &r.ops {
+        match o.completed {
+            None => v.push(format!(
+                "{}: an acquisition invoked {:?} before the stop never ended",
+                o.worker,
+                r.stopped.saturating_duration_since(o.invoked)
+            )),
+            Some(c) if c > deadline && o.invoked < r.healed => v.push(format!(
+                "{}: an acquisition ended {:?} after the faults healed (bound {:?})",
+                o.worker,
+                c - r.healed,
+                req.bound
+            )),
+            _ => {}
+        }
+    }
+    // (4) the workload ran before the faults and after healing.
+    let before = grants
+        .iter()
+        .filter(|o| o.completed.is_some_and(|c| c < r.fault_began))
+        .count();
+    let after = grants
+        .iter()
+        .filter(|o| o.completed.is_some_and(|c| c > r.healed))
+        .count();
+    if before < req.min_grants {
+        v.push(format!(
+            "only {before} grants before the first fault (at least {} required)",
+            req.min_grants
+        ));
+    }
+    if after < req.min_grants {
+        v.push(format!(
+            "only {after} grants after the faults healed (at least {} required)",
+            req.min_grants
+        ));
+    }
+    // (5) nothing left behind.
+    if r.leftover > 0 {
+        v.push(format!("{} entries left on the cluster", r.leftover));
+    }
+    // The longest unavailability: the largest gap between a tenure's end and the next grant.
+    let mut by_time: Vec<&Op> = grants.clone();
+    by_time.sort_by_key(|o| o.completed);
+    let longest = by_time
+        .windows(2)
+        .filter_map(|w| {
+            let next = w[1].completed?;
+            let prev = w[0].ended.or(w[0].completed)?;
+            Some(next.saturating_duration_since(prev))
+        })
+        .max()
+        .unwrap_or_default();
+    Summary {
+        scenario: scenario.to_string(),
+        ops: r.ops.len(),
+        grants: grants.len(),
+        faults: r.faults,
+        stale_refused: r.refused,
+        violations: v,
+        leftover: r.leftover,
+        longest_unavailable: longest,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQ: Requirements = Requirements {
+        bound: Duration::from_secs(10),
+        min_grants: 2,
+    };
+
+    /// A clean history: two grants before the fault, two after, in order.
+    fn clean(t0: Instant) -> Record {
+        let ms = |n| t0 + Duration::from_millis(n);
+        let op = |w: &str, token, granted, ended| Op {
+            worker: w.into(),
+            invoked: ms(granted - 1),
+            completed: Some(ms(granted)),
+            token: Some(token),
+            ended: Some(ms(ended)),
+            lost: false,
+            error: None,
+            remote: false,
+        };
+        Record {
+            ops: vec![
+                op("a", 1, 10, 20),
+                op("b", 2, 30, 40),
+                op("a", 5, 300, 310),
+                op("b", 6, 320, 330),
+            ],
+            accepted: vec![1, 2, 5, 6],
+            refused: 0,
+            faults: 1,
+            fault_began: ms(100),
+            healed: ms(200),
+            stopped: ms(400),
+            leftover: 0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_history_passes() {
+        let s = check("clean", &clean(Instant::now()), REQ);
+        assert!(s.violations.is_empty(), "{:?}", s.violations);
+        assert_eq!((s.ops, s.grants), (4, 4));
+        assert_eq!(s.longest_unavailable, Duration::from_millis(260));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overlapping_tenures_are_rejected() {
+        let mut r = clean(Instant::now());
+        r.ops[0].ended = r.ops[1].completed.map(|c| c + Duration::from_millis(1));
+        let s = check("overlap", &r, REQ);
+        assert!(
+            s.violations.iter().any(|v| v.contains("overlap")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_token_accepted_later_is_rejected() {
+        let mut r = clean(Instant::now());
+        r.accepted = vec![1, 2, 6, 5];
+        let s = check("stale", &r, REQ);
+        assert!(
+            s.violations
+                .iter()
+                .any(|v| v.contains("accepted token 5 after 6")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duplicated_grant_is_rejected() {
+        let mut r = clean(Instant::now());
+        r.ops[3].token = Some(5);
+        r.ops[3].remote = true; // even a child's grant takes part in the token check
+        let s = check("duplicate", &r, REQ);
+        assert!(
+            s.violations.iter().any(|v| v.contains("granted twice")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_never_finished_is_rejected() {
+        let mut r = clean(Instant::now());
+        let mut stuck = r.ops[0].clone();
+        stuck.worker = "c".into();
+        stuck.completed = None;
+        stuck.token = None;
+        r.ops.push(stuck);
+        let s = check("stuck", &r, REQ);
+        assert!(
+            s.violations.iter().any(|v| v.contains("never ended")),
+            "{:?}",
+            s.violations
+        );
+        // One that ended, but far past the bound after healing.
+        let mut r = clean(Instant::now());
+        let mut late = r.ops[0].clone();
+        late.token = None;
+        late.completed = Some(r.healed + REQ.bound + Duration::from_secs(1));
+        r.ops.push(late);
+        let s = check("late", &r, REQ);
+        assert!(
+            s.violations
+                .iter()
+                .any(|v| v.contains("after the faults healed")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_barely_ran_is_rejected() {
+        let mut r = clean(Instant::now());
+        r.ops.truncate(3);
+        let s = check("thin", &r, REQ);
+        assert!(
+            s.violations
+                .iter()
+                .any(|v| v.contains("grants after the faults healed")),
+            "{:?}",
+            s.violations
+        );
+        let mut r = clean(Instant::now());
+        r.ops.remove(0);
+        let s = check("thin", &r, REQ);
+        assert!(
+            s.violations
+                .iter()
+                .any(|v| v.contains("grants before the first fault")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leftover_entries_are_rejected() {
+        let mut r = clean(Instant::now());
+        r.leftover = 1;
+        assert_eq!(check("leftover", &r, REQ).violations.len(), 1);
+    }
+}

@@ -1,0 +1,111 @@
+//! The faults of the adversity suite, one function each. Each injects its fault and heals it
+//! before it returns.
+
+use std::time::Duration;
+
+use fencelock::{Guard, Result};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::workload::{ChildWorker, Sessions, Workload};
+use crate::proxy::{Mode, Proxy};
+use crate::servers::Cluster;
+use crate::target::Target;
+
+/// What a fault may act on.
+pub struct Stage<'a> {
+    /// The cluster under test.
+    pub cluster: &'a dyn Cluster,
+    /// The proxies (one per member) in front of the cut-off worker.
+    pub proxies: &'a [Proxy],
+    /// The worker in a child process.
+    pub child: &'a mut ChildWorker,
+    /// Where the sessions connect.
+    pub target: &'a Target,
+    /// The workload's settings.
+    pub workload: &'a Workload,
+    /// Every session opened (closed at the end).
+    pub sessions: &'a Sessions,
+}
+
+impl std::fmt::Debug for Stage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stage")
+            .field("target", self.target)
+            .field("workload", self.workload)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stage<'_> {
+    fn ttl(&self) -> Duration {
+        self.workload.ttl
+    }
+}
+
+/// Kills the cluster's leader and restarts it after TTL + 1 s.
+pub async fn kill_leader(st: &mut Stage<'_>) {
+    let leader = st.cluster.leader().await;
+    st.cluster.kill(leader);
+    tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
+    st.cluster.restart(leader);
+}
+
+/// Kills a follower and restarts it after TTL + 1 s.
+pub async fn kill_follower(st: &mut Stage<'_>) {
+    let size = st.cluster.size();
+    assert!(size > 1, "a cluster of one member has no follower");
+    let victim = (st.cluster.leader().await + 1) % size;
+    st.cluster.kill(victim);
+    tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
+    st.cluster.restart(victim);
+}
+
+/// Kills every member, then restarts them all after a second.
+pub async fn restart_cluster(st: &mut Stage<'_>) {
+    for i in 0..st.cluster.size() {
+        st.cluster.kill(i);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..st.cluster.size() {
+        st.cluster.restart(i);
+    }
+}
+
+/// Black-holes the proxied worker's connections (nothing flows, nothing resets) past its TTL,
+/// then heals.
+pub async fn cut_off_client(st: &mut Stage<'_>) {
+    for p in st.proxies {
+        p.set(Mode::BlackHole);
+    }
+    tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
+    for p in st.proxies {
+        p.set(Mode::Pass);
+    }
+}
+
+/// Pauses the child worker with SIGSTOP while it holds the lock (if it gets it within 10 s),
+/// past its TTL, then resumes it: its late write must be refused by the fence.
+pub async fn pause_holder(st: &mut Stage<'_>) {
+    let start = Instant::now();
+    while st.child.holding.lock().unwrap().is_none() && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    st.child.pause();
+    tokio::time::sleep(st.ttl() + Duration::from_millis(1500)).await;
+    st.child.resume();
+}
+
+/// Queues a new session on the lock, then stops its heartbeats so that it expires while it
+/// waits. Returns its acquisition, which must end with `SessionLost` (or a grant before the
+/// expiry).
+pub async fn expire_waiter(st: &mut Stage<'_>) -> JoinHandle<Result<Guard>> {
+    let s = st.target.session(&st.workload.namespace, st.ttl()).await;
+    st.sessions.lock().unwrap().push(s.clone());
+    let m = s.mutex(&st.workload.lock).expect("mutex");
+    let waiting = tokio::spawn(async move { m.lock_timeout(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.halt_heartbeats();
+    tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
+    waiting
+}

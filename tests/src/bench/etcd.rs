@@ -1,0 +1,203 @@
+//! The etcd rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
+//! local member started here: our `Mutex` against raw transactions and etcd-client's `lock()`,
+//! uncontended and contended, and etcd's own Campaign API next to our election rows.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock::Session;
+use fencelock_etcd::EtcdBackend;
+
+use super::{election_row, ms, throughput_pair, time_interleaved, Args, Op};
+use crate::servers::etcd::{self as etcd_harness, EtcdCluster};
+use crate::servers::Cluster;
+
+/// Prints the etcd rows (markdown tables): uncontended latency of `args.rounds` acquire +
+/// release, and contended throughput for each count of `args.sessions`.
+pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
+    let ep = cluster.endpoint(0);
+    let backend = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+    println!("\n## etcd (single member, {ep})\n");
+    println!(
+        "Uncontended acquire + release, {} rounds (interleaved in blocks of 50):\n",
+        args.rounds
+    );
+    println!("| implementation | p50 ms | p99 ms | p50 vs raw txn |");
+    println!("|---|---:|---:|---:|");
+
+    // Raw: txn create-if-absent with a lease, then delete.
+    let mut client = backend.client().clone();
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    let c = client.clone();
+    let raw: Op = Box::new(move || {
+        let mut c = c.clone();
+        Box::pin(async move {
+            use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+            let key = format!("bench/raw/{lease:x}");
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    "",
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            c.txn(txn).await.unwrap();
+            c.delete(key, None).await.unwrap();
+        })
+    });
+    let session = Session::builder(backend.clone())
+        .namespace("bench")
+        .start()
+        .await
+        .unwrap();
+    let mutex = Arc::new(session.mutex("ours").unwrap());
+    let ours: Op = Box::new(move || {
+        let m = mutex.clone();
+        Box::pin(async move {
+            let g = m.lock().await.unwrap();
+            g.release().await.unwrap();
+        })
+    });
+    let c = client.clone();
+    let recipe: Op = Box::new(move || {
+        let mut c = c.clone();
+        Box::pin(async move {
+            let opts = etcd_client::LockOptions::new().with_lease(lease);
+            let key = c
+                .lock("bench/etcd-lock", Some(opts))
+                .await
+                .unwrap()
+                .key()
+                .to_vec();
+            c.unlock(key).await.unwrap();
+        })
+    });
+    // Interleaved in blocks, so that drift on the machine hits every row alike.
+    let mut ops = [ours, raw, recipe];
+    let samples = time_interleaved(args.rounds, &mut ops).await;
+    let (ours, raw, recipe) = (&samples[0], &samples[1], &samples[2]);
+    let base = raw.pct(0.5);
+    for (name, s) in [
+        ("fencelock Mutex lock + release", ours),
+        ("raw txn create + delete", raw),
+        ("etcd-client lock() + unlock()", recipe),
+    ] {
+        println!(
+            "| {name} | {} | {} | {:.2}x |",
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+        );
+    }
+    session.close().await.unwrap();
+
+    println!(
+        "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
+        args.seconds
+    );
+    println!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
+    println!("|---:|---:|---:|---:|");
+    for &n in &args.sessions {
+        let mut ours_ops = Vec::new();
+        let mut their_ops = Vec::new();
+        for _ in 0..n {
+            let b = EtcdBackend::connect([ep.as_str()]).await.unwrap();
+            let s = Session::builder(b)
+                .namespace("bench")
+                .start()
+                .await
+                .unwrap();
+            let m = Arc::new(s.mutex("contended").unwrap());
+            let op: Op = Box::new(move || {
+                let (m, _s) = (m.clone(), s.clone());
+                Box::pin(async move {
+                    let g = m.lock().await.unwrap();
+                    g.release().await.unwrap();
+                })
+            });
+            ours_ops.push(op);
+            let mut c = etcd_client::Client::connect([ep.as_str()], None)
+                .await
+                .unwrap();
+            let lease = c.lease_grant(60, None).await.unwrap().id();
+            let op: Op = Box::new(move || {
+                let mut c = c.clone();
+                Box::pin(async move {
+                    let opts = etcd_client::LockOptions::new().with_lease(lease);
+                    let key = c
+                        .lock("bench/etcd-contended", Some(opts))
+                        .await
+                        .unwrap()
+                        .key()
+                        .to_vec();
+                    c.unlock(key).await.unwrap();
+                })
+            });
+            their_ops.push(op);
+        }
+        let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
+        println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+    }
+}
+
+/// etcd's own server-side Campaign API through etcd-client, the same measurements.
+/// etcd's own server-side Campaign API through etcd-client, the same measurements as the
+/// election rows.
+pub async fn etcd_campaign_row(args: &Args, ep: &str) {
+    use etcd_client::{Client, ResignOptions};
+    let mut c = Client::connect([ep], None).await.unwrap();
+    let lease = c.lease_grant(10, None).await.unwrap().id();
+    let c2 = c.clone();
+    let mut op: Op = Box::new(move || {
+        let mut c = c2.clone();
+        Box::pin(async move {
+            let r = c.campaign("bench-campaign/lat", "v", lease).await.unwrap();
+            let key = r.leader().unwrap().clone();
+            c.resign(Some(ResignOptions::new().with_leader(key)))
+                .await
+                .unwrap();
+        })
+    });
+    let lat = time_interleaved((args.rounds / 2).max(1), std::slice::from_mut(&mut op))
+        .await
+        .remove(0);
+    let mut closed = Vec::new();
+    let mut killed = Vec::new();
+    for i in 0..args.failovers * 2 {
+        let kill = i % 2 == 1;
+        let name = format!("bench-campaign/f{i}");
+        let la = c.lease_grant(2, None).await.unwrap().id();
+        // Keep the leader's lease alive until the "kill" (or the revoke).
+        let (mut keeper, mut stream) = c.lease_client().keep_alive(la).await.unwrap();
+        let keep = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                    return;
+                }
+            }
+        });
+        c.campaign(name.as_str(), "a", la).await.unwrap();
+        let lb = c.lease_grant(10, None).await.unwrap().id();
+        let mut c2 = c.clone();
+        let name2 = name.clone();
+        let waiter = tokio::spawn(async move {
+            c2.campaign(name2.as_str(), "b", lb).await.unwrap();
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        keep.abort();
+        if !kill {
+            c.lease_revoke(la).await.unwrap();
+        }
+        let d = waiter.await.unwrap() - t0;
+        if kill {
+            killed.push(d)
+        } else {
+            closed.push(d)
+        }
+        let _ = c.lease_revoke(lb).await;
+    }
+    election_row("etcd Campaign API (etcd-client)", &lat, closed, killed);
+}

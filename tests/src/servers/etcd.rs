@@ -1,0 +1,318 @@
+//! etcd clusters (the `etcd` binary of Debian's `etcd-server`), and the conformance
+//! [`Factory`] over one.
+
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::Factory;
+use fencelock::Result;
+use fencelock_etcd::EtcdBackend;
+
+use super::Cluster;
+use crate::free_port;
+use crate::process::ManagedChild;
+use crate::target::Kind;
+
+/// How long a member may take to listen after its start.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What is missing to run etcd, if anything.
+pub fn missing() -> Option<String> {
+    let ok = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    (!ok).then(|| "etcd is not installed (Debian package `etcd-server`)".to_string())
+}
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<ManagedChild>,
+}
+
+/// An etcd cluster of one or more members on distinct loopback ports.
+pub struct EtcdCluster {
+    members: Mutex<Vec<Member>>,
+    dir: tempfile::TempDir,
+    initial: String,
+}
+
+impl std::fmt::Debug for EtcdCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCluster")
+            .field("endpoints", &self.endpoints())
+            .finish()
+    }
+}
+
+impl EtcdCluster {
+    /// Starts `size` members and waits (bounded) until each listens.
+    pub fn start(size: usize) -> EtcdCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-etcd-")
+            .tempdir()
+            .expect("temp dir");
+        let members: Vec<Member> = (0..size)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let c = EtcdCluster {
+            members: Mutex::new(members),
+            dir,
+            initial,
+        };
+        for i in 0..size {
+            c.spawn(i);
+        }
+        for i in 0..size {
+            c.wait_up(i);
+        }
+        c
+    }
+
+    fn spawn(&self, i: usize) {
+        let mut members = self.members.lock().unwrap();
+        let m = &mut members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &m.name, "--data-dir"])
+            .arg(self.dir.path().join(&m.name))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--logger", "zap", "--log-level", "error"]);
+        let log = self.dir.path().join(format!("{}.log", m.name));
+        m.child =
+            Some(ManagedChild::spawn(format!("etcd {}", m.name), cmd, &log).expect("start etcd"));
+    }
+
+    fn wait_up(&self, i: usize) {
+        let port = self.members.lock().unwrap()[i].client_port;
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let mut members = self.members.lock().unwrap();
+            let child = members[i].child.as_mut().expect("started");
+            if let Some(status) = child.try_wait() {
+                panic!("etcd member {i} exited ({status}): {}", child.log_tail(20));
+            }
+            assert!(
+                start.elapsed() < START_TIMEOUT,
+                "etcd member {i} did not listen within {START_TIMEOUT:?}: {}",
+                child.log_tail(20)
+            );
+            drop(members);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members.lock().unwrap()[i]
+            .child
+            .as_ref()
+            .and_then(ManagedChild::pid)
+    }
+
+    fn running(&self, i: usize) -> bool {
+        self.members.lock().unwrap()[i]
+            .child
+            .as_ref()
+            .is_some_and(|c| !c.is_paused())
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for EtcdCluster {
+    fn kind(&self) -> Kind {
+        Kind::Etcd
+    }
+
+    fn size(&self) -> usize {
+        self.members.lock().unwrap().len()
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.members.lock().unwrap()[i].client_port)
+    }
+
+    async fn leader(&self) -> usize {
+        let start = Instant::now();
+        loop {
+            let mut ids = Vec::new();
+            let mut leader = None;
+            for i in 0..self.size() {
+                if !self.running(i) {
+                    ids.push(None);
+                    continue;
+                }
+                let status = async {
+                    let mut c = etcd_client::Client::connect([self.endpoint(i)], None).await?;
+                    c.status().await
+                };
+                match tokio::time::timeout(Duration::from_secs(2), status).await {
+                    Ok(Ok(s)) => {
+                        ids.push(s.header().map(|h| h.member_id()));
+                        if s.leader() != 0 {
+                            leader = Some(s.leader());
+                        }
+                    }
+                    _ => ids.push(None),
+                }
+            }
+            if let Some(i) = leader.and_then(|l| ids.iter().position(|id| *id == Some(l))) {
+                return i;
+            }
+            assert!(start.elapsed() < START_TIMEOUT, "no etcd leader elected");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kill(&self, i: usize) {
+        if let Some(mut c) = self.members.lock().unwrap()[i].child.take() {
+            c.kill();
+        }
+    }
+
+    fn restart(&self, i: usize) {
+        assert!(
+            self.members.lock().unwrap()[i].child.is_none(),
+            "member {i} is running"
+        );
+        self.spawn(i);
+        self.wait_up(i);
+    }
+
+    fn pause(&self, i: usize) {
+        if let Some(c) = self.members.lock().unwrap()[i].child.as_mut() {
+            c.pause();
+        }
+    }
+
+    fn resume(&self, i: usize) {
+        if let Some(c) = self.members.lock().unwrap()[i].child.as_mut() {
+            c.resume();
+        }
+    }
+
+    /// Every event under `namespace` from revision 1 (compaction permitting).
+    async fn dump(&self, namespace: &str) -> String {
+        let eps = self.endpoints();
+        let Ok(mut c) = etcd_client::Client::connect(eps, None).await else {
+            return "(cannot connect)".into();
+        };
+        let options = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(1);
+        let Ok(mut ws) = c.watch(format!("{namespace}/"), Some(options)).await else {
+            return "(cannot watch)".into();
+        };
+        let _ = ws.message().await; // created
+        let mut out = String::new();
+        while let Ok(Ok(Some(resp))) =
+            tokio::time::timeout(Duration::from_secs(2), ws.message()).await
+        {
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                out.push_str(&format!(
+                    "{:?} key={} create={} mod={} lease={:x}\n",
+                    ev.event_type(),
+                    String::from_utf8_lossy(kv.key()),
+                    kv.create_revision(),
+                    kv.mod_revision(),
+                    kv.lease()
+                ));
+            }
+        }
+        out
+    }
+}
+
+static SHARED: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+
+/// The single-member cluster shared by the tests of one binary (see [`super::shared`]).
+pub fn shared() -> Option<Arc<EtcdCluster>> {
+    super::shared(&SHARED, Kind::Etcd, || EtcdCluster::start(1))
+}
+
+/// The conformance factory over an etcd cluster.
+#[derive(Debug, Clone)]
+pub struct EtcdFactory {
+    backend: EtcdBackend,
+    /// Keeps the cluster running while the test runs.
+    pub cluster: Arc<EtcdCluster>,
+}
+
+impl EtcdFactory {
+    /// A factory over the shared single-member cluster; `None` if etcd is missing outside CI.
+    pub async fn shared() -> Option<EtcdFactory> {
+        let cluster = shared()?;
+        Some(Self::over(cluster).await)
+    }
+
+    /// A factory over `cluster`.
+    pub async fn over(cluster: Arc<EtcdCluster>) -> EtcdFactory {
+        let backend = connect(&cluster.endpoints()).await;
+        EtcdFactory { backend, cluster }
+    }
+
+    /// The connected backend.
+    pub fn etcd(&self) -> &EtcdBackend {
+        &self.backend
+    }
+}
+
+/// Connects to `endpoints`, retrying (bounded) while the cluster elects a leader.
+pub async fn connect(endpoints: &[String]) -> EtcdBackend {
+    let start = Instant::now();
+    loop {
+        match EtcdBackend::connect(endpoints).await {
+            Ok(b) => return b,
+            Err(e) if start.elapsed() < START_TIMEOUT => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot connect to etcd at {endpoints:?}: {e:?}"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Factory for EtcdFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        fencelock_etcd::MIN_TTL
+    }
+
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        self.backend
+            .client()
+            .kv_client()
+            .delete(key, None)
+            .await
+            .map(drop)
+            .map_err(|e| fencelock::Error::backend("etcd", "admin delete", false, e))
+    }
+}

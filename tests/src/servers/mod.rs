@@ -1,0 +1,95 @@
+//! Real servers for the tests, started from the binaries of Debian's packages on free loopback
+//! ports with temporary data dirs, as clusters of any size (a single server is a one-member
+//! cluster), and stopped by PID when dropped.
+//!
+//! One skip policy for every kind ([`available`]): a missing server skips the tests with a
+//! message, except in CI (`CI=true`), where it is a failure. One way to share a server between
+//! the tests of a binary ([`shared`]): started by the first test that asks, stopped when the
+//! last one holding it finishes.
+
+pub mod etcd;
+pub mod fourlw;
+pub mod zookeeper;
+
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::in_ci;
+use crate::target::{Kind, Target};
+
+/// A running cluster that tests can disturb: its members killed, restarted, paused.
+#[async_trait::async_trait]
+pub trait Cluster: Send + Sync {
+    /// Which backend it serves.
+    fn kind(&self) -> Kind;
+
+    /// How many members it has.
+    fn size(&self) -> usize;
+
+    /// Member `i`'s client address, `127.0.0.1:PORT`.
+    fn endpoint(&self, i: usize) -> String;
+
+    /// Every member's client address.
+    fn endpoints(&self) -> Vec<String> {
+        (0..self.size()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// Where clients connect: every member, comma-separated.
+    fn target(&self) -> Target {
+        Target::new(self.kind(), self.endpoints().join(","))
+    }
+
+    /// The index of the current leader (bounded wait for one; a single server leads).
+    async fn leader(&self) -> usize;
+
+    /// SIGKILLs member `i`.
+    fn kill(&self, i: usize);
+
+    /// Restarts a killed member `i` on its data dir, and waits (bounded) until it listens.
+    fn restart(&self, i: usize);
+
+    /// Pauses (SIGSTOP) member `i`.
+    fn pause(&self, i: usize);
+
+    /// Resumes (SIGCONT) member `i`.
+    fn resume(&self, i: usize);
+
+    /// Everything the cluster knows under `namespace`, for a failing test's message.
+    async fn dump(&self, namespace: &str) -> String;
+}
+
+/// Whether the servers of `kind` are installed. Without them: panics in CI, else prints a skip
+/// message and returns `false`.
+pub fn available(kind: Kind) -> bool {
+    let missing = match kind {
+        Kind::Etcd => etcd::missing(),
+        Kind::ZooKeeper => zookeeper::missing(),
+    };
+    let Some(missing) = missing else {
+        return true;
+    };
+    if in_ci() {
+        panic!("{missing}: required in CI");
+    }
+    eprintln!("skipped: {missing}");
+    false
+}
+
+/// The server of `slot` shared by the tests of one binary: `start`ed by the first that asks,
+/// stopped when the last one holding it drops it. `None` (after a skip message) if the server
+/// of `kind` is not installed outside CI.
+pub fn shared<C>(
+    slot: &'static Mutex<Weak<C>>,
+    kind: Kind,
+    start: impl FnOnce() -> C,
+) -> Option<Arc<C>> {
+    if !available(kind) {
+        return None;
+    }
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(server) = slot.upgrade() {
+        return Some(server);
+    }
+    let server = Arc::new(start());
+    *slot = Arc::downgrade(&server);
+    Some(server)
+}

@@ -1,0 +1,432 @@
+//! ZooKeeper ensembles from Debian's `zookeeper` package (jars in `/usr/share/java`, needs
+//! Java), one client, quorum and election port per server; and the conformance [`Factory`]
+//! over one. A one-server ensemble runs standalone.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::Factory;
+use fencelock::Result;
+use fencelock_zookeeper::ZooKeeperBackend;
+
+use super::{fourlw, Cluster};
+use crate::free_port;
+use crate::process::ManagedChild;
+use crate::target::Kind;
+
+/// The servers' tick: sessions may last from 2 ticks (1 s) up to [`MAX_SESSION_TIMEOUT`].
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// The smallest session timeout the test servers grant (2 × [`TICK`]).
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The largest session timeout the test servers grant.
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a server may take to answer `ruok`, and an ensemble to elect a leader.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// A logging backend for slf4j (ZooKeeper logs through it); the server runs without one too.
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+/// The main class of a server (standalone when the config names no peers).
+const MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+
+/// `java` from `JAVA_HOME`, else `/usr/bin/java`.
+pub fn java() -> Option<PathBuf> {
+    let candidates = std::env::var_os("JAVA_HOME")
+        .map(|h| PathBuf::from(h).join("bin/java"))
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin/java")]);
+    candidates.into_iter().find(|p| p.exists())
+}
+
+/// What is missing to run ZooKeeper, if anything.
+pub fn missing() -> Option<String> {
+    (!(Path::new(ZOOKEEPER_JAR).exists() && java().is_some()))
+        .then(|| "ZooKeeper is not installed (Debian packages `zookeeper` and a JRE)".to_string())
+}
+
+struct Server {
+    /// `myid`, 1-based.
+    id: usize,
+    client_port: u16,
+    quorum_port: u16,
+    election_port: u16,
+    child: Option<ManagedChild>,
+}
+
+/// A ZooKeeper ensemble (tickTime 500 ms: sessions from 1 s; admin server off; every
+/// four-letter-word command enabled).
+pub struct ZkEnsemble {
+    servers: Mutex<Vec<Server>>,
+    java: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for ZkEnsemble {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkEnsemble")
+            .field("endpoints", &self.endpoints())
+            .finish()
+    }
+}
+
+impl ZkEnsemble {
+    /// Starts `size` servers and waits (bounded) until each answers and one leads (or the one
+    /// server serves). Panics if the ensemble cannot start.
+    pub fn start(size: usize) -> ZkEnsemble {
+        let mut last = String::new();
+        // Ports picked free may be taken before the servers bind them: try a few times.
+        for _ in 0..3 {
+            match Self::try_start(size) {
+                Ok(e) => return e,
+                Err(err) => last = err,
+            }
+        }
+        panic!("cannot start a ZooKeeper ensemble of {size}: {last}");
+    }
+
+    fn try_start(size: usize) -> Result<ZkEnsemble, String> {
+        let java = java().ok_or("java not found")?;
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-zk-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?;
+        let servers: Vec<Server> = (0..size)
+            .map(|i| Server {
+                id: i + 1,
+                client_port: free_port(),
+                quorum_port: free_port(),
+                election_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let peers: String = if size > 1 {
+            servers
+                .iter()
+                .map(|s| {
+                    format!(
+                        "server.{}=127.0.0.1:{}:{}\n",
+                        s.id, s.quorum_port, s.election_port
+                    )
+                })
+                .collect()
+        } else {
+            String::new()
+        };
+        for s in &servers {
+            let home = dir.path().join(format!("s{}", s.id));
+            let data = home.join("data");
+            std::fs::create_dir_all(&data).map_err(|e| format!("data dir: {e}"))?;
+            std::fs::write(data.join("myid"), format!("{}\n", s.id))
+                .map_err(|e| format!("myid: {e}"))?;
+            std::fs::write(
+                home.join("zoo.cfg"),
+                format!(
+                    "tickTime={tick}\n\
+                     initLimit=10\n\
+                     syncLimit=5\n\
+                     minSessionTimeout={min}\n\
+                     maxSessionTimeout={max}\n\
+                     dataDir={data}\n\
+                     clientPort={port}\n\
+                     clientPortAddress=127.0.0.1\n\
+                     maxClientCnxns=0\n\
+                     admin.enableServer=false\n\
+                     4lw.commands.whitelist=*\n\
+                     {peers}",
+                    tick = TICK.as_millis(),
+                    min = MIN_SESSION_TIMEOUT.as_millis(),
+                    max = MAX_SESSION_TIMEOUT.as_millis(),
+                    data = data.display(),
+                    port = s.client_port,
+                ),
+            )
+            .map_err(|e| format!("zoo.cfg: {e}"))?;
+        }
+        let e = ZkEnsemble {
+            servers: Mutex::new(servers),
+            java,
+            dir,
+        };
+        for i in 0..size {
+            e.spawn(i)?;
+        }
+        for i in 0..size {
+            e.wait_up(i)?;
+        }
+        let start = Instant::now();
+        while !(0..size).any(|i| serves_as_leader(&fourlw::ask(e.port(i), "srvr"))) {
+            if start.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "no leader within {START_TIMEOUT:?}: {}",
+                    e.log_tail(0)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(e)
+    }
+
+    fn home(&self, i: usize) -> PathBuf {
+        let id = self.servers.lock().unwrap()[i].id;
+        self.dir.path().join(format!("s{id}"))
+    }
+
+    fn port(&self, i: usize) -> u16 {
+        self.servers.lock().unwrap()[i].client_port
+    }
+
+    fn spawn(&self, i: usize) -> Result<(), String> {
+        let home = self.home(i);
+        let mut cmd = server_command(&self.java);
+        cmd.arg(home.join("zoo.cfg"));
+        let child = ManagedChild::spawn(
+            format!("zookeeper {}", i + 1),
+            cmd,
+            &home.join("zookeeper.log"),
+        )
+        .map_err(|e| format!("spawn java: {e}"))?;
+        self.servers.lock().unwrap()[i].child = Some(child);
+        Ok(())
+    }
+
+    /// Waits (bounded) until server `i` answers `ruok` (it may not serve yet: that needs a
+    /// quorum).
+    fn wait_up(&self, i: usize) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.servers.lock().unwrap()[i]
+                .child
+                .as_mut()
+                .and_then(ManagedChild::try_wait)
+            {
+                return Err(format!(
+                    "server {i} exited ({status}): {}",
+                    self.log_tail(i)
+                ));
+            }
+            if fourlw::ask(self.port(i), "ruok").as_deref() == Some("imok") {
+                return Ok(());
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "server {i} did not answer within {START_TIMEOUT:?}: {}",
+                    self.log_tail(i)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The tail of server `i`'s log, for failure messages.
+    pub fn log_tail(&self, i: usize) -> String {
+        crate::process::log_tail(&self.home(i).join("zookeeper.log"), 20)
+    }
+
+    /// Sends a four-letter-word command to server `i`; its answer, if any (blocking).
+    pub fn four_letter(&self, i: usize, cmd: &str) -> Option<String> {
+        fourlw::ask(self.port(i), cmd)
+    }
+
+    /// The connect string: every server's client address, comma-separated.
+    pub fn connect_string(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    /// The process id of server `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.servers.lock().unwrap()[i]
+            .child
+            .as_ref()
+            .and_then(ManagedChild::pid)
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for ZkEnsemble {
+    fn kind(&self) -> Kind {
+        Kind::ZooKeeper
+    }
+
+    fn size(&self) -> usize {
+        self.servers.lock().unwrap().len()
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.port(i))
+    }
+
+    /// Asks every live server with `srvr` for its mode (bounded wait for one that leads).
+    async fn leader(&self) -> usize {
+        let start = Instant::now();
+        loop {
+            for i in 0..self.size() {
+                let live = self.servers.lock().unwrap()[i]
+                    .child
+                    .as_ref()
+                    .is_some_and(|c| !c.is_paused());
+                if live && serves_as_leader(&fourlw::ask_async(self.port(i), "srvr").await) {
+                    return i;
+                }
+            }
+            assert!(
+                start.elapsed() < START_TIMEOUT,
+                "no ZooKeeper leader within {START_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kill(&self, i: usize) {
+        if let Some(mut c) = self.servers.lock().unwrap()[i].child.take() {
+            c.kill();
+        }
+    }
+
+    fn restart(&self, i: usize) {
+        assert!(
+            self.servers.lock().unwrap()[i].child.is_none(),
+            "server {i} is running"
+        );
+        if let Err(e) = self.spawn(i).and_then(|()| self.wait_up(i)) {
+            panic!("cannot restart ZooKeeper server {i}: {e}");
+        }
+    }
+
+    fn pause(&self, i: usize) {
+        if let Some(c) = self.servers.lock().unwrap()[i].child.as_mut() {
+            c.pause();
+        }
+    }
+
+    fn resume(&self, i: usize) {
+        if let Some(c) = self.servers.lock().unwrap()[i].child.as_mut() {
+            c.resume();
+        }
+    }
+
+    /// The sessions and watches of every server (`cons`, `wchc`).
+    async fn dump(&self, namespace: &str) -> String {
+        let mut out = format!("(namespace {namespace})\n");
+        for i in 0..self.size() {
+            for cmd in ["cons", "wchc"] {
+                let answer = fourlw::ask_async(self.port(i), cmd).await;
+                out.push_str(&format!(
+                    "server {i} {cmd}:\n{}\n",
+                    answer.unwrap_or_default()
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Whether a `srvr` answer says the server leads (or serves alone).
+fn serves_as_leader(srvr: &Option<String>) -> bool {
+    srvr.as_deref().is_some_and(|a| {
+        a.lines()
+            .any(|l| matches!(l.trim(), "Mode: leader" | "Mode: standalone"))
+    })
+}
+
+/// The `java` command line of a ZooKeeper server from Debian's jars, up to the main class (the
+/// caller appends the config file): small heap, quick start, admin server off, log level from
+/// `ZK_TEST_LOG_LEVEL` (default `warn`).
+fn server_command(java: &Path) -> Command {
+    let mut classpath = ZOOKEEPER_JAR.to_string();
+    if Path::new(SLF4J_SIMPLE_JAR).exists() {
+        classpath.push(':');
+        classpath.push_str(SLF4J_SIMPLE_JAR);
+    }
+    let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
+    let mut cmd = Command::new(java);
+    cmd.args([
+        "-Xmx256m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Dzookeeper.admin.enableServer=false",
+        "-Dzookeeper.jmx.log4j.disable=true",
+        // Reap empty CONTAINER parents quickly (default: every minute).
+        "-Dznode.container.checkIntervalMs=1000",
+        &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
+        "-cp",
+        &classpath,
+        MAIN,
+    ]);
+    cmd
+}
+
+static SHARED: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
+
+/// The one-server ensemble shared by the tests of one binary (see [`super::shared`]).
+pub fn shared() -> Option<Arc<ZkEnsemble>> {
+    super::shared(&SHARED, Kind::ZooKeeper, || ZkEnsemble::start(1))
+}
+
+/// The conformance [`Factory`] over a ZooKeeper ensemble.
+#[derive(Debug, Clone)]
+pub struct ZkFactory {
+    ensemble: Arc<ZkEnsemble>,
+    backend: ZooKeeperBackend,
+}
+
+impl ZkFactory {
+    /// A factory over the [`shared`] server, or `None` if ZooKeeper is not installed (outside
+    /// CI). The backend accepts TTLs down to the server's minimum.
+    pub async fn shared() -> Option<ZkFactory> {
+        Some(Self::over(shared()?).await)
+    }
+
+    /// A factory over `ensemble`.
+    pub async fn over(ensemble: Arc<ZkEnsemble>) -> ZkFactory {
+        let backend = ZooKeeperBackend::builder(ensemble.connect_string())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect()
+            .await
+            .expect("connect to the test ZooKeeper");
+        ZkFactory { ensemble, backend }
+    }
+
+    /// The ensemble under test.
+    pub fn server(&self) -> &Arc<ZkEnsemble> {
+        &self.ensemble
+    }
+
+    /// The backend under test.
+    pub fn zookeeper(&self) -> &ZooKeeperBackend {
+        &self.backend
+    }
+
+    /// A plain client of the ensemble, outside fencelock.
+    pub async fn raw(&self) -> zookeeper_client::Client {
+        zookeeper_client::Client::connect(&self.ensemble.connect_string())
+            .await
+            .expect("raw client")
+    }
+}
+
+#[async_trait::async_trait]
+impl Factory for ZkFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        let client = zookeeper_client::Client::connect(&self.ensemble.connect_string())
+            .await
+            .map_err(|e| fencelock::Error::backend("zookeeper", "admin connect", true, e))?;
+        client
+            .delete(key, None)
+            .await
+            .map_err(|e| fencelock::Error::backend("zookeeper", "admin delete", false, e))
+    }
+}

@@ -1,0 +1,273 @@
+//! ZooKeeper sessions: ACLs, the negotiated timeout, connect failures, a dropped connection,
+//! and what a lock costs the server.
+
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::{bounded, unique_namespace, TTL, WAIT};
+use fencelock::{Error, Session, SessionState};
+use fencelock_integration::proxy::{Mode, Proxy};
+use fencelock_integration::servers::zookeeper::{
+    ZkFactory, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+};
+use fencelock_zookeeper::{AclMode, ZooKeeperBackend};
+use zookeeper_client as zk;
+
+async fn session(f: &ZkFactory, ns: &str) -> Session {
+    Session::builder(f.zookeeper().clone())
+        .namespace(ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .expect("session")
+}
+
+/// In creator-delete mode an unauthenticated client can read our entries but neither delete
+/// nor change them nor queue in our parents; the owner releases normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_creator_delete() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let backend = ZooKeeperBackend::builder(f.server().connect_string())
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .digest_auth("alice", "s3cret")
+        .acl(AclMode::CreatorDelete)
+        .connect()
+        .await
+        .unwrap();
+    // A top-level namespace, so that every parent is created in this mode.
+    let ns = unique_namespace("zk_acl").replace('/', "-");
+    let s = Session::builder(backend.clone())
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("guarded").unwrap().lock().await.unwrap();
+
+    let anon = f.raw().await;
+    let (acl, _) = anon.get_acl(g.key()).await.unwrap();
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "digest" && a.id().starts_with("alice:")));
+    assert!(acl
+        .iter()
+        .any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
+    assert!(anon.get_data(g.key()).await.is_ok(), "readable by all");
+    assert_eq!(anon.delete(g.key(), None).await, Err(zk::Error::NoAuth));
+    assert_eq!(
+        anon.set_data(g.key(), b"x", None).await.map(drop),
+        Err(zk::Error::NoAuth)
+    );
+    let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let parent = format!("/{ns}/guarded");
+    assert_eq!(
+        anon.create(&format!("{parent}/lock-"), b"", &eph)
+            .await
+            .map(drop),
+        Err(zk::Error::NoAuth),
+        "no foreign entries in our queue"
+    );
+    assert!(g.is_held());
+
+    // Another process with the same identity contends normally.
+    let s2 = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    assert!(s2
+        .mutex("guarded")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    let g2 = s2.mutex("guarded").unwrap().lock().await.unwrap();
+    g2.release().await.unwrap();
+    s.close().await.unwrap();
+    s2.close().await.unwrap();
+
+    // Creator-delete without an identity is a configuration error.
+    let r = ZooKeeperBackend::builder(f.server().connect_string())
+        .acl(AclMode::CreatorDelete)
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+}
+
+/// The session reports the timeout the server negotiated, not the one requested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negotiated_ttl_is_reported() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let z = f.zookeeper();
+    let low = z.open_session(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(
+        low.ttl(),
+        MIN_SESSION_TIMEOUT,
+        "raised to the server's minimum"
+    );
+    let high = z.open_session(MAX_SESSION_TIMEOUT * 2).await.unwrap();
+    assert_eq!(
+        high.ttl(),
+        MAX_SESSION_TIMEOUT,
+        "lowered to the server's maximum"
+    );
+    let exact = z.open_session(Duration::from_secs(3)).await.unwrap();
+    assert_eq!(exact.ttl(), Duration::from_secs(3));
+    for s in [&low, &high, &exact] {
+        assert!(
+            u64::from_str_radix(&s.id(), 16).is_ok_and(|id| id != 0),
+            "{}",
+            s.id()
+        );
+        s.close().await.unwrap();
+    }
+    // Through the core: the session's TTL and deadline follow the negotiated value.
+    let s = Session::builder(z.clone())
+        .ttl(MAX_SESSION_TIMEOUT * 2)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(s.ttl(), MAX_SESSION_TIMEOUT);
+    s.close().await.unwrap();
+}
+
+/// An unreachable cluster gives `Error::Connect` after the connect timeout, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_cluster_fails_to_connect() {
+    if !fencelock_integration::servers::available(fencelock_integration::target::Kind::ZooKeeper) {
+        return;
+    }
+    let timeout = Duration::from_millis(800);
+    // Refused (nothing listens), and a black hole (packets dropped or unroutable).
+    for endpoint in ["127.0.0.1:1", "10.255.255.1:2181"] {
+        let start = Instant::now();
+        let r = bounded(
+            Duration::from_secs(10),
+            "connect gives up",
+            ZooKeeperBackend::builder(endpoint)
+                .connect_timeout(timeout)
+                .connect(),
+        )
+        .await;
+        assert!(matches!(r, Err(Error::Connect { .. })), "{endpoint}: {r:?}");
+        assert!(r.unwrap_err().is_temporary());
+        assert!(
+            start.elapsed() < timeout + Duration::from_secs(2),
+            "{endpoint}: bounded"
+        );
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds, failing after `limit`.
+async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A dropped connection makes the session suspended (ZooKeeper `Disconnected`); once the
+/// client reconnects within the session timeout it is live again and still holds its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_suspends_and_reconnect_resumes() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.server().connect_string()).await;
+    let backend = ZooKeeperBackend::connect(&proxy.addr()).await.unwrap();
+    let ns = unique_namespace("zk_suspend");
+    let s = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(Duration::from_secs(8))
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    proxy.set(Mode::Reset);
+    until(Duration::from_secs(5), "suspended", || {
+        s.state() == SessionState::Suspended
+    })
+    .await;
+    assert!(
+        g.is_held(),
+        "suspended, not lost: the local deadline is ahead"
+    );
+    proxy.set(Mode::Pass);
+    until(Duration::from_secs(5), "live again", || {
+        s.state() == SessionState::Live
+    })
+    .await;
+    assert!(g.is_held());
+    let zk = f.raw().await;
+    let (_, stat) = zk.get_data(g.key()).await.unwrap();
+    assert_eq!(
+        format!("{:x}", stat.ephemeral_owner as u64),
+        s.id(),
+        "same session"
+    );
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// The requests the server received on the connection of the session `sid` (hex, as
+/// `Session::id`), from the `cons` four-letter word.
+fn requests_received(f: &ZkFactory, sid: &str) -> u64 {
+    let cons = f.server().four_letter(0, "cons").expect("cons");
+    let line = cons
+        .lines()
+        .find(|l| l.contains(&format!("sid=0x{sid},")) || l.contains(&format!("sid=0x{sid})")))
+        .unwrap_or_else(|| panic!("no connection of session {sid} in:\n{cons}"));
+    let recved = line.split("recved=").nth(1).expect("recved=");
+    recved[..recved
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(recved.len())]
+        .parse()
+        .expect("recved count")
+}
+
+/// What an uncontended lock + release costs the server: three requests (the create, the
+/// listing sent right behind it, the delete), whether the release comes at once or after the
+/// guard's watch on its entry is in place (it rides on the listing: no request of its own, and
+/// none to remove it). A regression here shows in the benchmark's latency and throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_lock_costs_three_requests() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_requests");
+    let s = session(&f, &ns).await;
+    let m = s.mutex("m").unwrap();
+    m.lock().await.unwrap().release().await.unwrap(); // parents created
+    const ROUNDS: u64 = 20;
+    let before = requests_received(&f, &s.id());
+    for i in 0..ROUNDS {
+        let g = m.lock().await.unwrap();
+        if i % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await; // the guard watches
+        }
+        g.release().await.unwrap();
+    }
+    let spent = requests_received(&f, &s.id()) - before;
+    // Slack for a keep-alive or two.
+    assert!(
+        spent <= 3 * ROUNDS + 2,
+        "{spent} requests for {ROUNDS} lock + release"
+    );
+    // The guard's watch still sees its entry deleted by someone else.
+    let g = m.lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    f.raw().await.delete(g.key(), None).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost on deletion", g.lost()).await,
+        fencelock::LostReason::EntryDeleted
+    );
+    s.close().await.unwrap();
+}
