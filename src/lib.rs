@@ -50,6 +50,7 @@ mod name;
 mod race;
 mod retry;
 mod session;
+mod supervisor;
 mod tenure;
 mod token;
 
@@ -60,8 +61,9 @@ pub use mutex::{Guard, Mutex};
 pub use name::{validate_name, validate_namespace, MAX_NAME_LEN};
 pub use session::{
     IntoBackend, LostReason, Session, SessionBuilder, SessionEnd, SessionState, DEFAULT_NAMESPACE,
-    DEFAULT_TTL,
+    DEFAULT_START_TIMEOUT, DEFAULT_TTL,
 };
+pub use supervisor::Supervisor;
 pub use token::{Fence, FencingToken};
 
 /// Re-exports for the conformance macro, so that it does not depend on the caller's crates.

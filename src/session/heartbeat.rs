@@ -7,14 +7,15 @@ use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::task::Poll;
+use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, Instrument};
+use tracing::{debug, warn, Instrument};
 
 use super::shared::Shared;
 use super::state::{SessionEnd, SessionState};
-use crate::backend::SessionEvent;
+use crate::backend::{BackendSession, SessionEvent};
 use crate::retry::Backoff;
 use crate::Error;
 
@@ -75,8 +76,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     if let Some(shared) = weak.upgrade() {
                         shared.set_lost(SessionEnd::Closed);
                     }
-                    // Best effort: free every entry now rather than after the TTL.
-                    let _ = tokio::time::timeout(ttl, remote.close()).await;
+                    close_patiently(&*remote).await;
                     return;
                 }
                 Wake::Deadline => {
@@ -86,7 +86,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     // Free our entries now rather than at the cluster's expiry — unless the
                     // heartbeats were halted to play a paused process, which sends nothing.
                     if !halted {
-                        let _ = tokio::time::timeout(ttl, remote.close()).await;
+                        close_patiently(&*remote).await;
                     }
                     return;
                 }
@@ -97,7 +97,11 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                             shared.set_lost(SessionEnd::Expired);
                             return;
                         }
-                        SessionEvent::Disconnected => shared.set_state(SessionState::Suspended),
+                        SessionEvent::Disconnected => {
+                            shared.set_state(SessionState::Suspended);
+                            // Confirm (or find the session lost) without waiting a period.
+                            next = Instant::now() + backoff.next_delay();
+                        }
                         // Confirm with a heartbeat right away.
                         SessionEvent::Reconnected => next = Instant::now(),
                     }
@@ -110,7 +114,10 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                         continue;
                     }
                     let sent = Instant::now();
-                    match timeout_at(deadline, remote.keep_alive()).await {
+                    // A heartbeat unanswered for a period is a failed one: the session is
+                    // suspended at once, not when the deadline comes.
+                    let patience = deadline.min(sent + ttl / 3);
+                    match timeout_at(patience, remote.keep_alive()).await {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else { return };
                             *shared.deadline.lock().unwrap() = sent + (ttl - margin);
@@ -131,9 +138,15 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                             }
                             next = Instant::now() + backoff.next_delay();
                         }
-                        // The deadline passed while the heartbeat was in flight: the next turn
-                        // of the loop declares the session lost.
-                        Err(_) => next = Instant::now(),
+                        // Unanswered: suspended, and tried again at once (the deadline, if it
+                        // passed meanwhile, declares the session lost first).
+                        Err(_) => {
+                            debug!("heartbeat unanswered");
+                            if let Some(shared) = weak.upgrade() {
+                                shared.set_state(SessionState::Suspended);
+                            }
+                            next = Instant::now();
+                        }
                     }
                 }
             }
@@ -141,4 +154,29 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     }
     .instrument(span)
     .await
+}
+
+/// How long the background task keeps trying to end a lost or closed session on the cluster.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(3600);
+
+/// Ends the session on the cluster, retrying temporary errors (the cluster unreachable) with
+/// backoff for up to [`CLOSE_PATIENCE`]. A cluster that comes back after an outage may revive
+/// the session (etcd grants every lease a fresh TTL under a new leader); ending it as soon as
+/// the cluster answers frees its locks at once instead of a TTL later.
+async fn close_patiently(remote: &dyn BackendSession) {
+    let give_up = Instant::now() + CLOSE_PATIENCE;
+    let mut backoff = Backoff::new();
+    loop {
+        match remote.close().await {
+            Ok(()) => return,
+            Err(e) if e.is_temporary() && Instant::now() < give_up => {
+                debug!(error = %e, "cannot end the session on the cluster yet, retrying");
+                backoff.pause().await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot end the session on the cluster: it ends when the cluster expires it");
+                return;
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_core::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout_at, Instant};
-use tracing::{info_span, Instrument};
+use tracing::{debug, info_span, Instrument};
 
 pub(crate) use cleanup::{Cleanup, EnqueueTask};
 pub(crate) use local::{LocalQueue, LocalSlot};
@@ -23,21 +23,27 @@ pub use state::{LostReason, SessionEnd, SessionState};
 
 use crate::backend::{Backend, QueueId, QueueKind};
 use crate::name::{validate_name, validate_namespace};
+use crate::retry::Backoff;
 use crate::{Error, Result};
 
 /// The default session TTL (10 s).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// The default namespace (key prefix) of a session.
 pub const DEFAULT_NAMESPACE: &str = "fencelock";
+/// How long [`SessionBuilder::start`] keeps trying by default when the cluster is unreachable
+/// (10 s).
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds a [`Session`]; see [`Session::builder`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `start()` is awaited"]
+#[derive(Clone)]
 pub struct SessionBuilder {
     backend: Arc<dyn Backend>,
     ttl: Duration,
     margin: Option<Duration>,
     namespace: String,
+    start_timeout: Duration,
 }
 
 impl SessionBuilder {
@@ -66,10 +72,21 @@ impl SessionBuilder {
         self
     }
 
+    /// How long [`start`](Self::start) keeps trying while the cluster answers with temporary
+    /// errors (unreachable, electing a leader) before it gives up with the last one (default
+    /// [`DEFAULT_START_TIMEOUT`]). Permanent errors (authentication, permissions, bad
+    /// settings) are returned at once.
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = timeout;
+        self
+    }
+
     /// Validates the settings, opens the session on the cluster and starts its heartbeat.
     ///
     /// The returned session is live, with its local deadline ahead: if opening took longer
-    /// than a heartbeat interval (a slow connect), a heartbeat is confirmed before it returns.
+    /// than a heartbeat interval (a slow connect), a heartbeat is confirmed before it returns,
+    /// and a session that cannot be confirmed in time is closed and reported as an error, never
+    /// handed out lost.
     pub async fn start(self) -> Result<Session> {
         let backend = self.backend;
         validate_namespace(&self.namespace)?;
@@ -83,11 +100,27 @@ impl SessionBuilder {
             backend = backend.name(),
             id = tracing::field::Empty
         );
-        let sent = Instant::now();
-        let remote = backend
-            .open_session(self.ttl)
-            .instrument(span.clone())
-            .await?;
+        let give_up = Instant::now().checked_add(self.start_timeout);
+        let mut backoff = Backoff::new();
+        let (sent, remote) = loop {
+            let sent = Instant::now();
+            match backend
+                .open_session(self.ttl)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(remote) => break (sent, remote),
+                Err(e) if e.is_temporary() => {
+                    let pause = backoff.next_delay();
+                    if give_up.is_some_and(|g| Instant::now() + pause >= g) {
+                        return Err(e);
+                    }
+                    debug!(error = %e, "cannot open the session yet, retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         span.record("id", remote.id());
         // The granted TTL may differ from the request (etcd raises it to its minimum,
         // ZooKeeper negotiates it): the deadline follows what the cluster enforces.
@@ -228,6 +261,7 @@ impl Session {
             ttl: DEFAULT_TTL,
             margin: None,
             namespace: DEFAULT_NAMESPACE.to_string(),
+            start_timeout: DEFAULT_START_TIMEOUT,
         }
     }
 

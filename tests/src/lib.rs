@@ -6,8 +6,10 @@
 pub mod adversity;
 pub mod bench;
 pub mod curator;
+pub mod errors;
 pub mod faults;
 pub mod holder;
+pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod servers;

@@ -185,18 +185,32 @@ async fn invalid_zookeeper_paths_are_rejected() {
     }
 }
 
-/// A chroot (builder or connect string) roots every path, is created if missing, and keys
-/// are relative to it.
+/// A chroot (builder or connect string) roots every path and keys are relative to it. A
+/// missing chroot is an error (a typo must not create a new, empty lock area), unless
+/// `create_chroot(true)` asks for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chroot_roots_every_path() {
     let Some(f) = ZkFactory::shared().await else {
         return;
     };
     let root = format!("/{}", unique_namespace("zk_chroot").replace('/', "-"));
-    let backend = ZooKeeperBackend::connect(&format!("{}{root}/app", f.server().connect_string()))
+    let connect_string = format!("{}{root}/app", f.server().connect_string());
+    let backend = ZooKeeperBackend::connect(&connect_string).await.unwrap();
+    assert_eq!(backend.chroot(), Some(format!("{root}/app").as_str()));
+    let r = Session::builder(backend).ttl(TTL).start().await;
+    assert!(
+        matches!(r, Err(Error::InvalidConfig(_))),
+        "missing chroot: {r:?}"
+    );
+    assert!(
+        f.raw().await.check_stat(&root).await.unwrap().is_none(),
+        "nothing created"
+    );
+    let backend = ZooKeeperBackend::builder(connect_string)
+        .create_chroot(true)
+        .connect()
         .await
         .unwrap();
-    assert_eq!(backend.chroot(), Some(format!("{root}/app").as_str()));
     let s = Session::builder(backend)
         .namespace("locks")
         .ttl(TTL)

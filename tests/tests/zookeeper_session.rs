@@ -138,31 +138,81 @@ async fn negotiated_ttl_is_reported() {
     s.close().await.unwrap();
 }
 
-/// An unreachable cluster gives `Error::Connect` after the connect timeout, never a hang.
+/// An unreachable cluster gives a typed error within the connect timeout, never a hang: every
+/// server refusing fails `connect()` at once (temporary); a name that does not resolve fails it
+/// at once too (permanent); a server that accepts connections but never answers lets `connect()`
+/// through (no session is opened there) and fails the session start after the connect timeout
+/// (temporary).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_cluster_fails_to_connect() {
     if !fencelock_integration::servers::available(fencelock_integration::target::Kind::ZooKeeper) {
         return;
     }
-    let timeout = Duration::from_millis(800);
-    // Refused (nothing listens), and a black hole (packets dropped or unroutable).
-    for endpoint in ["127.0.0.1:1", "10.255.255.1:2181"] {
-        let start = Instant::now();
-        let r = bounded(
-            Duration::from_secs(10),
-            "connect gives up",
-            ZooKeeperBackend::builder(endpoint)
-                .connect_timeout(timeout)
-                .connect(),
-        )
+    let timeout = Duration::from_millis(1500);
+    let refused = format!("127.0.0.1:{}", fencelock_integration::free_port());
+    let start = Instant::now();
+    let r = ZooKeeperBackend::builder(format!("{refused},{refused}"))
+        .connect_timeout(timeout)
+        .connect()
         .await;
-        assert!(matches!(r, Err(Error::Connect { .. })), "{endpoint}: {r:?}");
-        assert!(r.unwrap_err().is_temporary());
-        assert!(
-            start.elapsed() < timeout + Duration::from_secs(2),
-            "{endpoint}: bounded"
-        );
-    }
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < timeout / 2,
+        "refused: early, took {:?}",
+        start.elapsed()
+    );
+
+    let start = Instant::now();
+    let r = ZooKeeperBackend::builder("no-such-host.invalid:2181")
+        .connect_timeout(timeout)
+        .connect()
+        .await;
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if !e.is_temporary()),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < timeout + Duration::from_secs(5),
+        "dns: bounded"
+    );
+
+    // A server that accepts and then says nothing.
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hung.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = hung.accept().await {
+            conns.push(c);
+        }
+    });
+    let backend = ZooKeeperBackend::builder(addr.as_str())
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let r = bounded(
+        Duration::from_secs(30),
+        "the session start gives up",
+        Session::builder(backend)
+            .start_timeout(Duration::ZERO)
+            .ttl(TTL)
+            .start(),
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < timeout + Duration::from_secs(3),
+        "hung: bounded, took {:?}",
+        start.elapsed()
+    );
+    held.abort();
 }
 
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.

@@ -2,32 +2,81 @@
 
 use std::time::Duration;
 
+use fencelock::{Error, Result};
+use fencelock_net::{split_host_port, TlsConfig};
+
+/// The longest any timeout or interval setting may be (one hour): longer values are refused,
+/// not silently clamped.
+pub const MAX_SETTING: Duration = Duration::from_secs(3600);
+
 /// Settings for [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with).
-#[derive(Debug, Clone)]
+///
+/// ```no_run
+/// # async fn f() -> fencelock::Result<()> {
+/// use std::time::Duration;
+/// use fencelock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
+///
+/// let config = EtcdConfig::new(["https://etcd-1:2379", "https://etcd-2:2379", "https://etcd-3:2379"])
+///     .tls(TlsConfig::from_ca_file("/etc/etcd/ca.pem")?
+///         .with_identity_files("/etc/etcd/client.pem", "/etc/etcd/client.key")?)
+///     .user("billing", "s3cret")
+///     .connect_timeout(Duration::from_secs(5));
+/// let backend = EtcdBackend::connect_with(config).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdConfig {
-    /// The cluster's client endpoints (`host:port` or `http://host:port`).
+    /// The cluster's client endpoints: `host:port`, `http://host:port`, or `https://host:port`
+    /// (with [`tls`](Self::tls)). A bare `host:port` uses TLS when it is configured.
     pub endpoints: Vec<String>,
-    /// How long to wait for the cluster to answer when connecting (default 5 s).
+    /// How long connecting may take before it fails with [`Error::Connect`] (default 5 s).
     pub connect_timeout: Duration,
-    /// HTTP/2 keep-alive ping interval on the connection (default 2 s).
+    /// HTTP/2 keep-alive ping interval on each connection (default 5 s). etcd refuses pings
+    /// more frequent than its `--grpc-keepalive-min-time` (5 s by default) by closing the
+    /// connection, which breaks every watch on it: keep it at 5 s or above unless the servers
+    /// allow less.
     pub keep_alive_interval: Duration,
-    /// How long a keep-alive ping may go unanswered before the connection is dropped
-    /// (default 2 s).
+    /// How long a keep-alive ping may go unanswered before the connection is dropped (default
+    /// 3 s): a hung member is noticed after about interval + timeout.
     pub keep_alive_timeout: Duration,
+    /// How long a request may wait for its answer to begin (default 10 s), so that a request
+    /// sent to a hung member cannot hang. Streams (watches, keep-alives) are not cut by it.
+    pub request_timeout: Duration,
     /// User and password, if the cluster has authentication enabled.
     pub user: Option<(String, String)>,
+    /// TLS settings, if the cluster serves TLS.
+    pub tls: Option<TlsConfig>,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("keep_alive_interval", &self.keep_alive_interval)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl EtcdConfig {
     /// Default settings for `endpoints`.
-    pub fn new(endpoints: Vec<String>) -> Self {
+    pub fn new<E: AsRef<str>>(endpoints: impl IntoIterator<Item = E>) -> Self {
         EtcdConfig {
-            endpoints,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| e.as_ref().to_string())
+                .collect(),
             connect_timeout: Duration::from_secs(5),
-            keep_alive_interval: Duration::from_secs(2),
-            keep_alive_timeout: Duration::from_secs(2),
+            keep_alive_interval: Duration::from_secs(5),
+            keep_alive_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
             user: None,
+            tls: None,
         }
     }
 
@@ -37,9 +86,106 @@ impl EtcdConfig {
         self
     }
 
-    /// Sets user and password.
+    /// Sets the HTTP/2 keep-alive ping interval and timeout.
+    pub fn keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.keep_alive_interval = interval;
+        self.keep_alive_timeout = timeout;
+        self
+    }
+
+    /// Sets the request timeout.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Authenticates as `user` with `password`. The user's role needs read-write permission
+    /// on the session's namespace (`etcdctl role grant-permission --prefix=true ROLE readwrite
+    /// NAMESPACE/`); lease operations need none.
     pub fn user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((user.into(), password.into()));
         self
+    }
+
+    /// Connects with TLS.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Checks the settings and returns the endpoints as the client wants them (with their
+    /// scheme).
+    pub(crate) fn validate(&self) -> Result<Vec<String>> {
+        if self.endpoints.is_empty() {
+            return Err(Error::invalid_config("", "no etcd endpoint given"));
+        }
+        for (name, d) in [
+            ("connect timeout", self.connect_timeout),
+            ("keep-alive interval", self.keep_alive_interval),
+            ("keep-alive timeout", self.keep_alive_timeout),
+            ("request timeout", self.request_timeout),
+        ] {
+            if d.is_zero() || d > MAX_SETTING {
+                return Err(Error::invalid_config(
+                    format!("{d:?}"),
+                    format!("the {name} must be positive and at most {MAX_SETTING:?}"),
+                ));
+            }
+        }
+        if let Some((user, _)) = &self.user {
+            if user.is_empty() {
+                return Err(Error::invalid_config("", "the etcd user name is empty"));
+            }
+        }
+        self.endpoints
+            .iter()
+            .map(|ep| {
+                let (scheme, rest) = match ep.split_once("://") {
+                    Some((s, r)) => (Some(s), r),
+                    None => (None, ep.as_str()),
+                };
+                if split_host_port(rest, None).is_none() {
+                    return Err(Error::invalid_config(ep, "not an endpoint: expected host:port"));
+                }
+                match (scheme, &self.tls) {
+                    (None, None) | (Some("http"), None) => Ok(format!("http://{rest}")),
+                    (None, Some(_)) | (Some("https"), Some(_)) => Ok(format!("https://{rest}")),
+                    (Some("https"), None) => Err(Error::invalid_config(
+                        ep,
+                        "an https:// endpoint needs TLS settings: EtcdConfig::tls(TlsConfig::from_ca_file(..)?)",
+                    )),
+                    (Some("http"), Some(_)) => Err(Error::invalid_config(
+                        ep,
+                        "TLS is configured, but the endpoint is http://",
+                    )),
+                    (Some(other), _) => Err(Error::invalid_config(
+                        ep,
+                        format!("unknown scheme {other:?}: use http:// or https://"),
+                    )),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        let ok = EtcdConfig::new(["a:1", "http://b:2"]).validate().unwrap();
+        assert_eq!(ok, ["http://a:1", "http://b:2"]);
+        let bad = |c: EtcdConfig| matches!(c.validate(), Err(Error::InvalidConfig(_)));
+        assert!(bad(EtcdConfig::new(Vec::<String>::new())));
+        assert!(bad(EtcdConfig::new(["https://a:1"])));
+        assert!(bad(EtcdConfig::new(["ftp://a:1"])));
+        assert!(bad(EtcdConfig::new(["a"])));
+        assert!(bad(EtcdConfig::new(["a:99999"])));
+        assert!(bad(EtcdConfig::new(["a:1"]).connect_timeout(Duration::MAX)));
+        assert!(bad(EtcdConfig::new(["a:1"]).connect_timeout(Duration::ZERO)));
+        assert!(bad(EtcdConfig::new(["a:1"]).user("", "p")));
+        let dbg = format!("{:?}", EtcdConfig::new(["a:1"]).user("u", "secret"));
+        assert!(!dbg.contains("secret"));
     }
 }

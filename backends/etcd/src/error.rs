@@ -1,35 +1,112 @@
-//! Mapping etcd-client errors into [`fencelock::Error`].
+//! Mapping etcd-client errors into [`fencelock::Error`], by gRPC status code.
+//!
+//! The code decides: `Unavailable`, `DeadlineExceeded`, `Aborted`, `Unknown` and `Cancelled`
+//! are temporary (a member down, a leader change, a connection that broke); `PermissionDenied`,
+//! `InvalidArgument`, `FailedPrecondition`, `ResourceExhausted`, `OutOfRange` and the rest are
+//! permanent. Within a code, the message only picks the more precise error: a lease that is
+//! gone (`NotFound`), failed credentials (`InvalidArgument`), a stale auth store revision or
+//! token (retried). A transport error whose cause is a TLS certificate problem is permanent,
+//! whatever its code.
 
+use std::error::Error as StdError;
+
+use etcd_client::Error as E;
 use fencelock::{Error, SessionEnd};
+use tonic::Code;
 
 pub(crate) const NAME: &str = "etcd";
 
-/// Maps an etcd-client error of operation `op`: transport failures, unavailability and leader
-/// changes are temporary; a missing lease means the session expired.
-pub(crate) fn map(op: &'static str, e: etcd_client::Error) -> Error {
-    use etcd_client::Error as E;
+/// Maps an etcd-client error of operation `op`.
+pub(crate) fn map(op: &'static str, e: E) -> Error {
     let temporary = match &e {
-        E::GRpcStatus(s) => {
-            if s.message().contains("lease not found") {
-                return Error::SessionLost(SessionEnd::Expired);
+        E::GRpcStatus(s) => match s.code() {
+            Code::NotFound if s.message().contains("lease not found") => {
+                return Error::SessionLost(SessionEnd::Expired)
             }
-            matches!(
-                s.code(),
-                tonic_code::Unavailable
-                    | tonic_code::DeadlineExceeded
-                    | tonic_code::Aborted
-                    | tonic_code::Unknown
-                    | tonic_code::Cancelled
-                    | tonic_code::ResourceExhausted
-            ) || s.message().contains("leader")
-        }
+            Code::PermissionDenied => {
+                return Error::PermissionDenied {
+                    backend: NAME,
+                    op,
+                    source: e.into(),
+                }
+            }
+            Code::InvalidArgument
+                if s.message().contains("authentication failed")
+                    || s.message().contains("user name is empty") =>
+            {
+                return Error::Unauthenticated {
+                    backend: NAME,
+                    source: e.into(),
+                }
+            }
+            Code::FailedPrecondition if s.message().contains("authentication is not enabled") => {
+                return Error::invalid_config(
+                    "user",
+                    "a user is set, but authentication is not enabled on the etcd cluster",
+                )
+            }
+            _ if tls_problem(s).is_some() => {
+                return Error::Connect {
+                    backend: NAME,
+                    endpoints: String::new(),
+                    temporary: false,
+                    source: format!("TLS: {}", tls_problem(s).unwrap_or_default()).into(),
+                }
+            }
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::Unknown
+            | Code::Cancelled => true,
+            // Retried once the client refreshed its token (auto refresh is on).
+            Code::Unauthenticated => true,
+            Code::InvalidArgument => s.message().contains("revision of auth store is old"),
+            Code::FailedPrecondition => s.message().contains("not leader"),
+            _ => false,
+        },
         E::LeaseKeepAliveError(m) if m.contains("lease not found") => {
             return Error::SessionLost(SessionEnd::Expired)
         }
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        E::InvalidArgs(m) => return Error::invalid_config("", m.clone()),
+        E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
+            return Error::invalid_config("", e.to_string())
+        }
         _ => false,
     };
     Error::backend(NAME, op, temporary, e)
+}
+
+/// The TLS certificate problem behind a transport error, if that is its cause (the server's
+/// certificate not trusted, or our client certificate refused).
+fn tls_problem(status: &tonic::Status) -> Option<String> {
+    let mut cause: Option<&(dyn StdError + 'static)> = status.source();
+    while let Some(e) = cause {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return certificate_error(tls);
+        }
+        if let Some(tls) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return certificate_error(tls);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+fn certificate_error(e: &rustls::Error) -> Option<String> {
+    match e {
+        rustls::Error::InvalidCertificate(c) => {
+            Some(format!("the server's certificate is not trusted ({c:?})"))
+        }
+        rustls::Error::AlertReceived(a) => {
+            Some(format!("the server rejected our certificate ({a:?})"))
+        }
+        _ => None,
+    }
 }
 
 /// A temporary error without an underlying client error.
@@ -37,6 +114,93 @@ pub(crate) fn temporary(op: &'static str, msg: &str) -> Error {
     Error::backend(NAME, op, true, msg.to_string())
 }
 
-mod tonic_code {
-    pub(crate) use tonic::Code::*;
+/// The error for a watch the server refused (created and canceled at once), from its reason.
+pub(crate) fn watch_refused(reason: &str) -> Error {
+    if reason.contains("permission denied") {
+        Error::PermissionDenied {
+            backend: NAME,
+            op: "watch",
+            source: reason.to_string().into(),
+        }
+    } else {
+        temporary("watch", &format!("watch refused: {reason}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Code, msg: &str) -> E {
+        E::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn by_code() {
+        let m = |e| map("op", e);
+        assert!(m(status(Code::Unavailable, "etcdserver: no leader")).is_temporary());
+        assert!(m(status(Code::Unavailable, "etcdserver: leader changed")).is_temporary());
+        assert!(m(status(Code::Unknown, "context deadline exceeded")).is_temporary());
+        assert!(!m(status(
+            Code::ResourceExhausted,
+            "grpc: received message larger than max"
+        ))
+        .is_temporary());
+        assert!(!m(status(
+            Code::InvalidArgument,
+            "etcdserver: request is too large"
+        ))
+        .is_temporary());
+        assert!(matches!(
+            m(status(
+                Code::NotFound,
+                "etcdserver: requested lease not found"
+            )),
+            Error::SessionLost(SessionEnd::Expired)
+        ));
+        assert!(matches!(
+            m(status(
+                Code::PermissionDenied,
+                "etcdserver: permission denied"
+            )),
+            Error::PermissionDenied { .. }
+        ));
+        assert!(matches!(
+            m(status(
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password"
+            )),
+            Error::Unauthenticated { .. }
+        ));
+        assert!(matches!(
+            m(status(
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled"
+            )),
+            Error::InvalidConfig(_)
+        ));
+        assert!(m(status(
+            Code::InvalidArgument,
+            "etcdserver: revision of auth store is old"
+        ))
+        .is_temporary());
+        assert!(m(status(
+            Code::Unauthenticated,
+            "etcdserver: invalid auth token"
+        ))
+        .is_temporary());
+        assert!(matches!(
+            m(E::InvalidArgs(
+                "HTTPS URLs are only supported with TLS".into()
+            )),
+            Error::InvalidConfig(_)
+        ));
+        assert!(matches!(
+            watch_refused(
+                "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+            ),
+            Error::PermissionDenied { .. }
+        ));
+        assert!(watch_refused("etcdserver: invalid auth token").is_temporary());
+    }
 }

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod connect;
 mod error;
 mod layout;
 mod session;
@@ -31,17 +32,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
 use fencelock::backend::{Backend, BackendSession};
-use fencelock::{Error, Result};
+use fencelock::Result;
 
-pub use config::EtcdConfig;
+pub use config::{EtcdConfig, MAX_SETTING};
 use error::NAME;
+pub use fencelock_net::TlsConfig;
 
 /// The etcd backend: a connected etcd client that opens lease-backed sessions. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    client: Client,
+    client: Arc<Client>,
     config: Arc<EtcdConfig>,
 }
 
@@ -54,52 +56,35 @@ impl std::fmt::Debug for EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// Connects to the etcd cluster at `endpoints` (`host:port` or URLs) with the default
-    /// settings (a 5 s connect timeout). Fails with [`Error::Connect`] if no endpoint answers
-    /// in time.
+    /// Connects to the etcd cluster at `endpoints` (`host:port` or `http://host:port`) with
+    /// the default settings (see [`EtcdConfig`]).
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
-        let endpoints = endpoints
-            .as_ref()
-            .iter()
-            .map(|e| e.as_ref().to_string())
-            .collect();
-        Self::connect_with(EtcdConfig::new(endpoints)).await
+        Self::connect_with(EtcdConfig::new(endpoints.as_ref())).await
     }
 
-    /// Connects with explicit settings.
+    /// Connects with explicit settings (TLS, user, timeouts).
+    ///
+    /// Each endpoint is checked on its own first, and the client uses only those that answer
+    /// (the others are added back once they do), so a cluster with a member down connects and
+    /// serves reliably. Fails, within the connect timeout, with:
+    /// - [`Error::InvalidConfig`](fencelock::Error::InvalidConfig) for bad settings (no
+    ///   endpoint, a malformed one, `https://` without TLS, a user when the cluster has no
+    ///   authentication, a plaintext client at a TLS port or the reverse);
+    /// - [`Error::Unauthenticated`](fencelock::Error::Unauthenticated) for a wrong user or
+    ///   password, or a client certificate the servers reject;
+    /// - [`Error::Connect`](fencelock::Error::Connect) when no endpoint answers: temporary if
+    ///   they refuse or time out, permanent if no name resolves or the servers' certificates
+    ///   are not trusted. Its source says, per endpoint, why.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        if config.endpoints.is_empty() {
-            return Err(Error::invalid_config("", "no etcd endpoint given"));
+        let (client, left_out) = connect::connect(&config).await?;
+        let client = Arc::new(client);
+        if !left_out.is_empty() {
+            tokio::spawn(connect::rejoin(
+                Arc::downgrade(&client),
+                config.clone(),
+                left_out,
+            ));
         }
-        let shown = config.endpoints.join(",");
-        let fail = |source: fencelock::BoxError| Error::Connect {
-            backend: NAME,
-            endpoints: shown.clone(),
-            temporary: true,
-            source,
-        };
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_keep_alive(config.keep_alive_interval, config.keep_alive_timeout)
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        if let Some((user, password)) = &config.user {
-            options = options.with_user(user, password);
-        }
-        let connect = async {
-            let mut client = Client::connect(&config.endpoints, Some(options))
-                .await
-                .map_err(|e| fail(e.into()))?;
-            // Prove the cluster answers (the channel connects lazily).
-            client
-                .get("\0fencelock-probe", None)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            Ok::<_, Error>(client)
-        };
-        let client = tokio::time::timeout(config.connect_timeout, connect)
-            .await
-            .map_err(|_| fail(format!("no answer within {:?}", config.connect_timeout).into()))??;
         Ok(EtcdBackend {
             client,
             config: Arc::new(config),
@@ -107,7 +92,8 @@ impl EtcdBackend {
     }
 
     /// The underlying etcd client, for operations fencelock does not cover (such as guarded
-    /// writes of your own that compare the lock key's create revision).
+    /// writes of your own that compare the lock key's create revision). Exposed on purpose:
+    /// it is the client the sessions use, with their authentication and TLS.
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -136,7 +122,7 @@ impl Backend for EtcdBackend {
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
         Ok(Arc::new(
-            session::EtcdSession::open(self.client.clone(), ttl).await?,
+            session::EtcdSession::open(Client::clone(&self.client), ttl).await?,
         ))
     }
 }

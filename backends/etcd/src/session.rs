@@ -1,18 +1,21 @@
 //! One etcd lease per session, kept alive by one keep-alive stream, and the queue operations
 //! of the session.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
+    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseKeepAliveResponse, LeaseKeeper,
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::backend::{
-    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, SessionEvent,
 };
 use fencelock::{Error, Result, SessionEnd};
-use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tracing::debug;
 use uuid::Uuid;
 
 use crate::error::{map, temporary};
@@ -27,9 +30,61 @@ pub(crate) struct EtcdSession {
     client: Client,
     lease: i64,
     ttl: Duration,
-    keeper: AsyncMutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+    keeper: AsyncMutex<Option<KeepAlive>>,
     /// Watches on the keys this session waits for, on one watch stream.
     watcher: KeyWatcher,
+    /// What the streams learn by themselves (a broken stream: `Disconnected`).
+    events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    events_tx: mpsc::UnboundedSender<SessionEvent>,
+}
+
+/// The lease's keep-alive stream: requests go through the keeper; a task reads the replies as
+/// they come, so that a broken stream is noticed at once (the session reports `Disconnected`)
+/// rather than at the next heartbeat.
+struct KeepAlive {
+    keeper: LeaseKeeper,
+    replies: mpsc::UnboundedReceiver<Result<Option<LeaseKeepAliveResponse>, etcd_client::Error>>,
+    /// Set when we drop the stream on purpose (its end is then no disconnect).
+    retired: Arc<AtomicBool>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+}
+
+impl EtcdSession {
+    /// Opens the keep-alive stream: sends the first keep-alive and waits for its reply.
+    async fn open_keep_alive(&self) -> Result<KeepAlive> {
+        let (keeper, mut stream) = self
+            .client
+            .lease_client()
+            .keep_alive(self.lease)
+            .await
+            .map_err(|e| map("keep-alive", e))?;
+        let (tx, replies) = mpsc::unbounded_channel();
+        let retired = Arc::new(AtomicBool::new(false));
+        let (events, gone) = (self.events_tx.clone(), retired.clone());
+        tokio::spawn(async move {
+            loop {
+                let reply = stream.message().await;
+                let end = !matches!(reply, Ok(Some(_)));
+                if tx.send(reply).is_err() || end {
+                    if end && !gone.load(Ordering::SeqCst) {
+                        debug!("the keep-alive stream broke");
+                        let _ = events.send(SessionEvent::Disconnected);
+                    }
+                    return;
+                }
+            }
+        });
+        Ok(KeepAlive {
+            keeper,
+            replies,
+            retired,
+        })
+    }
 }
 
 impl std::fmt::Debug for EtcdSession {
@@ -58,12 +113,15 @@ impl EtcdSession {
                 grant.error().to_string(),
             ));
         }
+        let (events_tx, events) = mpsc::unbounded_channel();
         Ok(EtcdSession {
             client: client.clone(),
             lease: grant.id(),
             ttl: Duration::from_secs(grant.ttl().max(0) as u64),
             keeper: AsyncMutex::new(None),
-            watcher: KeyWatcher::new(client.clone()),
+            watcher: KeyWatcher::new(client.clone(), events_tx.clone()),
+            events: AsyncMutex::new(events),
+            events_tx,
         })
     }
 
@@ -129,31 +187,31 @@ impl BackendSession for EtcdSession {
         let mut slot = self.keeper.lock().await;
         // Taken out while in flight: if this future is cancelled, the stream is dropped with
         // it, so a late reply can never confirm a later heartbeat.
-        let (mut keeper, mut stream) = match slot.take() {
-            Some(ks) => ks,
-            None => {
-                // Opening the stream sends the first keep-alive and waits for its reply.
-                let ks = self
-                    .client
-                    .lease_client()
-                    .keep_alive(self.lease)
-                    .await
-                    .map_err(|e| map("keep-alive", e))?;
-                *slot = Some(ks);
-                return Ok(());
-            }
+        let Some(mut ka) = slot.take() else {
+            // Opening the stream sends the first keep-alive and waits for its reply.
+            *slot = Some(self.open_keep_alive().await?);
+            return Ok(());
         };
-        keeper
+        ka.keeper
             .keep_alive()
             .await
             .map_err(|e| map("keep-alive", e))?;
-        match stream.message().await.map_err(|e| map("keep-alive", e))? {
-            Some(resp) if resp.ttl() > 0 => {
-                *slot = Some((keeper, stream));
+        match ka.replies.recv().await {
+            Some(Ok(Some(resp))) if resp.ttl() > 0 => {
+                *slot = Some(ka);
                 Ok(())
             }
-            Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
-            None => Err(temporary("keep-alive", "keep-alive stream ended")),
+            Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
+            Some(Err(e)) => Err(map("keep-alive", e)),
+            Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
+        }
+    }
+
+    async fn next_event(&self) -> SessionEvent {
+        let mut events = self.events.lock().await;
+        match events.recv().await {
+            Some(ev) => ev,
+            None => std::future::pending().await,
         }
     }
 

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex as StdMutex};
 use etcd_client::{
     Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
 };
-use fencelock::Result;
-use tokio::sync::{oneshot, Mutex as AsyncMutex};
+use fencelock::backend::SessionEvent;
+use fencelock::{Error, Result};
+use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex};
 use tracing::debug;
 
-use crate::error::{map, temporary};
+use crate::error::{map, temporary, watch_refused};
 
 type Waker = oneshot::Sender<Result<()>>;
 
@@ -55,6 +56,8 @@ pub(crate) struct KeyWatcher {
     client: Client,
     state: Arc<StdMutex<State>>,
     conn: Arc<AsyncMutex<Option<Conn>>>,
+    /// Where a broken stream is reported (the session's `Disconnected`).
+    events: mpsc::UnboundedSender<SessionEvent>,
 }
 
 impl std::fmt::Debug for KeyWatcher {
@@ -79,11 +82,12 @@ impl Registration {
 }
 
 impl KeyWatcher {
-    pub(crate) fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client, events: mpsc::UnboundedSender<SessionEvent>) -> Self {
         KeyWatcher {
             client,
             state: Arc::default(),
             conn: Arc::new(AsyncMutex::new(None)),
+            events,
         }
     }
 
@@ -113,9 +117,10 @@ impl KeyWatcher {
             // would then name the wrong keys).
             let (client, state, conn) =
                 (self.client.clone(), self.state.clone(), self.conn.clone());
+            let events = self.events.clone();
             let k = key.to_string();
             let sent = tokio::spawn(async move {
-                let r = send_create(&client, &state, &conn, &k).await;
+                let r = send_create(&client, &state, &conn, &k, events).await;
                 if let Err(e) = &r {
                     fail_key(&state, &k, e);
                 }
@@ -129,7 +134,14 @@ impl KeyWatcher {
         }
         match created_rx.await {
             Ok(Ok(())) => Ok(Registration { rx }),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => {
+                if !matches!(e, Error::PermissionDenied { .. }) {
+                    // A watch refused for an expired token: a unary request refreshes the
+                    // token (watches cannot), so that the retry is created.
+                    let _ = self.client.kv_client().get(key, None).await;
+                }
+                Err(e)
+            }
             Err(_) => Err(temporary("watch", "watch stream closed")),
         }
     }
@@ -175,13 +187,18 @@ async fn read_loop(
     state: Arc<StdMutex<State>>,
     stream: Arc<StdMutex<Stream>>,
     sender: Arc<AsyncMutex<WatchRequestSender>>,
+    events: mpsc::UnboundedSender<SessionEvent>,
 ) {
     loop {
         let resp = match responses.message().await {
             Ok(Some(r)) => r,
-            Ok(None) => break,
+            Ok(None) => {
+                let _ = events.send(SessionEvent::Disconnected);
+                break;
+            }
             Err(e) => {
                 debug!(error = %e, "watch stream broke");
+                let _ = events.send(SessionEvent::Disconnected);
                 break;
             }
         };
@@ -203,8 +220,11 @@ async fn read_loop(
                     let _ = c.send(if ok {
                         Ok(())
                     } else {
-                        Err(temporary("watch", "watch refused"))
+                        Err(watch_refused(resp.cancel_reason()))
                     });
+                }
+                if !ok {
+                    st.keys.remove(&key);
                 }
             }
             continue;
@@ -288,6 +308,7 @@ async fn send_create(
     state: &Arc<StdMutex<State>>,
     conn: &AsyncMutex<Option<Conn>>,
     key: &str,
+    events: mpsc::UnboundedSender<SessionEvent>,
 ) -> Result<()> {
     let mut conn = conn.lock().await;
     if let Some(c) = conn.as_mut() {
@@ -327,6 +348,7 @@ async fn send_create(
         state.clone(),
         stream.clone(),
         sender.clone(),
+        events,
     ));
     *conn = Some(Conn { sender, stream });
     Ok(())

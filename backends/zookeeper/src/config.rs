@@ -1,14 +1,12 @@
-//! Configuration of the ZooKeeper backend and the connection of its clients.
+//! Settings of the ZooKeeper backend, and their validation.
 
 use std::fmt;
 use std::time::Duration;
 
-use fencelock::backend::Backoff;
 use fencelock::{Error, Result};
-use tracing::debug;
+use fencelock_net::{split_host_port, TlsConfig};
 use zookeeper_client as zk;
 
-use crate::error;
 use crate::layout::check_zk_path;
 use crate::ZooKeeperBackend;
 
@@ -20,6 +18,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// request to its own minimum (`2 × tickTime`, 4 s with the default tick of 2 s) anyway; the
 /// session then reports the negotiated timeout.
 pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(2);
+
+/// The longest connect timeout accepted (one hour): longer values are refused, not clamped.
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The port of a server given without one.
+const DEFAULT_PORT: u16 = 2181;
 
 /// Who may change or delete the nodes fencelock creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,13 +47,14 @@ pub enum AclMode {
 /// ```no_run
 /// # async fn f() -> fencelock::Result<()> {
 /// use std::time::Duration;
-/// use fencelock_zookeeper::{AclMode, ZooKeeperBackend};
+/// use fencelock_zookeeper::{AclMode, TlsConfig, ZooKeeperBackend};
 ///
-/// let backend = ZooKeeperBackend::builder("zk1:2181,zk2:2181,zk3:2181")
+/// let backend = ZooKeeperBackend::builder("zk1:2281,zk2:2281,zk3:2281")
 ///     .chroot("/apps/billing")
+///     .tls(TlsConfig::from_ca_file("/etc/zookeeper/ca.pem")?
+///         .with_identity_files("/etc/zookeeper/client.pem", "/etc/zookeeper/client.key")?)
+///     .sasl_digest_md5("billing", "s3cret")
 ///     .connect_timeout(Duration::from_secs(5))
-///     .digest_auth("billing", "s3cret")
-///     .acl(AclMode::CreatorDelete)
 ///     .connect()
 ///     .await?;
 /// # Ok(()) }
@@ -58,9 +63,12 @@ pub enum AclMode {
 pub struct ZooKeeperConfig {
     connect_string: String,
     chroot: Option<String>,
+    create_chroot: bool,
     connect_timeout: Duration,
     acl: AclMode,
     digest: Option<(String, String)>,
+    sasl: Option<(String, String)>,
+    tls: Option<TlsConfig>,
     min_ttl: Duration,
 }
 
@@ -69,9 +77,12 @@ impl fmt::Debug for ZooKeeperConfig {
         f.debug_struct("ZooKeeperConfig")
             .field("connect_string", &self.connect_string)
             .field("chroot", &self.chroot)
+            .field("create_chroot", &self.create_chroot)
             .field("connect_timeout", &self.connect_timeout)
             .field("acl", &self.acl)
             .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .field("sasl_user", &self.sasl.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
             .field("min_ttl", &self.min_ttl)
             .finish()
     }
@@ -84,24 +95,35 @@ impl ZooKeeperConfig {
         ZooKeeperConfig {
             connect_string: connect_string.into(),
             chroot: None,
+            create_chroot: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             acl: AclMode::Open,
             digest: None,
+            sasl: None,
+            tls: None,
             min_ttl: DEFAULT_MIN_TTL,
         }
     }
 
     /// Roots every path of the backend at `path` (an absolute ZooKeeper path such as
-    /// `/apps/billing`), like a `/chroot` suffix of the connect string. The chroot node is
-    /// created (persistent) by [`connect`](Self::connect) if it is missing.
+    /// `/apps/billing`), like a `/chroot` suffix of the connect string. The chroot node must
+    /// exist (a typo would otherwise create a new, empty lock area): a session start fails with
+    /// [`Error::InvalidConfig`] if it does not, unless [`create_chroot`](Self::create_chroot) is
+    /// set.
     pub fn chroot(mut self, path: impl Into<String>) -> Self {
         self.chroot = Some(path.into());
         self
     }
 
+    /// Creates the chroot node (persistent) when a session starts and it is missing.
+    pub fn create_chroot(mut self, create: bool) -> Self {
+        self.create_chroot = create;
+        self
+    }
+
     /// How long to wait for a session to be established (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]); past it, [`connect`](Self::connect) and every session
-    /// start fail with [`Error::Connect`].
+    /// [`DEFAULT_CONNECT_TIMEOUT`], at most [`MAX_CONNECT_TIMEOUT`]); past it,
+    /// [`connect`](Self::connect) and every session start fail with [`Error::Connect`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -111,6 +133,23 @@ impl ZooKeeperConfig {
     /// (`addauth digest user:password`). Required by [`AclMode::CreatorDelete`].
     pub fn digest_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Authenticates every session with SASL DIGEST-MD5 as `user` (the servers' JAAS `Server`
+    /// section must list it). A session start fails with [`Error::Unauthenticated`] if the
+    /// servers refuse the credentials, and also if they accept the connection without
+    /// authenticating it (a server without SASL configured).
+    pub fn sasl_digest_md5(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.sasl = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Connects with TLS (the servers' `secureClientPort`). Each server's certificate is
+    /// verified against its host in the connect string, which must appear in the
+    /// certificate's subject alternative names (an IP address SAN for an address).
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -127,25 +166,71 @@ impl ZooKeeperConfig {
         self
     }
 
-    /// Validates the settings, checks that the cluster can be reached (one short-lived
-    /// session, bounded by the connect timeout) and creates the chroot node if it is missing.
+    /// Validates the settings and checks that at least one server can be reached (a TCP
+    /// connection, and the TLS handshake when TLS is set: no ZooKeeper session is opened).
+    ///
+    /// Fails with [`Error::InvalidConfig`] for bad settings (a plaintext client at a TLS port
+    /// or the reverse included), [`Error::Unauthenticated`] for a client certificate the servers
+    /// reject, and [`Error::Connect`] when no server can be reached, saying why for each:
+    /// temporary if they refuse or time out (early, as soon as every one refused), permanent
+    /// if no name resolves or the servers' certificates are not trusted. Credentials and the
+    /// chroot are checked when a session starts.
     pub async fn connect(self) -> Result<ZooKeeperBackend> {
         let resolved = self.resolve()?;
-        resolved.probe().await?;
+        resolved.reachable().await?;
         Ok(ZooKeeperBackend::from_resolved(resolved))
     }
 
     fn resolve(self) -> Result<Resolved> {
-        let invalid = |msg: String| Error::invalid_config("", msg);
+        let invalid = |input: &str, msg: String| Error::invalid_config(input, msg);
         let (servers, from_string) = split_chroot(&self.connect_string);
         if servers.trim().is_empty() {
-            return Err(invalid("the connect string names no server".into()));
+            return Err(invalid(
+                &self.connect_string,
+                "the connect string names no server".into(),
+            ));
+        }
+        let mut hosts = Vec::new();
+        for server in servers.split(',') {
+            let server = server.trim();
+            let (scheme, rest) = match server.split_once("://") {
+                Some((s, r)) => (Some(s), r),
+                None => (None, server),
+            };
+            match (scheme, &self.tls) {
+                (None | Some("tcp"), None) | (None | Some("tcp+tls"), Some(_)) => {}
+                (Some("tcp+tls"), None) => return Err(invalid(
+                    server,
+                    "a tcp+tls:// server needs TLS settings: .tls(TlsConfig::from_ca_file(..)?)"
+                        .into(),
+                )),
+                (Some("tcp"), Some(_)) => {
+                    return Err(invalid(
+                        server,
+                        "TLS is configured, but the server is tcp://".into(),
+                    ))
+                }
+                (Some(other), _) => {
+                    return Err(invalid(
+                        server,
+                        format!("unknown scheme {other:?}: use tcp:// or tcp+tls://"),
+                    ))
+                }
+            }
+            let Some((host, port)) = split_host_port(rest, Some(DEFAULT_PORT)) else {
+                return Err(invalid(
+                    server,
+                    "not a server address: expected host[:port]".into(),
+                ));
+            };
+            hosts.push((host, port));
         }
         let chroot = match (from_string, self.chroot.as_deref()) {
             (Some(a), Some(b)) if a != b => {
-                return Err(invalid(format!(
-                    "chroot {b:?} conflicts with {a:?} in the connect string"
-                )))
+                return Err(invalid(
+                    b,
+                    format!("conflicts with the chroot {a:?} of the connect string"),
+                ))
             }
             (a, b) => a.or(b).map(str::to_string),
         };
@@ -153,49 +238,70 @@ impl ZooKeeperConfig {
             None | Some("/") => None,
             Some(root) => {
                 if !root.starts_with('/') || root.ends_with('/') {
-                    return Err(invalid(format!(
-                        "chroot {root:?} must start with '/' and not end with '/'"
-                    )));
+                    return Err(invalid(
+                        root,
+                        "a chroot must start with '/' and not end with '/'".into(),
+                    ));
                 }
                 fencelock::validate_namespace(root)?;
                 check_zk_path(root, root, true)?;
                 Some(root.to_string())
             }
         };
-        if self.connect_timeout.is_zero() {
-            return Err(invalid("the connect timeout must be positive".into()));
+        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
+            return Err(invalid(
+                &format!("{:?}", self.connect_timeout),
+                format!("the connect timeout must be positive and at most {MAX_CONNECT_TIMEOUT:?}"),
+            ));
         }
-        if let Some((user, _)) = &self.digest {
-            if user.is_empty() || user.contains(':') {
-                return Err(invalid(
-                    "the digest user must be non-empty and contain no ':'".into(),
-                ));
+        for (what, id) in [("digest", &self.digest), ("SASL", &self.sasl)] {
+            if let Some((user, _)) = id {
+                if user.is_empty() || (what == "digest" && user.contains(':')) {
+                    return Err(invalid(
+                        user,
+                        format!("the {what} user must be non-empty and contain no ':'"),
+                    ));
+                }
             }
         }
         if self.acl == AclMode::CreatorDelete && self.digest.is_none() {
             return Err(invalid(
-                "AclMode::CreatorDelete needs an identity: set digest_auth(user, password)".into(),
+                "AclMode::CreatorDelete",
+                "it needs an identity: set digest_auth(user, password)".into(),
             ));
         }
+        if self.tls.as_ref().is_some_and(|t| t.server_name().is_some()) {
+            return Err(invalid(
+                "server name",
+                "ZooKeeper verifies each server's certificate against its host in the connect string: a separate server name is not supported".into(),
+            ));
+        }
+        let scheme = if self.tls.is_some() {
+            "tcp+tls://"
+        } else {
+            "tcp://"
+        };
+        let servers = hosts
+            .iter()
+            .map(|(h, p)| match h.contains(':') {
+                true => format!("{scheme}[{h}]:{p}"),
+                false => format!("{scheme}{h}:{p}"),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
         Ok(Resolved {
-            servers: servers.to_string(),
+            servers,
+            hosts,
             chroot,
+            create_chroot: self.create_chroot,
             connect_timeout: self.connect_timeout,
             acl: self.acl,
             digest: self.digest,
+            sasl: self.sasl,
+            tls: self.tls,
             min_ttl: self.min_ttl,
         })
     }
-}
-
-/// Whether a failed session establishment may succeed if tried again: no server answered in
-/// time, or the connections failed (the ensemble is electing a leader, restarting). Anything
-/// else (authentication, a bad connect string) is final.
-fn retry_connect(e: &zk::Error) -> bool {
-    matches!(
-        e,
-        zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss | zk::Error::Custom(_)
-    )
 }
 
 /// Splits `host:port,...[/chroot]` into the servers and the chroot, as the client parses it:
@@ -219,11 +325,17 @@ fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
 /// Validated settings, shared by the backend and its sessions.
 #[derive(Clone)]
 pub(crate) struct Resolved {
+    /// The servers, each with its scheme (`tcp://` or `tcp+tls://`), comma-separated.
     pub(crate) servers: String,
+    /// Each server's host and port.
+    pub(crate) hosts: Vec<(String, u16)>,
     pub(crate) chroot: Option<String>,
+    pub(crate) create_chroot: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) acl: AclMode,
-    digest: Option<(String, String)>,
+    pub(crate) digest: Option<(String, String)>,
+    pub(crate) sasl: Option<(String, String)>,
+    pub(crate) tls: Option<TlsConfig>,
     pub(crate) min_ttl: Duration,
 }
 
@@ -235,6 +347,8 @@ impl fmt::Debug for Resolved {
             .field("connect_timeout", &self.connect_timeout)
             .field("acl", &self.acl)
             .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .field("sasl_user", &self.sasl.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -252,74 +366,6 @@ impl Resolved {
             AclMode::CreatorDelete => zk::Acls::new(&CREATOR_DELETE),
         }
     }
-
-    /// Opens one session with the requested timeout, rooted at the chroot if `rooted`.
-    /// Bounded by the connect timeout: an unreachable cluster gives [`Error::Connect`].
-    pub(crate) async fn connect_client(
-        &self,
-        session_timeout: Duration,
-        rooted: bool,
-    ) -> Result<zk::Client> {
-        let mut connector = zk::Client::connector().with_session_timeout(session_timeout);
-        if let Some((user, password)) = &self.digest {
-            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
-        }
-        // The client gives up by itself after about one session timeout (`Timeout`), which may
-        // be much shorter than the connect timeout (a 2 s session while the ensemble elects a
-        // leader or restarts): try again until the connect timeout is over.
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let mut backoff = Backoff::new();
-        let client = loop {
-            let attempt = connector.clone().connect(&self.servers);
-            match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(Ok(client)) => break client,
-                Ok(Err(e)) if retry_connect(&e) && tokio::time::Instant::now() < deadline => {
-                    debug!(error = %e, "no zookeeper session yet, trying again");
-                    let pause = tokio::time::Instant::now() + backoff.next_delay();
-                    tokio::time::sleep_until(pause.min(deadline)).await;
-                }
-                Ok(Err(e)) => return Err(error::connect(&self.servers, e)),
-                Err(_) => {
-                    return Err(error::connect(
-                        &self.servers,
-                        format!(
-                            "no session established within the connect timeout of {:?}",
-                            self.connect_timeout
-                        ),
-                    ))
-                }
-            }
-        };
-        debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "zookeeper session established");
-        match (&self.chroot, rooted) {
-            (Some(root), true) => client
-                .chroot(root.clone())
-                .map_err(|_| Error::invalid_config(root, "invalid chroot")),
-            _ => Ok(client),
-        }
-    }
-
-    /// Checks that the cluster answers and creates the chroot node if needed.
-    async fn probe(&self) -> Result<()> {
-        let client = self
-            .connect_client(self.min_ttl.max(Duration::from_secs(4)), false)
-            .await?;
-        if let Some(root) = &self.chroot {
-            let options = zk::CreateMode::Persistent.with_acls(self.acls());
-            match client.mkdir(root, &options).await {
-                Ok(()) => {}
-                // Someone else's chroot we may not write to: fine if it exists.
-                Err(zk::Error::NoAuth)
-                    if client.check_stat(root).await.ok().flatten().is_some() => {}
-                Err(e) => return Err(error::map("create chroot", e)),
-            }
-        }
-        client
-            .check_stat("/")
-            .await
-            .map_err(|e| error::connect(&self.servers, e))?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -336,32 +382,37 @@ mod tests {
 
     #[test]
     fn resolve_rules() {
-        assert!(ZooKeeperConfig::new("a:1/x").resolve().is_ok());
-        assert!(ZooKeeperConfig::new("a:1/x")
-            .chroot("/y")
-            .resolve()
-            .is_err());
-        assert!(ZooKeeperConfig::new("a:1").chroot("x").resolve().is_err());
-        assert!(ZooKeeperConfig::new("a:1").chroot("/x/").resolve().is_err());
-        assert!(ZooKeeperConfig::new("").resolve().is_err());
-        assert!(ZooKeeperConfig::new("a:1")
-            .acl(AclMode::CreatorDelete)
-            .resolve()
-            .is_err());
+        let r = ZooKeeperConfig::new("a:1,b/x").resolve().unwrap();
+        assert_eq!(r.servers, "tcp://a:1,tcp://b:2181");
+        assert_eq!(r.chroot.as_deref(), Some("/x"));
+        let bad = |c: ZooKeeperConfig| matches!(c.resolve(), Err(Error::InvalidConfig(_)));
+        assert!(bad(ZooKeeperConfig::new("a:1/x").chroot("/y")));
+        assert!(bad(ZooKeeperConfig::new("a:1").chroot("x")));
+        assert!(bad(ZooKeeperConfig::new("a:1").chroot("/x/")));
+        assert!(bad(ZooKeeperConfig::new("")));
+        assert!(bad(ZooKeeperConfig::new("a:notaport")));
+        assert!(bad(ZooKeeperConfig::new("tcp+tls://a:1")));
+        assert!(bad(ZooKeeperConfig::new("http://a:1")));
+        assert!(bad(ZooKeeperConfig::new("a:1").acl(AclMode::CreatorDelete)));
         assert!(ZooKeeperConfig::new("a:1")
             .digest_auth("u", "p")
             .acl(AclMode::CreatorDelete)
             .resolve()
             .is_ok());
-        assert!(ZooKeeperConfig::new("a:1")
-            .connect_timeout(Duration::ZERO)
-            .resolve()
-            .is_err());
+        assert!(bad(
+            ZooKeeperConfig::new("a:1").connect_timeout(Duration::ZERO)
+        ));
+        assert!(bad(
+            ZooKeeperConfig::new("a:1").connect_timeout(Duration::MAX)
+        ));
+        assert!(bad(ZooKeeperConfig::new("a:1").sasl_digest_md5("", "p")));
         let r = ZooKeeperConfig::new("a:1/").resolve().unwrap();
         assert_eq!(r.chroot, None);
         let dbg = format!(
             "{:?}",
-            ZooKeeperConfig::new("a:1").digest_auth("u", "secret")
+            ZooKeeperConfig::new("a:1")
+                .digest_auth("u", "secret")
+                .sasl_digest_md5("v", "secret")
         );
         assert!(!dbg.contains("secret"));
     }

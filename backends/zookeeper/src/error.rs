@@ -1,6 +1,6 @@
 //! Mapping of `zookeeper-client` errors into [`fencelock::Error`].
 
-use fencelock::{BoxError, Error, SessionEnd};
+use fencelock::{Error, SessionEnd};
 use zookeeper_client as zk;
 
 /// The backend tag used in errors and traces.
@@ -8,15 +8,24 @@ pub(crate) const NAME: &str = "zookeeper";
 
 /// Maps a client error of operation `op`.
 ///
-/// Session expiry (and the terminal states that mean the same for us: a moved session, failed
-/// authentication) becomes [`Error::SessionLost`]; a closed client is a closed session;
-/// connection loss, timeouts and throttling are temporary; everything else is a permanent
-/// [`Error::Backend`].
+/// Session expiry (and a moved session) becomes [`Error::SessionLost`]; a closed client is a
+/// closed session; failed authentication is [`Error::Unauthenticated`] and a refused ACL
+/// [`Error::PermissionDenied`]; connection loss, timeouts and throttling are temporary;
+/// everything else is a permanent [`Error::Backend`].
 pub(crate) fn map(op: &'static str, e: zk::Error) -> Error {
     match e {
-        zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::AuthFailed => {
+        zk::Error::SessionExpired | zk::Error::SessionMoved => {
             Error::SessionLost(SessionEnd::Expired)
         }
+        zk::Error::AuthFailed => Error::Unauthenticated {
+            backend: NAME,
+            source: e.into(),
+        },
+        zk::Error::NoAuth => Error::PermissionDenied {
+            backend: NAME,
+            op,
+            source: e.into(),
+        },
         zk::Error::ClientClosed => Error::SessionLost(SessionEnd::Closed),
         e => {
             let temporary = is_temporary(&e);
@@ -51,15 +60,5 @@ pub(crate) fn state_error(op: &'static str, state: zk::SessionState) -> Option<E
         zk::SessionState::Closed => Some(Error::SessionLost(SessionEnd::Closed)),
         s if s.is_terminated() => Some(Error::SessionLost(SessionEnd::Expired)),
         _ => None,
-    }
-}
-
-/// A connection failure.
-pub(crate) fn connect(endpoints: &str, source: impl Into<BoxError>) -> Error {
-    Error::Connect {
-        backend: NAME,
-        endpoints: endpoints.to_string(),
-        temporary: true,
-        source: source.into(),
     }
 }

@@ -79,6 +79,25 @@ pub(crate) fn sorted_entries(children: Vec<String>, queue: QueueKind) -> Vec<Lis
     v
 }
 
+/// The suffix of the node next to an election's parent that holds its leaders' proclaimed
+/// values (see [`value_path`]); names ending with it are reserved.
+pub(crate) const PROCLAIMED_SUFFIX: &str = ".proclaimed";
+
+/// Whether `key` is an election candidate's node (`-latch-`).
+pub(crate) fn is_latch(key: &str) -> bool {
+    sequence_of(basename(key), "latch-").is_some()
+}
+
+/// Where the value a leader proclaimed after its campaign lives: `{parent}.proclaimed/{node}.value`
+/// for the candidate node `{parent}/{node}`, outside the election's parent. A Curator
+/// `LeaderLatch` queued behind a leader watches the leader's node with a one-shot watch and acts
+/// only on its deletion: changing that node's data would use up the watch and strand the
+/// Curator follower. So the node keeps its campaign value, and a new one goes here.
+pub(crate) fn value_path(key: &str) -> Option<String> {
+    let (parent, node) = key.rsplit_once('/')?;
+    (!parent.is_empty()).then(|| format!("{parent}{PROCLAIMED_SUFFIX}/{node}.value"))
+}
+
 /// `parent/child`.
 pub(crate) fn join(parent: &str, child: &str) -> String {
     if parent == "/" {
@@ -143,6 +162,12 @@ pub(crate) fn check_zk_path(path: &str, shown: &str, chrooted: bool) -> Result<(
             return Err(invalid(
                 shown,
                 "a segment looks like a queue entry (lock-/latch- and a sequence number)",
+            ));
+        }
+        if seg.ends_with(PROCLAIMED_SUFFIX) {
+            return Err(invalid(
+                shown,
+                "names ending with .proclaimed are reserved (they hold elections' proclaimed values)",
             ));
         }
     }
@@ -247,6 +272,13 @@ mod tests {
         assert_eq!(namespace_root("", false).unwrap(), "/");
         assert_eq!(namespace_root("/a/b", false).unwrap(), "/a/b");
         assert!(namespace_root("zookeeper", false).is_err());
+        assert!(queue_path(&q("ns", "x.proclaimed"), false).is_err());
+        assert_eq!(
+            value_path("/ns/e/_c_x-latch-0000000001").as_deref(),
+            Some("/ns/e.proclaimed/_c_x-latch-0000000001.value")
+        );
+        assert!(is_latch("/ns/e/_c_x-latch-0000000001"));
+        assert!(!is_latch("/ns/e/_c_x-lock-0000000001"));
         assert_eq!(join("/", "a"), "/a");
         assert_eq!(join("/a", "b"), "/a/b");
     }

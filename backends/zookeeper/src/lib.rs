@@ -44,6 +44,7 @@ use tracing::info_span;
 use tracing::Instrument;
 
 mod config;
+mod connect;
 mod election;
 mod error;
 mod layout;
@@ -51,7 +52,10 @@ mod queue;
 mod session;
 mod watch;
 
-pub use config::{AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL};
+pub use config::{
+    AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL, MAX_CONNECT_TIMEOUT,
+};
+pub use fencelock_net::TlsConfig;
 
 use config::Resolved;
 
@@ -73,8 +77,8 @@ pub(crate) struct Inner {
 
 impl ZooKeeperBackend {
     /// Connects with default settings to the cluster at `connect_string`
-    /// (`host:port[,host:port...][/chroot]`). Fails with [`fencelock::Error::Connect`] if no
-    /// server answers within [`DEFAULT_CONNECT_TIMEOUT`].
+    /// (`host:port[,host:port...][/chroot]`); see [`ZooKeeperConfig::connect`] for what is
+    /// checked and the errors.
     pub async fn connect(connect_string: &str) -> Result<Self> {
         ZooKeeperConfig::new(connect_string).connect().await
     }
@@ -94,7 +98,8 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The connect string's servers, without the chroot.
+    /// The servers, each with its scheme (`tcp://`, or `tcp+tls://` with TLS), without the
+    /// chroot.
     pub fn servers(&self) -> &str {
         &self.inner.config.servers
     }
@@ -134,7 +139,7 @@ impl Backend for ZooKeeperBackend {
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
         let span = info_span!("zookeeper_session", requested = ?ttl);
         async {
-            let client = self.inner.config.connect_client(ttl, true).await?;
+            let client = self.inner.config.connect_client(ttl).await?;
             let session: Arc<dyn BackendSession> =
                 Arc::new(session::ZkSession::new(self.inner.clone(), client));
             Ok(session)

@@ -19,8 +19,8 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{self, state_error};
-use crate::layout::{basename, is_entry_name, join, namespace_root, queue_path, sorted_entries};
-use crate::queue::{ahead_of, entry};
+use crate::layout::{basename, is_entry_name, is_latch, join, namespace_root, sorted_entries};
+use crate::queue::ahead_of;
 use crate::watch::{armed, check_session_event, detach, KeptWatch};
 use crate::Inner;
 
@@ -414,6 +414,9 @@ impl BackendSession for ZkSession {
         if deleted {
             debug!(key = %e.key, "deleted entry");
         }
+        if is_latch(&e.key) {
+            self.forget_value(&e.key).await;
+        }
         Ok(deleted)
     }
 
@@ -423,6 +426,10 @@ impl BackendSession for ZkSession {
     }
 
     async fn set_value(&self, e: &Entry, value: &[u8]) -> Result<bool> {
+        if is_latch(&e.key) {
+            // Never on the candidate's node itself: see `layout::value_path`.
+            return self.proclaim(e, value).await;
+        }
         let client = self.client()?;
         let res = client.set_data(&e.key, value, None).await;
         match res {
@@ -433,24 +440,7 @@ impl BackendSession for ZkSession {
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
-        const OP: &str = "read head";
-        let parent = queue_path(queue, self.chrooted())?;
-        loop {
-            let children = self.children(OP, &parent).await?;
-            let Some(first) = sorted_entries(children, queue.kind).into_iter().next() else {
-                return Ok(None);
-            };
-            let path = join(&parent, &first.name);
-            let client = self.client()?;
-            let res = client.get_data(&path).await;
-            match res {
-                Ok((data, stat)) => {
-                    return Ok(Some((entry(path, first.seq, first.kind, stat.czxid), data)))
-                }
-                Err(zk::Error::NoNode) => continue, // the head went meanwhile
-                Err(err) => return Err(error::map(OP, err)),
-            }
-        }
+        self.read_head(queue).await
     }
 
     async fn wait_queue_change(

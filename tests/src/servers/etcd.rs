@@ -37,11 +37,30 @@ struct Member {
     child: Option<ManagedChild>,
 }
 
+/// TLS on the client port of a cluster's members.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its key (PEM).
+    pub key: std::path::PathBuf,
+    /// With a CA, clients must present a certificate it signed (`--client-cert-auth`).
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+/// How to start a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    /// Serve clients over TLS only.
+    pub tls: Option<ServerTls>,
+}
+
 /// An etcd cluster of one or more members on distinct loopback ports.
 pub struct EtcdCluster {
     members: Mutex<Vec<Member>>,
     dir: tempfile::TempDir,
     initial: String,
+    options: EtcdOptions,
 }
 
 impl std::fmt::Debug for EtcdCluster {
@@ -55,6 +74,11 @@ impl std::fmt::Debug for EtcdCluster {
 impl EtcdCluster {
     /// Starts `size` members and waits (bounded) until each listens.
     pub fn start(size: usize) -> EtcdCluster {
+        Self::start_with(size, EtcdOptions::default())
+    }
+
+    /// Starts `size` members with `options` and waits (bounded) until each listens.
+    pub fn start_with(size: usize, options: EtcdOptions) -> EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-etcd-")
             .tempdir()
@@ -76,6 +100,7 @@ impl EtcdCluster {
             members: Mutex::new(members),
             dir,
             initial,
+            options,
         };
         for i in 0..size {
             c.spawn(i);
@@ -89,7 +114,12 @@ impl EtcdCluster {
     fn spawn(&self, i: usize) {
         let mut members = self.members.lock().unwrap();
         let m = &mut members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", &m.name, "--data-dir"])
@@ -101,6 +131,15 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial])
             .args(["--initial-cluster-state", "new"])
             .args(["--logger", "zap", "--log-level", "error"]);
+        if let Some(tls) = &self.options.tls {
+            cmd.arg("--cert-file").arg(&tls.cert);
+            cmd.arg("--key-file").arg(&tls.key);
+            if let Some(ca) = &tls.client_ca {
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+            }
+        }
         let log = self.dir.path().join(format!("{}.log", m.name));
         m.child =
             Some(ManagedChild::spawn(format!("etcd {}", m.name), cmd, &log).expect("start etcd"));
@@ -123,6 +162,30 @@ impl EtcdCluster {
             drop(members);
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Enables authentication: a `root` user (password `root-pw`), a role `{namespace}-rw`
+    /// with read-write permission on the key range `{namespace}/` only, and a user `user` with
+    /// password `password` holding that role. Needs a plaintext cluster.
+    pub async fn enable_auth(&self, namespace: &str, user: &str, password: &str) {
+        use etcd_client::Permission;
+        let mut c = etcd_client::Client::connect(self.endpoints(), None)
+            .await
+            .expect("connect to etcd");
+        let role = format!("{}-rw", namespace.replace('/', "-"));
+        c.user_add("root", "root-pw", None).await.expect("add root");
+        let _ = c.role_add("root").await; // built in on some versions
+        c.user_grant_role("root", "root").await.expect("grant root");
+        c.role_add(role.as_str()).await.expect("add role");
+        let perm = Permission::read_write(format!("{namespace}/")).with_prefix();
+        c.role_grant_permission(role.as_str(), perm)
+            .await
+            .expect("grant permission");
+        c.user_add(user, password, None).await.expect("add user");
+        c.user_grant_role(user, role.as_str())
+            .await
+            .expect("grant role");
+        c.auth_enable().await.expect("enable auth");
     }
 
     /// The process id of member `i`, while it runs.

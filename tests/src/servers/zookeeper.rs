@@ -50,10 +50,41 @@ pub fn missing() -> Option<String> {
         .then(|| "ZooKeeper is not installed (Debian packages `zookeeper` and a JRE)".to_string())
 }
 
+/// TLS on the client port of an ensemble's servers (ZooKeeper's `secureClientPort`, with the
+/// Netty connection factory).
+#[derive(Debug, Clone)]
+pub struct ZkServerTls {
+    /// The server certificate followed by its PKCS#8 key, in one PEM file.
+    pub keystore: std::path::PathBuf,
+    /// The CA that signs client certificates (and that clients trust).
+    pub ca: std::path::PathBuf,
+    /// Whether clients must present a certificate (`ssl.clientAuth=need`).
+    pub client_auth: bool,
+}
+
+/// How to start an ensemble.
+#[derive(Debug, Clone, Default)]
+pub struct ZkOptions {
+    /// Serve clients over TLS only (a plaintext port stays open for the harness's
+    /// four-letter words, and no test connects clients to it).
+    pub tls: Option<ZkServerTls>,
+    /// With users, every session must authenticate by SASL DIGEST-MD5 as one of them.
+    pub sasl_users: Vec<(String, String)>,
+}
+
+/// The jars ZooKeeper's Netty connection factory needs beyond what `zookeeper.jar` pulls in.
+const NETTY_JARS: &[&str] = &[
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
+
 struct Server {
     /// `myid`, 1-based.
     id: usize,
     client_port: u16,
+    /// The TLS client port, if the ensemble serves TLS.
+    secure_port: Option<u16>,
     quorum_port: u16,
     election_port: u16,
     child: Option<ManagedChild>,
@@ -65,6 +96,7 @@ pub struct ZkEnsemble {
     servers: Mutex<Vec<Server>>,
     java: PathBuf,
     dir: tempfile::TempDir,
+    options: ZkOptions,
 }
 
 impl std::fmt::Debug for ZkEnsemble {
@@ -79,10 +111,15 @@ impl ZkEnsemble {
     /// Starts `size` servers and waits (bounded) until each answers and one leads (or the one
     /// server serves). Panics if the ensemble cannot start.
     pub fn start(size: usize) -> ZkEnsemble {
+        Self::start_with(size, ZkOptions::default())
+    }
+
+    /// Starts `size` servers with `options` (see [`start`](Self::start)).
+    pub fn start_with(size: usize, options: ZkOptions) -> ZkEnsemble {
         let mut last = String::new();
         // Ports picked free may be taken before the servers bind them: try a few times.
         for _ in 0..3 {
-            match Self::try_start(size) {
+            match Self::try_start(size, &options) {
                 Ok(e) => return e,
                 Err(err) => last = err,
             }
@@ -90,7 +127,7 @@ impl ZkEnsemble {
         panic!("cannot start a ZooKeeper ensemble of {size}: {last}");
     }
 
-    fn try_start(size: usize) -> Result<ZkEnsemble, String> {
+    fn try_start(size: usize, options: &ZkOptions) -> Result<ZkEnsemble, String> {
         let java = java().ok_or("java not found")?;
         let dir = tempfile::Builder::new()
             .prefix("fencelock-zk-")
@@ -100,6 +137,7 @@ impl ZkEnsemble {
             .map(|i| Server {
                 id: i + 1,
                 client_port: free_port(),
+                secure_port: options.tls.as_ref().map(|_| free_port()),
                 quorum_port: free_port(),
                 election_port: free_port(),
                 child: None,
@@ -124,6 +162,40 @@ impl ZkEnsemble {
             std::fs::create_dir_all(&data).map_err(|e| format!("data dir: {e}"))?;
             std::fs::write(data.join("myid"), format!("{}\n", s.id))
                 .map_err(|e| format!("myid: {e}"))?;
+            let mut extra = String::new();
+            if let (Some(tls), Some(port)) = (&options.tls, s.secure_port) {
+                extra.push_str(&format!(
+                    "secureClientPortAddress=127.0.0.1\n\
+                     secureClientPort={port}\n\
+                     serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                     ssl.keyStore.location={keystore}\n\
+                     ssl.keyStore.type=PEM\n\
+                     ssl.trustStore.location={ca}\n\
+                     ssl.trustStore.type=PEM\n\
+                     ssl.clientAuth={auth}\n",
+                    keystore = tls.keystore.display(),
+                    ca = tls.ca.display(),
+                    auth = if tls.client_auth { "need" } else { "none" },
+                ));
+            }
+            if !options.sasl_users.is_empty() {
+                let users: String = options
+                    .sasl_users
+                    .iter()
+                    .map(|(u, p)| format!("    user_{u}=\"{p}\"\n"))
+                    .collect();
+                std::fs::write(
+                    home.join("jaas.conf"),
+                    format!(
+                        "Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n{users};\n}};\n"
+                    ),
+                )
+                .map_err(|e| format!("jaas.conf: {e}"))?;
+                extra.push_str(
+                    "authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
+                     sessionRequireClientSASLAuth=true\n",
+                );
+            }
             std::fs::write(
                 home.join("zoo.cfg"),
                 format!(
@@ -138,6 +210,7 @@ impl ZkEnsemble {
                      maxClientCnxns=0\n\
                      admin.enableServer=false\n\
                      4lw.commands.whitelist=*\n\
+                     {extra}\
                      {peers}",
                     tick = TICK.as_millis(),
                     min = MIN_SESSION_TIMEOUT.as_millis(),
@@ -152,6 +225,7 @@ impl ZkEnsemble {
             servers: Mutex::new(servers),
             java,
             dir,
+            options: options.clone(),
         };
         for i in 0..size {
             e.spawn(i)?;
@@ -183,7 +257,8 @@ impl ZkEnsemble {
 
     fn spawn(&self, i: usize) -> Result<(), String> {
         let home = self.home(i);
-        let mut cmd = server_command(&self.java);
+        let jaas = (!self.options.sasl_users.is_empty()).then(|| home.join("jaas.conf"));
+        let mut cmd = server_command(&self.java, self.options.tls.is_some(), jaas.as_deref());
         cmd.arg(home.join("zoo.cfg"));
         let child = ManagedChild::spawn(
             format!("zookeeper {}", i + 1),
@@ -257,8 +332,10 @@ impl Cluster for ZkEnsemble {
         self.servers.lock().unwrap().len()
     }
 
+    /// The client port (the TLS one when the ensemble serves TLS).
     fn endpoint(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.port(i))
+        let s = &self.servers.lock().unwrap()[i];
+        format!("127.0.0.1:{}", s.secure_port.unwrap_or(s.client_port))
     }
 
     /// Asks every live server with `srvr` for its mode (bounded wait for one that leads).
@@ -337,11 +414,14 @@ fn serves_as_leader(srvr: &Option<String>) -> bool {
 /// The `java` command line of a ZooKeeper server from Debian's jars, up to the main class (the
 /// caller appends the config file): small heap, quick start, admin server off, log level from
 /// `ZK_TEST_LOG_LEVEL` (default `warn`).
-fn server_command(java: &Path) -> Command {
+fn server_command(java: &Path, netty: bool, jaas: Option<&Path>) -> Command {
     let mut classpath = ZOOKEEPER_JAR.to_string();
-    if Path::new(SLF4J_SIMPLE_JAR).exists() {
-        classpath.push(':');
-        classpath.push_str(SLF4J_SIMPLE_JAR);
+    let extra: &[&str] = if netty { NETTY_JARS } else { &[] };
+    for jar in extra.iter().chain([&SLF4J_SIMPLE_JAR]) {
+        if Path::new(jar).exists() {
+            classpath.push(':');
+            classpath.push_str(jar);
+        }
     }
     let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
     let mut cmd = Command::new(java);
@@ -354,10 +434,14 @@ fn server_command(java: &Path) -> Command {
         // Reap empty CONTAINER parents quickly (default: every minute).
         "-Dznode.container.checkIntervalMs=1000",
         &format!("-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"),
-        "-cp",
-        &classpath,
-        MAIN,
     ]);
+    if let Some(jaas) = jaas {
+        cmd.arg(format!(
+            "-Djava.security.auth.login.config={}",
+            jaas.display()
+        ));
+    }
+    cmd.args(["-cp", &classpath, MAIN]);
     cmd
 }
 

@@ -1,0 +1,25 @@
+//! # fencelock-net
+//!
+//! Pieces shared by fencelock's network backends (`fencelock-etcd`, `fencelock-zookeeper`):
+//! the TLS settings ([`TlsConfig`], re-exported by both), and the diagnosis of an endpoint that
+//! cannot be used ([`probe`]), which turns "it did not connect" into a typed error with its
+//! cause: a name that does not resolve, a refused or unreachable port, a server certificate
+//! from an unknown authority, a client certificate the server rejected, a plaintext client at a
+//! TLS port or the reverse. Whether the error is temporary follows from the cause.
+//!
+//! An implementation detail of the backends: use it through them.
+#![forbid(unsafe_code)]
+
+mod probe;
+mod tls;
+
+use std::sync::Arc;
+
+pub use probe::{connect_error, probe, split_host_port, Probe};
+pub use tls::TlsConfig;
+
+/// The one crypto provider of every TLS connection fencelock makes (the client libraries'
+/// too): aws-lc-rs, so that no second provider makes rustls' process default ambiguous.
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}

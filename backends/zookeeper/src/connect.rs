@@ -1,0 +1,159 @@
+//! Connecting ZooKeeper clients: the reachability check of `connect()`, and one client per
+//! session, with the cause of a failure found and typed.
+//!
+//! zookeeper-client retries a failed connection until the session timeout and then reports
+//! only `Timeout`, whatever went wrong. So each attempt fails eagerly, and a failed attempt
+//! probes the servers (name, port, TLS) to learn why: a wrong setting ends the wait at once
+//! with a permanent error; servers that are down or starting are waited for until the connect
+//! timeout, and the error says so.
+
+use std::time::Duration;
+
+use fencelock::backend::Backoff;
+use fencelock::{Error, Result};
+use fencelock_net::{connect_error, probe, Probe};
+use tokio::time::{timeout_at, Instant};
+use tracing::debug;
+use zookeeper_client as zk;
+
+use crate::config::Resolved;
+use crate::error::{self, NAME};
+
+impl Resolved {
+    /// Probes every server (at most until the connect timeout): `Ok` if one is reachable as
+    /// configured.
+    pub(crate) async fn reachable(&self) -> Result<()> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let probes = self.probe_all(deadline).await;
+        if probes.iter().any(|(_, p)| *p == Probe::Reachable) {
+            return Ok(());
+        }
+        Err(connect_error(NAME, &self.servers, &probes))
+    }
+
+    /// Probes every server at once, each bounded by `deadline` (and by 2 s).
+    async fn probe_all(&self, deadline: Instant) -> Vec<(String, Probe)> {
+        let within = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let probes = self.hosts.iter().map(|(host, port)| async move {
+            let p = probe(host, *port, self.tls.as_ref(), within).await;
+            (format!("{host}:{port}"), p)
+        });
+        futures::future::join_all(probes).await
+    }
+
+    /// Opens one session with the requested timeout, rooted at the chroot (which must exist
+    /// unless `create_chroot`). Bounded by the connect timeout.
+    pub(crate) async fn connect_client(&self, session_timeout: Duration) -> Result<zk::Client> {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(session_timeout)
+            .with_fail_eagerly();
+        if let Some((user, password)) = &self.digest {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        if let Some((user, password)) = &self.sasl {
+            connector =
+                connector.with_sasl(zk::SaslOptions::digest_md5(user.clone(), password.clone()));
+        }
+        if let Some(tls) = &self.tls {
+            let bad = |e: zk::Error| Error::invalid_config("TLS", e.to_string());
+            let mut options = zk::TlsOptions::new()
+                .with_pem_ca(tls.ca_pem())
+                .map_err(bad)?;
+            if let Some((cert, key)) = tls.identity_pem() {
+                options = options.with_pem_identity(cert, key).map_err(bad)?;
+            }
+            connector = connector.with_tls(options);
+        }
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut backoff = Backoff::new();
+        let client = loop {
+            let attempt = connector.clone().connect(&self.servers);
+            let failure = match timeout_at(deadline, attempt).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(zk::Error::AuthFailed)) => {
+                    return Err(Error::Unauthenticated {
+                        backend: NAME,
+                        source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
+                    })
+                }
+                Ok(Err(e)) if retry_connect(&e) => e.to_string(),
+                Ok(Err(e)) => return Err(error::map("connect", e)),
+                Err(_) => "no session within the connect timeout".to_string(),
+            };
+            debug!(error = %failure, "no zookeeper session yet: probing the servers");
+            let probes = self.probe_all(deadline).await;
+            let pause = backoff.next_delay();
+            if probes.iter().any(|(_, p)| p.is_permanent()) || Instant::now() + pause >= deadline {
+                return Err(match connect_error(NAME, &self.servers, &probes) {
+                    // Reachable, yet no session: say what the client said.
+                    Error::Connect {
+                        backend,
+                        endpoints,
+                        temporary,
+                        source,
+                    } if probes.iter().any(|(_, p)| *p == Probe::Reachable) => Error::Connect {
+                        backend,
+                        endpoints,
+                        temporary,
+                        source: format!("{failure} ({source})").into(),
+                    },
+                    other => other,
+                });
+            }
+            tokio::time::sleep(pause).await;
+        };
+        debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "zookeeper session established");
+        if self.sasl.is_some() {
+            let users = client
+                .list_auth_users()
+                .await
+                .map_err(|e| error::map("check authentication", e))?;
+            if !users.iter().any(|u| u.scheme() == "sasl") {
+                return Err(Error::Unauthenticated {
+                    backend: NAME,
+                    source: "the ZooKeeper servers accepted the connection without authenticating it by SASL (is SASL configured on them?)".into(),
+                });
+            }
+        }
+        match &self.chroot {
+            Some(root) => {
+                self.check_chroot(&client, root).await?;
+                client
+                    .chroot(root.clone())
+                    .map_err(|_| Error::invalid_config(root, "invalid chroot"))
+            }
+            None => Ok(client),
+        }
+    }
+
+    /// Checks that the chroot exists, or creates it if asked to.
+    async fn check_chroot(&self, client: &zk::Client, root: &str) -> Result<()> {
+        match client.check_stat(root).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) if self.create_chroot => {
+                let options = zk::CreateMode::Persistent.with_acls(self.acls());
+                match client.mkdir(root, &options).await {
+                    Ok(()) | Err(zk::Error::NodeExists) => Ok(()),
+                    Err(e) => Err(error::map("create chroot", e)),
+                }
+            }
+            Ok(None) => Err(Error::invalid_config(
+                root,
+                "the chroot node does not exist: create it, or set create_chroot(true)",
+            )),
+            Err(e) => Err(error::map("check chroot", e)),
+        }
+    }
+}
+
+/// Whether a failed session establishment may succeed if tried again: no server answered in
+/// time, or the connections failed (the ensemble is electing a leader, restarting, or the
+/// setting is wrong: the probes tell).
+fn retry_connect(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss | zk::Error::Custom(_)
+    )
+}

@@ -1,0 +1,214 @@
+//! Supervision for long-running services: keep leading, or keep holding a lock, across session
+//! losses, and shut down gracefully.
+
+use std::future::Future;
+use std::pin::pin;
+
+use tracing::{info, warn};
+
+use crate::race::{race, First};
+use crate::retry::Backoff;
+use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilder, SessionState};
+
+/// Keeps a process leading an election, or holding a lock, across session losses.
+///
+/// A session is terminal: once it expires (a long pause, a partition past the TTL), every lock
+/// and leadership of it is gone for good. A long-running service usually wants to take part
+/// again: the supervisor re-creates the session (with backoff and jitter while the cluster is
+/// unreachable), campaigns or locks again, and hands your code a fresh [`Leadership`] or
+/// [`Guard`] each time, the way client-go's `leaderelection` (`OnStartedLeading` /
+/// `OnStoppedLeading` / `ReleaseOnCancel`) and Curator's `LeaderSelector` with `autoRequeue` do.
+///
+/// Your code runs as a future; when leadership is lost the future is dropped (stop everything
+/// it started) and a new one is started at the next term. On `shutdown` the future is dropped and
+/// the session is closed at once, so that a successor takes over in milliseconds rather than
+/// a TTL.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> fencelock::Result<()> {
+/// use std::time::Duration;
+/// use fencelock::{MemoryBackend, Session, Supervisor};
+///
+/// let supervisor = Supervisor::new(Session::builder(MemoryBackend::new()));
+/// let shutdown = tokio::time::sleep(Duration::from_millis(200)); // ctrl-c, SIGTERM, ...
+/// supervisor
+///     .lead("orders-primary", b"node-a:8080", shutdown, |leader| async move {
+///         println!("leading with epoch {}", leader.epoch());
+///         std::future::pending::<()>().await; // serve until deposed or shut down
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    builder: SessionBuilder,
+}
+
+/// Why one term ended.
+enum TermEnd {
+    /// Shutdown was asked for.
+    Shutdown,
+    /// The user's future returned.
+    Done,
+    /// The tenure was lost.
+    Lost(LostReason),
+}
+
+impl Supervisor {
+    /// A supervisor that starts its sessions with `builder`.
+    pub fn new(builder: SessionBuilder) -> Self {
+        Supervisor { builder }
+    }
+
+    /// Campaigns in election `name` with `value` and runs `lead` with each leadership won, until
+    /// `shutdown` resolves or a `lead` future returns (then it resigns). Leadership lost
+    /// (session expired, local deadline, entry deleted) drops the `lead` future and starts a
+    /// new campaign, in a new session if the old one is lost.
+    ///
+    /// Returns `Ok(())` after a shutdown or a `lead` that returned, with the session closed;
+    /// an error only if it is permanent (an invalid name or value, authentication, permission).
+    pub async fn lead<F, Fut>(
+        &self,
+        name: &str,
+        value: impl AsRef<[u8]>,
+        shutdown: impl Future<Output = ()>,
+        mut lead: F,
+    ) -> Result<()>
+    where
+        F: FnMut(Leadership) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let value = value.as_ref().to_vec();
+        self.supervise(
+            name,
+            shutdown,
+            |session, name| {
+                let value = value.clone();
+                let name = name.to_string();
+                async move { session.election(&name)?.campaign(value).await }
+            },
+            |leader: Leadership| {
+                info!(epoch = %leader.epoch(), "leading");
+                let lost = leader.lost();
+                (lost, lead(leader))
+            },
+        )
+        .await
+    }
+
+    /// Locks `name` and runs `work` with each guard, until `shutdown` resolves or a `work`
+    /// future returns (then it releases). A lost lock drops the `work` future and locks again,
+    /// in a new session if the old one is lost.
+    ///
+    /// Returns as [`lead`](Self::lead) does.
+    pub async fn hold<F, Fut>(
+        &self,
+        name: &str,
+        shutdown: impl Future<Output = ()>,
+        mut work: F,
+    ) -> Result<()>
+    where
+        F: FnMut(Guard) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        self.supervise(
+            name,
+            shutdown,
+            |session, name| {
+                let name = name.to_string();
+                async move { session.mutex(&name)?.lock().await }
+            },
+            |guard: Guard| {
+                info!(token = %guard.token(), "holding");
+                let lost = guard.lost();
+                (lost, work(guard))
+            },
+        )
+        .await
+    }
+
+    /// The loop behind [`lead`](Self::lead) and [`hold`](Self::hold).
+    async fn supervise<T, A, AF, S, L, UF>(
+        &self,
+        name: &str,
+        shutdown: impl Future<Output = ()>,
+        mut acquire: A,
+        mut start: S,
+    ) -> Result<()>
+    where
+        A: FnMut(Session, &str) -> AF,
+        AF: Future<Output = Result<T>>,
+        S: FnMut(T) -> (L, UF),
+        L: Future<Output = LostReason>,
+        UF: Future<Output = ()>,
+    {
+        let mut shutdown = pin!(shutdown);
+        let mut session: Option<Session> = None;
+        let mut backoff = Backoff::new();
+        loop {
+            // A session (a new one after a loss), then the lock or leadership.
+            let s = match &session {
+                Some(s) if !matches!(s.state(), SessionState::Lost(_)) => s.clone(),
+                _ => match race(shutdown.as_mut(), self.builder.clone().start()).await {
+                    First::Left(()) => return Ok(()),
+                    First::Right(Ok(s)) => {
+                        session = Some(s.clone());
+                        s
+                    }
+                    First::Right(Err(e)) if e.is_temporary() => {
+                        warn!(error = %e, "cannot start a session yet, retrying");
+                        if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    First::Right(Err(e)) => return Err(e),
+                },
+            };
+            let tenure = match race(shutdown.as_mut(), acquire(s.clone(), name)).await {
+                First::Left(()) => {
+                    let _ = s.close().await;
+                    return Ok(());
+                }
+                First::Right(Ok(t)) => t,
+                First::Right(Err(Error::SessionLost(end))) => {
+                    warn!(%end, "session lost while waiting: starting a new one");
+                    session = None;
+                    continue;
+                }
+                First::Right(Err(e)) if e.is_temporary() => {
+                    warn!(error = %e, "cannot acquire yet, retrying");
+                    if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
+                        let _ = s.close().await;
+                        return Ok(());
+                    }
+                    continue;
+                }
+                First::Right(Err(e)) => {
+                    let _ = s.close().await;
+                    return Err(e);
+                }
+            };
+            backoff = Backoff::new();
+            let (lost, user) = start(tenure);
+            let end = match race(shutdown.as_mut(), race(lost, user)).await {
+                First::Left(()) => TermEnd::Shutdown,
+                First::Right(First::Left(reason)) => TermEnd::Lost(reason),
+                First::Right(First::Right(())) => TermEnd::Done,
+            };
+            match end {
+                TermEnd::Shutdown | TermEnd::Done => {
+                    // Everything at once: the successor takes over in milliseconds.
+                    let _ = s.close().await;
+                    return Ok(());
+                }
+                TermEnd::Lost(reason) => {
+                    warn!(%reason, "lost: taking part again");
+                    if matches!(reason, LostReason::Session(_)) {
+                        session = None;
+                    }
+                }
+            }
+        }
+    }
+}
