@@ -1,91 +1,123 @@
-//! A leader-elected service on the in-memory backend: it campaigns, stamps every write with its
-//! epoch, and steps down the moment `lost()` fires.
+//! A leader-elected service: it campaigns, stamps every write with its epoch, steps down the
+//! moment its leadership is lost, takes part again after a session loss, and resigns at once on
+//! ctrl-c or SIGTERM so that another instance takes over in milliseconds.
 //!
-//! Two nodes run in this process. node-a leads first; then its session ends (as when its
-//! process dies), node-b takes over with a larger epoch, and the storage refuses node-a's late
-//! write.
+//! On a real cluster, run two instances and stop the leader:
 //!
-//! Run: `cargo run --example leader`
+//! ```text
+//! cargo run -p fencelock-examples --example leader -- --etcd 127.0.0.1:2379 --name node-a
+//! cargo run -p fencelock-examples --example leader -- --etcd 127.0.0.1:2379 --name node-b
+//! ```
+//!
+//! ctrl-c on the leader hands over at once; `kill -9` of the leader hands over after the TTL.
+//! `--zookeeper 127.0.0.1:2181` works the same. Without a cluster, two nodes run in this process
+//! on the in-memory backend.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::{Error, Fence, Leadership, MemoryBackend, Session};
+use clap::Parser;
+use fencelock::{Fence, Session, Supervisor};
+use fencelock_examples::{shutdown_signal, BackendArgs};
+use futures_util::StreamExt;
 
-/// Downstream storage: refuses writes stamped with an older epoch than it has seen.
-#[derive(Default)]
-struct Storage {
-    fence: Fence,
-}
-
-/// The work a leader does: a write per tick, stamped with the epoch, until leadership is lost.
-async fn lead(
-    node: &str,
-    leader: &Leadership,
-    storage: &Storage,
-    ticks: usize,
-) -> Result<(), Error> {
-    let epoch = leader.epoch();
-    let lost = leader.lost();
-    tokio::pin!(lost);
-    for i in 0..ticks {
-        tokio::select! {
-            reason = &mut lost => {
-                println!("{node}: leadership lost ({reason}): stepping down");
-                return Ok(());
-            }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                storage.fence.admit(epoch)?;
-                println!("{node}: write #{i} accepted with epoch {epoch}");
-            }
-        }
-    }
-    Ok(())
+#[derive(Parser, Debug)]
+#[command(about = "A leader-elected service on fencelock")]
+struct Args {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// This instance's name (published as the leader's value).
+    #[arg(long, default_value = "node-a")]
+    name: String,
+    /// The election.
+    #[arg(long, default_value = "orders-primary")]
+    election: String,
+    /// The session TTL (a killed leader is replaced after about this long).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How often the leader does its work.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    every: Duration,
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    let backend = MemoryBackend::new(); // or EtcdBackend / ZooKeeperBackend
-    let storage = Arc::new(Storage::default());
-    let ttl = Duration::from_secs(2);
-    let a = Session::builder(backend.clone()).ttl(ttl).start().await?;
-    let b = Session::builder(backend).ttl(ttl).start().await?;
-
-    let leader_a = a
-        .election("orders-primary")?
-        .campaign(b"node-a:8080")
-        .await?;
-    println!("node-a: leading with epoch {}", leader_a.epoch());
-
-    // node-b campaigns and waits; it observes the election meanwhile.
-    let node_b = tokio::spawn({
-        let storage = storage.clone();
-        async move {
-            let election = b.election("orders-primary")?;
-            let leader = election.campaign(b"node-b:8080").await?;
-            let info = election.leader().await?.expect("a leader");
-            println!(
-                "node-b: leading with epoch {} (published value {:?})",
-                leader.epoch(),
-                String::from_utf8_lossy(&info.value)
-            );
-            lead("node-b", &leader, &storage, 3).await?;
-            leader.resign().await?;
-            println!("node-b: resigned");
-            Ok::<_, Error>(())
-        }
-    });
-
-    lead("node-a", &leader_a, &storage, 3).await?;
-    println!("node-a: its session ends");
-    a.close().await?;
-    lead("node-a", &leader_a, &storage, usize::MAX).await?;
-    let stale = leader_a.epoch();
-
-    node_b.await.expect("node-b task")?;
-    match storage.fence.admit(stale) {
-        Err(e) => println!("storage: refused node-a's late write: {e}"),
-        Ok(()) => panic!("a deposed leader's write must be refused"),
+async fn main() -> fencelock::Result<()> {
+    let args = Args::parse();
+    let (backend, what) = args.backend.connect().await?;
+    if !args.backend.is_remote() {
+        return demo(backend, &args).await;
     }
+    println!(
+        "{}: campaigning for {:?} on {what} (ttl {:?}); ctrl-c or SIGTERM to stop",
+        args.name, args.election, args.ttl
+    );
+    serve(backend, &args, Arc::new(Fence::new())).await
+}
+
+/// One instance of the service until a shutdown signal.
+async fn serve(
+    backend: Arc<dyn fencelock::backend::Backend>,
+    args: &Args,
+    storage: Arc<Fence>,
+) -> fencelock::Result<()> {
+    let builder = Session::builder(backend).ttl(args.ttl);
+    let name = args.name.clone();
+    let shutdown = {
+        let name = name.clone();
+        async move {
+            let signal = shutdown_signal().await;
+            println!("{name}: {signal}: shutting down, resigning");
+        }
+    };
+    Supervisor::new(builder)
+        .lead(&args.election, name.as_bytes(), shutdown, |leader| {
+            let (name, storage, every) = (name.clone(), storage.clone(), args.every);
+            async move {
+                let epoch = leader.epoch();
+                println!("{name}: leading, epoch {epoch}");
+                let mut states = Box::pin(leader.session().state_changes());
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tokio::select! {
+                        Some(state) = states.next() => println!("{name}: session {state:?}"),
+                        _ = tick.tick() => match storage.admit(epoch) {
+                            Ok(()) => println!("{name}: wrote as leader, epoch {epoch}"),
+                            Err(e) => println!("{name}: write refused: {e}"),
+                        },
+                    }
+                }
+            }
+        })
+        .await?;
+    println!("{name}: stopped");
+    Ok(())
+}
+
+/// Two nodes in this process on the in-memory backend: node-a leads, then resigns; node-b takes
+/// over with a larger epoch, and the storage refuses node-a's late write.
+async fn demo(backend: Arc<dyn fencelock::backend::Backend>, args: &Args) -> fencelock::Result<()> {
+    let storage = Fence::new();
+    let a = Session::builder(backend.clone())
+        .ttl(args.ttl)
+        .start()
+        .await?;
+    let b = Session::builder(backend).ttl(args.ttl).start().await?;
+    let leader_a = a.election(&args.election)?.campaign(b"node-a").await?;
+    println!("node-a: leading, epoch {}", leader_a.epoch());
+    storage.admit(leader_a.epoch())?;
+    let election_b = b.election(&args.election)?;
+    let node_b = tokio::spawn(async move { election_b.campaign(b"node-b").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    println!("node-a: resigning");
+    let stale = leader_a.epoch();
+    leader_a.resign().await?;
+    let leader_b = node_b.await.expect("node-b")?;
+    println!("node-b: leading, epoch {}", leader_b.epoch());
+    storage.admit(leader_b.epoch())?;
+    match storage.admit(stale) {
+        Err(e) => println!("storage: refused node-a's late write: {e}"),
+        Ok(()) => unreachable!("a deposed leader's write must be refused"),
+    }
+    leader_b.resign().await?;
     Ok(())
 }

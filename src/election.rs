@@ -237,6 +237,11 @@ impl Leadership {
         &self.tenure.entry.key
     }
 
+    /// The session this leadership belongs to (to watch its state, say).
+    pub fn session(&self) -> &Session {
+        &self.tenure.session
+    }
+
     /// How long this candidate has been leading.
     pub fn held_for(&self) -> Duration {
         self.tenure.held_for()

@@ -164,6 +164,11 @@ impl Guard {
         &self.tenure.entry.key
     }
 
+    /// The session this guard belongs to.
+    pub fn session(&self) -> &Session {
+        &self.tenure.session
+    }
+
     /// How long this guard has been held.
     pub fn held_for(&self) -> Duration {
         self.tenure.held_for()

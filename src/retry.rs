@@ -32,9 +32,15 @@ pub struct Backoff {
 impl Backoff {
     /// A fresh policy: the next pause is the shortest.
     pub fn new() -> Self {
+        Self::capped(MAX_DELAY)
+    }
+
+    /// The same policy with pauses growing only up to `max` (at least the first pause): for a
+    /// loop that must notice a recovery sooner than a second later.
+    pub fn capped(max: Duration) -> Self {
         let inner = ExponentialBuilder::new()
             .with_min_delay(MIN_DELAY)
-            .with_max_delay(MAX_DELAY)
+            .with_max_delay(max.max(MIN_DELAY))
             .with_factor(2.0)
             .with_jitter()
             .without_max_times()

@@ -274,3 +274,57 @@ pub async fn candidates_in_one_session(f: &dyn Factory) {
     l2.resign().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// `observe()` ends once its session is closed: one [`Error::SessionLost`], then the end of the
+/// stream (no error loop).
+pub async fn observe_ends_when_session_ends(f: &dyn Factory) {
+    let ns = unique_namespace("observe_ends");
+    let s = open(f, &ns, TTL).await;
+    let stream = s.election("e").unwrap().observe();
+    tokio::pin!(stream);
+    assert_eq!(next(&mut stream).await, None, "no leader yet");
+    s.close().await.unwrap();
+    let item = bounded(WAIT, "the stream reports the loss", stream.next()).await;
+    assert!(matches!(item, Some(Err(Error::SessionLost(_)))), "{item:?}");
+    let end = bounded(WAIT, "the stream ends", stream.next()).await;
+    assert!(end.is_none(), "{end:?}");
+}
+
+/// A [`Supervisor`](crate::Supervisor) keeps leading: when its leadership is lost (its entry
+/// deleted), the running `lead` future is dropped and a new term begins with a larger epoch;
+/// on shutdown it returns with everything released.
+pub async fn supervisor_keeps_leading(f: &dyn Factory) {
+    let ns = unique_namespace("supervisor");
+    let builder = crate::Session::builder(f.backend()).namespace(&ns).ttl(TTL);
+    let supervisor = crate::Supervisor::new(builder);
+    let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
+    let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        supervisor
+            .lead(
+                "e",
+                b"v",
+                async move {
+                    let _ = stop.await;
+                },
+                move |leader| {
+                    let tx = terms_tx.clone();
+                    async move {
+                        let _ = tx.send((leader.epoch(), leader.key().to_string()));
+                        std::future::pending::<()>().await;
+                        drop(leader);
+                    }
+                },
+            )
+            .await
+    });
+    let (first, key) = bounded(WAIT, "first term", terms.recv()).await.unwrap();
+    f.delete_as_admin(&key).await.unwrap();
+    let (second, _) = bounded(WAIT, "second term", terms.recv()).await.unwrap();
+    assert!(second > first, "a new term has a larger epoch");
+    let _ = stop_tx.send(());
+    bounded(WAIT, "shutdown", run).await.unwrap().unwrap();
+    let probe = open(f, &ns, TTL).await;
+    wait_entries(&probe, "released on shutdown", |l| l.is_empty()).await;
+    probe.close().await.unwrap();
+}

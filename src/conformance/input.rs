@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{open, unique_namespace, Factory, TTL};
+use super::{bounded, open, unique_namespace, Factory, TTL, WAIT};
 use crate::{Error, LostReason, Session, SessionEnd};
 
 /// Invalid names, namespaces and TTLs are refused with typed errors before anything is sent.
@@ -87,4 +87,156 @@ pub async fn use_after_close(f: &dyn Factory) {
         "nothing left"
     );
     other.close().await.unwrap();
+}
+
+/// `lock_timeout(Duration::ZERO)` behaves as `try_lock` with an error: a free lock is granted
+/// (the first request is never cut off by the timeout), a held one gives [`Error::Timeout`] and
+/// leaves no entry, every time.
+pub async fn lock_timeout_zero_behaves_as_try_lock(f: &dyn Factory) {
+    let ns = unique_namespace("lock_timeout_zero");
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, TTL).await;
+    let (ma, mb) = (a.mutex("z").unwrap(), b.mutex("z").unwrap());
+    for _ in 0..5 {
+        let g = bounded(
+            WAIT,
+            "lock_timeout(0) on a free lock",
+            ma.lock_timeout(Duration::ZERO),
+        )
+        .await
+        .expect("a free lock is granted");
+        let r = bounded(
+            WAIT,
+            "lock_timeout(0) on a held lock",
+            mb.lock_timeout(Duration::ZERO),
+        )
+        .await;
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert_eq!(a.list_entries().await.unwrap(), vec![g.key().to_string()]);
+        g.release().await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// Huge durations are refused with typed errors or saturate; none panics: a TTL or safety
+/// margin of `Duration::MAX` (or `u64::MAX` seconds) is [`Error::InvalidTtl`], a zero margin
+/// too; `lock_timeout(Duration::MAX)` and `start_timeout(Duration::MAX)` wait without a limit.
+pub async fn huge_durations_never_panic(f: &dyn Factory) {
+    let ns = unique_namespace("huge_durations");
+    for ttl in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(u64::MAX / 2),
+    ] {
+        let r = Session::builder(f.backend())
+            .namespace(&ns)
+            .ttl(ttl)
+            .start()
+            .await;
+        assert!(matches!(r, Err(Error::InvalidTtl(_))), "ttl {ttl:?}: {r:?}");
+    }
+    for margin in [Duration::MAX, Duration::ZERO] {
+        let r = Session::builder(f.backend())
+            .namespace(&ns)
+            .ttl(TTL)
+            .safety_margin(margin)
+            .start()
+            .await;
+        assert!(
+            matches!(r, Err(Error::InvalidTtl(_))),
+            "margin {margin:?}: {r:?}"
+        );
+    }
+    let s = bounded(
+        WAIT,
+        "start with a huge start timeout",
+        Session::builder(f.backend())
+            .namespace(&ns)
+            .ttl(TTL)
+            .start_timeout(Duration::MAX)
+            .start(),
+    )
+    .await
+    .unwrap();
+    let m = s.mutex("h").unwrap();
+    let g = bounded(WAIT, "lock_timeout(MAX)", m.lock_timeout(Duration::MAX))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A value longer than the backend's limit is refused with [`Error::InvalidValue`] before
+/// anything is sent (campaign and proclaim), and leaves no entry; a value of exactly the limit
+/// works and is read back whole.
+pub async fn oversized_values_are_refused(f: &dyn Factory) {
+    let ns = unique_namespace("oversized_values");
+    let s = open(f, &ns, TTL).await;
+    let max = f.backend().max_value_len();
+    let e = s.election("big").unwrap();
+    let r = bounded(
+        WAIT,
+        "campaign with a huge value",
+        e.campaign(vec![7u8; max + 1]),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+    assert!(
+        s.list_entries().await.unwrap().is_empty(),
+        "nothing created"
+    );
+    let r = bounded(WAIT, "campaign with 3 MB", e.campaign(vec![7u8; 3_000_000])).await;
+    assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+    let l = bounded(
+        WAIT,
+        "campaign with the largest value",
+        e.campaign(vec![1u8; max]),
+    )
+    .await
+    .unwrap();
+    let info = e.leader().await.unwrap().expect("a leader");
+    assert_eq!(info.value.len(), max);
+    let r = l.proclaim(vec![2u8; max + 1]).await;
+    assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+    assert!(l.is_leader(), "a refused proclaim changes nothing");
+    l.proclaim(vec![3u8; max]).await.unwrap();
+    assert_eq!(e.leader().await.unwrap().unwrap().value, vec![3u8; max]);
+    l.resign().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// Odd Unicode names (emoji, characters beyond the Basic Multilingual Plane, right-to-left
+/// text, combining marks, joiners, the replacement character, long multi-byte names) are either
+/// refused by `mutex()` with [`Error::InvalidName`] or work end to end: never an untyped error
+/// at `lock()`.
+pub async fn odd_unicode_names(f: &dyn Factory) {
+    let ns = unique_namespace("odd_unicode");
+    let s = open(f, &ns, TTL).await;
+    let long = "é".repeat(256); // 512 bytes
+    for name in [
+        "emoji-🔒",
+        "cjk-ext-b-𠀀",
+        "rtl-שלום",
+        "combining-e\u{301}",
+        "zwj-👩\u{200d}💻",
+        "replacement-\u{fffd}",
+        "nbsp\u{a0}name",
+        long.as_str(),
+    ] {
+        match s.mutex(name) {
+            Err(Error::InvalidName(_)) => {}
+            Err(e) => panic!("{name:?}: an untyped refusal: {e:?}"),
+            Ok(m) => {
+                let g = bounded(WAIT, "lock an odd name", m.lock())
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("{name:?} accepted by mutex() but lock() failed: {e:?}")
+                    });
+                g.release().await.unwrap();
+            }
+        }
+    }
+    assert!(s.list_entries().await.unwrap().is_empty());
+    s.close().await.unwrap();
 }

@@ -149,3 +149,22 @@ pub async fn use_after_lost(f: &dyn Factory) {
     wait_entries(&b, "expired entries gone", |l| l.is_empty()).await;
     b.close().await.unwrap();
 }
+
+/// `state_changes()` reports the current state first, then the end, and then ends.
+pub async fn state_changes_until_closed(f: &dyn Factory) {
+    use futures_util::StreamExt;
+    let ns = unique_namespace("state_changes");
+    let s = open(f, &ns, TTL).await;
+    let states = s.state_changes();
+    tokio::pin!(states);
+    assert_eq!(
+        bounded(WAIT, "first state", states.next()).await,
+        Some(SessionState::Live)
+    );
+    s.close().await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "the end", states.next()).await,
+        Some(SessionState::Lost(SessionEnd::Closed))
+    );
+    assert_eq!(bounded(WAIT, "no more", states.next()).await, None);
+}

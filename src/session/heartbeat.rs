@@ -159,13 +159,17 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
 /// How long the background task keeps trying to end a lost or closed session on the cluster.
 const CLOSE_PATIENCE: Duration = Duration::from_secs(3600);
 
+/// The longest pause between two tries to end the session: once the cluster answers again,
+/// the session's locks are freed within about this long.
+const CLOSE_RETRY_MAX: Duration = Duration::from_millis(250);
+
 /// Ends the session on the cluster, retrying temporary errors (the cluster unreachable) with
 /// backoff for up to [`CLOSE_PATIENCE`]. A cluster that comes back after an outage may revive
 /// the session (etcd grants every lease a fresh TTL under a new leader); ending it as soon as
 /// the cluster answers frees its locks at once instead of a TTL later.
 async fn close_patiently(remote: &dyn BackendSession) {
     let give_up = Instant::now() + CLOSE_PATIENCE;
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::capped(CLOSE_RETRY_MAX);
     loop {
         match remote.close().await {
             Ok(()) => return,

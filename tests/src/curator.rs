@@ -5,7 +5,7 @@
 //! ```ignore
 //! if !fencelock_integration::curator::available() { return } // skipped (a failure in CI)
 //! let classes = tokio::task::spawn_blocking(curator::programs).await?;
-//! let mut java = CuratorMutex::spawn(&classes, &server.connect_string(), "/ns/lock", ..);
+//! let mut java = CuratorProgram::mutex(&classes, &server.connect_string(), "/ns/lock", ..);
 //! let (czxid, node) = java.acquired(WAIT).await;
 //! java.release().await;
 //! ```
@@ -172,10 +172,12 @@ pub fn programs() -> Arc<JavaClasses> {
     classes
 }
 
-/// A running `CuratorMutex` program (tests/java/CuratorMutex.java): Curator's
-/// `InterProcessMutex` on one lock path, in a JVM of its own. Killed (by its PID) on drop.
+/// A running Curator program of `tests/java/`, in a JVM of its own: `CuratorMutex` (Curator's
+/// `InterProcessMutex` on one lock path) or `CuratorLatch` (a `LeaderLatch` on one election
+/// path). Killed (by its PID) on drop.
 #[derive(Debug)]
-pub struct CuratorMutex {
+pub struct CuratorProgram {
+    name: &'static str,
     child: ManagedChild,
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
@@ -183,27 +185,56 @@ pub struct CuratorMutex {
     log: Arc<Mutex<Vec<String>>>,
 }
 
-impl CuratorMutex {
-    /// Starts the program: it connects to `connect`, prints `STARTED`, then acquires the
+impl CuratorProgram {
+    /// Starts `CuratorMutex`: it connects to `connect`, prints `STARTED`, then acquires the
     /// mutex on `path`, waiting at most `wait` (then prints `TIMEOUT` and exits), and once
     /// granted holds it until [`release`](Self::release) or for at most `hold`.
-    pub fn spawn(
+    pub fn mutex(
         classes: &JavaClasses,
         connect: &str,
         path: &str,
         wait: Duration,
         hold: Duration,
-    ) -> CuratorMutex {
+    ) -> CuratorProgram {
+        let secs = |d: Duration| d.as_secs().max(1).to_string();
+        let args = [
+            connect,
+            path,
+            "--wait-secs",
+            &secs(wait),
+            "--hold-secs",
+            &secs(hold),
+        ];
+        Self::start(classes, "CuratorMutex", &args)
+    }
+
+    /// Starts `CuratorLatch`: it connects to `connect`, joins the `LeaderLatch` on `path` as
+    /// participant `id`, prints `STARTED <node>`, waits at most `wait` to lead (then `TIMEOUT`),
+    /// prints `LEADER <czxid> <node>` and leads until [`close`](Self::close).
+    pub fn latch(
+        classes: &JavaClasses,
+        connect: &str,
+        path: &str,
+        id: &str,
+        wait: Duration,
+    ) -> CuratorProgram {
+        let secs = wait.as_secs().max(1).to_string();
+        Self::start(
+            classes,
+            "CuratorLatch",
+            &[connect, path, id, "--wait-secs", &secs],
+        )
+    }
+
+    fn start(classes: &JavaClasses, name: &'static str, args: &[&str]) -> CuratorProgram {
         let mut child = classes
-            .command("CuratorMutex")
-            .args([connect, path])
-            .args(["--wait-secs", &wait.as_secs().max(1).to_string()])
-            .args(["--hold-secs", &hold.as_secs().max(1).to_string()])
+            .command(name)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start java CuratorMutex");
+            .expect("start java");
         let (tx, lines) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("stdout");
@@ -221,8 +252,9 @@ impl CuratorMutex {
                 log2.lock().unwrap().push(format!("stderr: {line}"));
             }
         });
-        let child = ManagedChild::adopt("CuratorMutex", child, Path::new("/dev/null"));
-        CuratorMutex {
+        let child = ManagedChild::adopt(name, child, Path::new("/dev/null"));
+        CuratorProgram {
+            name,
             stdin,
             child,
             lines,
@@ -250,11 +282,13 @@ impl CuratorMutex {
         match self.next_line(within).await {
             Some(line) if line.starts_with(prefix) => line[prefix.len()..].trim().to_string(),
             Some(line) => panic!(
-                "CuratorMutex said {line:?}, expected {prefix:?}; output:\n{}",
+                "{} said {line:?}, expected {prefix:?}; output:\n{}",
+                self.name,
                 self.output()
             ),
             None => panic!(
-                "CuratorMutex did not say {prefix:?} within {within:?}; output:\n{}",
+                "{} did not say {prefix:?} within {within:?}; output:\n{}",
+                self.name,
                 self.output()
             ),
         }
@@ -267,13 +301,31 @@ impl CuratorMutex {
         (czxid.parse().expect("czxid"), node.to_string())
     }
 
-    /// Asks the program to release (a line on its stdin) and waits (bounded) until it says
+    /// Waits (bounded) for `LEADER <czxid> <node>`; returns the czxid and the node path.
+    pub async fn leading(&mut self, within: Duration) -> (u64, String) {
+        let rest = self.expect("LEADER ", within).await;
+        let (czxid, node) = rest.split_once(' ').expect("LEADER <czxid> <node>");
+        (czxid.parse().expect("czxid"), node.to_string())
+    }
+
+    fn say(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(line.as_bytes()).expect("write stdin");
+        stdin.write_all(b"\n").expect("write stdin");
+        stdin.flush().expect("flush stdin");
+    }
+
+    /// Asks `CuratorMutex` to release (a line on its stdin) and waits (bounded) until it says
     /// `RELEASED`.
     pub async fn release(&mut self, within: Duration) {
-        let stdin = self.stdin.as_mut().expect("stdin");
-        stdin.write_all(b"release\n").expect("write stdin");
-        stdin.flush().expect("flush stdin");
+        self.say("release");
         self.expect("RELEASED", within).await;
+    }
+
+    /// Asks `CuratorLatch` to close its latch and waits (bounded) until it says `CLOSED`.
+    pub async fn close(&mut self, within: Duration) {
+        self.say("close");
+        self.expect("CLOSED", within).await;
     }
 
     /// Waits (bounded) for the program to exit; returns its status.
@@ -285,7 +337,8 @@ impl CuratorMutex {
             }
             assert!(
                 start.elapsed() < within,
-                "CuratorMutex did not exit within {within:?}; output:\n{}",
+                "{} did not exit within {within:?}; output:\n{}",
+                self.name,
                 self.output()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -27,3 +27,8 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free loopback port")
 }
+
+/// The README's Rust snippets, compiled (and run where they can) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,5 +1,5 @@
 //! Interoperability with Apache Curator's `InterProcessMutex`, run in a JVM of its own (Debian's
-//! `libcurator-recipes-java`; the program is `tests/java/CuratorMutex.java`, compiled at test
+//! `libcurator-recipes-java`; the programs are `tests/java/Curator*.java`, compiled at test
 //! time): Curator and fencelock contend on the same queue `/{namespace}/{lock}`. Skipped with a
 //! message when java, javac or the jars are missing (a failure in CI). By hand:
 //! `scripts/curator-interop.sh`.
@@ -10,7 +10,7 @@ use std::time::Duration;
 use fencelock::conformance::{bounded, unique_namespace, wait_entries, TTL, WAIT};
 use fencelock::{Fence, FencingToken, Session};
 use fencelock_integration::curator::{
-    self as java, assert_curator_name, CuratorMutex, JavaClasses,
+    self as java, assert_curator_name, CuratorProgram, JavaClasses,
 };
 use fencelock_integration::servers::zookeeper::ZkFactory;
 
@@ -47,7 +47,7 @@ async fn curator_holder_keeps_our_lock_waiting() {
     };
     let ns = unique_namespace("zk_curator_holds");
     let path = format!("/{ns}/jobs/reindex");
-    let mut java = CuratorMutex::spawn(
+    let mut java = CuratorProgram::mutex(
         &classes,
         &f.server().connect_string(),
         &path,
@@ -109,13 +109,13 @@ async fn our_holder_keeps_curator_waiting() {
     let g = m.lock().await.unwrap();
 
     // A bounded acquire times out while we hold, and leaves no node behind.
-    let mut short = CuratorMutex::spawn(&classes, &connect, &path, Duration::from_secs(1), WAIT);
+    let mut short = CuratorProgram::mutex(&classes, &connect, &path, Duration::from_secs(1), WAIT);
     short.expect("STARTED", WAIT).await;
     short.expect("TIMEOUT", WAIT).await;
     assert_eq!(short.wait_exit(WAIT).await.code(), Some(2));
     wait_entries(&s, "Curator's timed-out node gone", |l| l.len() == 1).await;
 
-    let mut java = CuratorMutex::spawn(&classes, &connect, &path, WAIT, WAIT * 2);
+    let mut java = CuratorProgram::mutex(&classes, &connect, &path, WAIT, WAIT * 2);
     java.expect("STARTED", WAIT).await;
     wait_entries(&s, "Curator's entry queued behind ours", |l| l.len() == 2).await;
     assert_eq!(
@@ -143,5 +143,102 @@ async fn our_holder_keeps_curator_waiting() {
     let g2 = bounded(WAIT, "ours again", m.lock()).await.unwrap();
     assert!(g2.token().get() > java_czxid);
     g2.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A Curator `LeaderLatch` queued behind a fencelock leader that proclaims new values takes over
+/// when that leader resigns. (Curator's follower watches the leader's node with a one-shot watch
+/// and acts only on its deletion: had the proclaim changed that node's data, the watch would be
+/// used up and the follower stranded. fencelock keeps proclaimed values elsewhere.) Meanwhile
+/// fencelock's `leader()` reports the proclaimed value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_latch_takes_over_after_our_leader_proclaimed() {
+    let Some((f, classes)) = setup().await else {
+        return;
+    };
+    for end in ["resign", "close the session"] {
+        let ns = unique_namespace("zk_latch_follower");
+        let path = format!("/{ns}/primary");
+        let s = session(&f, &ns).await;
+        let e = s.election("primary").unwrap();
+        let ours = e.campaign(b"ours-1").await.unwrap();
+        let mut java = CuratorProgram::latch(
+            &classes,
+            &f.server().connect_string(),
+            &path,
+            "curator-b",
+            WAIT,
+        );
+        let node = java.expect("STARTED", WAIT).await;
+        assert_curator_name(&node, &path, "latch-");
+        ours.proclaim(b"ours-2").await.unwrap();
+        ours.proclaim(b"ours-3").await.unwrap();
+        let info = e.leader().await.unwrap().expect("a leader");
+        assert_eq!(
+            (info.value.as_slice(), info.epoch),
+            (&b"ours-3"[..], ours.epoch())
+        );
+        assert_eq!(
+            java.next_line(BLOCKED_FOR).await,
+            None,
+            "Curator waits while we lead"
+        );
+        match end {
+            "resign" => ours.resign().await.unwrap(),
+            _ => s.close().await.unwrap(),
+        }
+        let (czxid, leader_node) = java.leading(WAIT).await;
+        assert_eq!(leader_node, node);
+        assert!(czxid > ours.epoch().get());
+        if end == "resign" {
+            let info = e.leader().await.unwrap().expect("Curator leads");
+            assert_eq!(
+                (info.value.as_slice(), info.epoch.get()),
+                (&b"curator-b"[..], czxid)
+            );
+            s.close().await.unwrap();
+        }
+        java.close(WAIT).await;
+        assert_eq!(java.wait_exit(WAIT).await.code(), Some(0));
+    }
+}
+
+/// We campaign behind a Curator `LeaderLatch` leader: we wait while it leads, and lead once it
+/// closes its latch, with an epoch above its node's czxid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_take_over_from_a_curator_latch() {
+    let Some((f, classes)) = setup().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_latch_leader");
+    let path = format!("/{ns}/primary");
+    let mut java = CuratorProgram::latch(
+        &classes,
+        &f.server().connect_string(),
+        &path,
+        "curator-a",
+        WAIT,
+    );
+    java.expect("STARTED", WAIT).await;
+    let (czxid, _) = java.leading(WAIT).await;
+    let s = session(&f, &ns).await;
+    let e = s.election("primary").unwrap();
+    assert_eq!(
+        e.leader().await.unwrap().map(|l| l.epoch.get()),
+        Some(czxid)
+    );
+    let campaign = tokio::spawn({
+        let e = s.election("primary").unwrap();
+        async move { e.campaign(b"ours").await }
+    });
+    wait_entries(&s, "our candidate queued", |l| l.len() == 2).await;
+    tokio::time::sleep(BLOCKED_FOR).await;
+    assert!(!campaign.is_finished(), "we wait while Curator leads");
+    java.close(WAIT).await;
+    let ours = bounded(WAIT, "we lead", campaign).await.unwrap().unwrap();
+    assert!(ours.epoch().get() > czxid);
+    ours.proclaim(b"ours-2").await.unwrap();
+    assert_eq!(e.leader().await.unwrap().unwrap().value, b"ours-2");
+    ours.resign().await.unwrap();
     s.close().await.unwrap();
 }

@@ -321,3 +321,42 @@ async fn uncontended_lock_costs_three_requests() {
     );
     s.close().await.unwrap();
 }
+
+/// A connection so slow that opening the session takes longer than a heartbeat period: the
+/// session `start()` returns is live with its local deadline ahead (a heartbeat was confirmed
+/// first), or `start()` fails; it never hands out a session that is already lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_connect_never_returns_a_lost_session() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    for delay in [Duration::from_millis(300), Duration::from_millis(900)] {
+        let proxy = Proxy::start(&f.server().connect_string()).await;
+        let backend = ZooKeeperBackend::builder(proxy.addr())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect_timeout(Duration::from_secs(4))
+            .connect()
+            .await
+            .unwrap();
+        proxy.set(Mode::Delay(delay));
+        let started = Instant::now();
+        let r = Session::builder(backend)
+            .ttl(Duration::from_secs(2))
+            .start_timeout(Duration::ZERO)
+            .start()
+            .await;
+        let took = started.elapsed();
+        match r {
+            Ok(s) => {
+                assert_eq!(s.state(), SessionState::Live, "delay {delay:?}");
+                assert!(
+                    s.deadline() > tokio::time::Instant::now(),
+                    "delay {delay:?}"
+                );
+                println!("delay {delay:?}: started in {took:?}, live");
+                let _ = s.close().await;
+            }
+            Err(e) => println!("delay {delay:?}: refused in {took:?}: {e}"),
+        }
+    }
+}
