@@ -8,9 +8,9 @@ use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info_span, Instrument};
 use uuid::Uuid;
 
-use crate::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId};
+use crate::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, QueueKind};
 use crate::retry::Backoff;
-use crate::session::{Cleanup, EnqueueTask, LocalQueue, LocalSlot, Shared};
+use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, LocalQueue, LocalSlot, Shared};
 use crate::tenure::Tenure;
 use crate::{Error, Result, Session};
 
@@ -64,13 +64,27 @@ pub(crate) enum Rule {
     /// Granted at the head of the queue: waits for the entry just ahead (mutex, election,
     /// writer).
     Exclusive,
+    /// Granted when no exclusive entry is ahead: waits for the nearest exclusive entry ahead
+    /// (reader).
+    Shared,
+    /// Granted when fewer than this many entries are ahead: waits for any of them to go (a
+    /// semaphore's permit; only one waiter at a time does, see [`crate::Semaphore`]).
+    Permits(usize),
 }
 
 impl Rule {
-    /// The index in `ahead` of the entry to wait for next, or `None` if granted.
-    fn target(self, ahead: &[Peer]) -> Option<usize> {
+    /// The indexes in `ahead` of the entries to wait for next (any one of them going is
+    /// progress); empty when granted.
+    fn targets(self, ahead: &[Peer]) -> Vec<usize> {
         match self {
-            Rule::Exclusive => ahead.len().checked_sub(1),
+            Rule::Exclusive => ahead.len().checked_sub(1).into_iter().collect(),
+            Rule::Shared => ahead
+                .iter()
+                .rposition(|p| p.kind == EntryKind::Exclusive)
+                .into_iter()
+                .collect(),
+            Rule::Permits(n) if ahead.len() < n => Vec::new(),
+            Rule::Permits(_) => (0..ahead.len()).collect(),
         }
     }
 }
@@ -184,7 +198,8 @@ impl Drop for Pending {
     }
 }
 
-/// Acquires `req` for `session`, holding the local queue slot `local`. Returns `None` only for
+/// Acquires `req` for `session`, holding the local queue slot `local` (if the primitive has a
+/// local queue). Returns `None` only for
 /// [`Wait::No`] when the lock is taken.
 ///
 /// The first enqueue request is never cut off by a timeout (it is bounded, like every request,
@@ -193,7 +208,7 @@ impl Drop for Pending {
 pub(crate) async fn acquire(
     session: &Session,
     req: Request<'_>,
-    local: LocalSlot,
+    local: Option<LocalSlot>,
     wait: Wait,
 ) -> Result<Option<Tenure>> {
     let shared = session.shared().clone();
@@ -208,7 +223,7 @@ pub(crate) async fn acquire(
             inflight: None,
             maybe_created: false,
             entry: None,
-            local: Some(local),
+            local,
         };
         let enqueued = enqueue(&shared, req, &mut pending, wait).await;
         let res = match enqueued {
@@ -327,17 +342,35 @@ async fn wait_turn(
 ) -> Result<bool> {
     let remote = shared.remote.clone();
     let mut waited = false;
-    while let Some(i) = rule.target(&ahead) {
+    loop {
+        let targets = rule.targets(&ahead);
+        if targets.is_empty() {
+            break;
+        }
         if matches!(wait, Wait::No) {
             return Ok(false);
         }
-        let target = ahead.remove(i);
-        let span = info_span!("wait", on = %target.key, token = %own.token);
-        shared
-            .retry(|| remote.wait(own, &target))
-            .instrument(span)
-            .await?;
         waited = true;
+        if let [i] = targets[..] {
+            let target = ahead.remove(i);
+            let span = info_span!("wait", on = %target.key, token = %own.token);
+            shared
+                .retry(|| remote.wait(own, &target))
+                .instrument(span)
+                .await?;
+            continue;
+        }
+        // Any of several may go first (a semaphore's holders): wait for them all at once.
+        let span = info_span!("wait", on = targets.len(), token = %own.token);
+        let waits = targets.iter().map(|&i| {
+            let (remote, target) = (remote.clone(), ahead[i].clone());
+            Box::pin(async move { shared.retry(|| remote.wait(own, &target)).await })
+        });
+        let (res, done, _) = futures_util::future::select_all(waits)
+            .instrument(span)
+            .await;
+        res?;
+        ahead.remove(targets[done]);
     }
     // Waiting took time: our entry may have been deleted meanwhile.
     if waited && !shared.retry(|| remote.exists(own)).await? {
@@ -348,22 +381,141 @@ async fn wait_turn(
     Ok(true)
 }
 
-/// Waits for this session's local turn on `queue` (see [`crate::session::LocalQueue`]).
-/// Returns `None` only for [`Wait::No`] when another task of the session has it.
+/// Waits for this session's local turn on `queue` (see [`crate::session::LocalQueue`]), a
+/// reader's turn if `shared_turn` (in a read-write lock). Returns `None` only for [`Wait::No`]
+/// when another task of the session has it.
 pub(crate) async fn local_turn(
     shared: &Shared,
     queue: &QueueId,
+    shared_turn: bool,
     wait: Wait,
 ) -> Result<Option<LocalSlot>> {
     shared.check_alive()?;
-    let q = shared.local_queue(queue, LocalQueue::default);
+    let make = match queue.kind {
+        QueueKind::ReadWrite => LocalQueue::read_write,
+        _ => LocalQueue::exclusive,
+    };
+    let q = shared.local_queue(queue, make);
     match wait {
-        Wait::No => Ok(q.try_lock()),
-        Wait::Forever => shared.unless_lost(q.lock()).await.map(Some),
+        Wait::No => Ok(q.try_lock(shared_turn)),
+        Wait::Forever => shared.unless_lost(q.lock(shared_turn)).await.map(Some),
         Wait::Until { deadline, .. } => shared
-            .unless_lost(timeout_at(deadline, q.lock()))
+            .unless_lost(timeout_at(deadline, q.lock(shared_turn)))
             .await?
             .map(Some)
             .map_err(|_| wait.timed_out()),
     }
+}
+
+/// An all-or-nothing acquisition in progress (see [`acquire_all`]); dropped before it is
+/// settled, it hands the removal of whatever it may have created to the background task.
+struct PendingAll {
+    shared: Arc<Shared>,
+    queues: Vec<(QueueId, Uuid)>,
+    inflight: Option<EnqueueAllTask>,
+    maybe_created: bool,
+    locals: Vec<LocalSlot>,
+}
+
+impl Drop for PendingAll {
+    fn drop(&mut self) {
+        let queues = std::mem::take(&mut self.queues);
+        let locals = std::mem::take(&mut self.locals);
+        let work = match self.inflight.take() {
+            Some(inflight) => Cleanup::EnqueuedAll {
+                queues,
+                inflight,
+                locals,
+            },
+            None if self.maybe_created => Cleanup::EnqueuedAll {
+                queues,
+                inflight: tokio::spawn(async { Ok(None) }),
+                locals,
+            },
+            None => return,
+        };
+        self.shared.hand_off(work);
+    }
+}
+
+/// Takes an exclusive entry in every one of `queues` in one atomic request, each only if it
+/// heads its queue at once, holding the local slots `locals` (one per queue); `None` if any is
+/// taken (then nothing was created). Retries temporary errors.
+pub(crate) async fn acquire_all(
+    session: &Session,
+    queues: &[QueueId],
+    locals: Vec<LocalSlot>,
+) -> Result<Option<Vec<Tenure>>> {
+    let shared = session.shared().clone();
+    shared.check_alive()?;
+    let mut pending = PendingAll {
+        shared: shared.clone(),
+        queues: queues.iter().map(|q| (q.clone(), Uuid::new_v4())).collect(),
+        inflight: None,
+        maybe_created: false,
+        locals,
+    };
+    let mut backoff = Backoff::new();
+    let entries = loop {
+        let task = tokio::spawn({
+            let remote = shared.remote.clone();
+            let queues = pending.queues.clone();
+            let retry = pending.maybe_created;
+            async move {
+                let reqs: Vec<EnqueueRequest<'_>> = queues
+                    .iter()
+                    .map(|(q, attempt)| {
+                        let r = EnqueueRequest::new(q, EntryKind::Exclusive, *attempt, b"");
+                        if retry {
+                            r.retried()
+                        } else {
+                            r
+                        }
+                    })
+                    .collect();
+                remote.enqueue_all(&reqs).await
+            }
+        });
+        let inflight = pending.inflight.insert(task);
+        let answer = shared.unless_lost(inflight).await?;
+        pending.inflight = None;
+        match answer {
+            Ok(Ok(entries)) => break entries,
+            Ok(Err(e)) if e.is_temporary() => {
+                pending.maybe_created = true;
+                debug!(error = %e, "enqueue of all failed, retrying");
+                shared.unless_lost(backoff.pause()).await?;
+            }
+            Ok(Err(e)) => {
+                pending.maybe_created = true;
+                return Err(e);
+            }
+            Err(join) => {
+                pending.maybe_created = true;
+                return Err(Error::backend(
+                    shared.backend_name(),
+                    "enqueue all",
+                    false,
+                    join.to_string(),
+                ));
+            }
+        }
+    };
+    let Some(entries) = entries else {
+        // Nothing was created (the contract of `enqueue_all`), not even by an earlier try of
+        // these attempts: a retry finds or removes those.
+        pending.maybe_created = false;
+        return Ok(None);
+    };
+    pending.maybe_created = false;
+    let locals = std::mem::take(&mut pending.locals);
+    let tenures = queues
+        .iter()
+        .zip(entries)
+        .zip(locals)
+        .map(|((queue, entry), local)| {
+            Tenure::new(session.clone(), queue.clone(), entry, Some(local), None)
+        })
+        .collect();
+    Ok(Some(tenures))
 }

@@ -2,18 +2,16 @@
 //! fencing token of the leader's entry is its epoch.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_core::Stream;
 use tracing::Instrument;
 
 use crate::acquire::{acquire, check_value, local_turn, Request, Rule, Wait};
-use crate::backend::{Entry, EntryKind, QueueId, QueueKind};
+use crate::backend::{Entry, EntryInfo, EntryKind, QueueId, QueueKind};
 use crate::retry::Backoff;
 use crate::session::Shared;
-use crate::tenure::Tenure;
+use crate::tenure::{holding_methods, impl_holding, Hold};
 use crate::{Error, FencingToken, LostReason, Result, Session};
 
 /// What is known of the current leader.
@@ -90,7 +88,7 @@ impl Election {
             let value = value.as_slice();
             let shared = self.session.shared();
             check_value(shared, value)?;
-            let local = local_turn(shared, &self.queue, Wait::Forever)
+            let local = local_turn(shared, &self.queue, false, Wait::Forever)
                 .await?
                 .expect("a waiting turn always comes");
             let req = Request {
@@ -99,13 +97,21 @@ impl Election {
                 rule: Rule::Exclusive,
                 value,
             };
-            let tenure = acquire(&self.session, req, local, Wait::Forever)
+            let tenure = acquire(&self.session, req, Some(local), Wait::Forever)
                 .await?
                 .expect("a waiting acquire always grants");
-            Ok(Leadership { tenure })
+            Ok(Leadership {
+                hold: Hold::new(tenure),
+            })
         }
         .instrument(span)
         .await
+    }
+
+    /// Every candidate, the leader first, in queue order: key, epoch (token), session, value.
+    pub async fn candidates(&self) -> Result<Vec<EntryInfo>> {
+        let shared = self.session.shared();
+        shared.retry(|| shared.remote.inspect(&self.queue)).await
     }
 
     /// The current leader, or `None` if there is no candidate.
@@ -213,49 +219,30 @@ fn info((entry, value): (Entry, Vec<u8>)) -> LeaderInfo {
 /// Proof of leadership, with the epoch. Dropping it resigns in the background.
 #[must_use = "leadership is resigned as soon as it is dropped"]
 pub struct Leadership {
-    tenure: Tenure,
+    hold: Hold,
 }
 
 impl fmt::Debug for Leadership {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Leadership")
-            .field("key", &self.tenure.entry.key)
-            .field("epoch", &self.tenure.token())
+            .field("key", &self.key())
+            .field("epoch", &self.epoch())
             .field("leader", &self.is_leader())
             .finish()
     }
 }
 
 impl Leadership {
+    holding_methods!("leadership");
+
     /// The leader's epoch: the fencing token of its entry. Stamp every action with it.
     pub fn epoch(&self) -> FencingToken {
-        self.tenure.token()
-    }
-
-    /// The key or node path of our entry on the cluster.
-    pub fn key(&self) -> &str {
-        &self.tenure.entry.key
-    }
-
-    /// The session this leadership belongs to (to watch its state, say).
-    pub fn session(&self) -> &Session {
-        &self.tenure.session
-    }
-
-    /// How long this candidate has been leading.
-    pub fn held_for(&self) -> Duration {
-        self.tenure.held_for()
-    }
-
-    /// Resolves when leadership is lost (the same contract as
-    /// [`Guard::lost`](crate::Guard::lost)). Step down when it fires.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.tenure.lost()
+        self.token()
     }
 
     /// Whether this candidate still leads as far as this process can tell.
     pub fn is_leader(&self) -> bool {
-        self.tenure.is_held()
+        self.is_held()
     }
 
     /// Publishes a new value, only while still leader (the write is guarded by our entry's
@@ -263,11 +250,12 @@ impl Leadership {
     pub async fn proclaim(&self, value: impl AsRef<[u8]> + Send) -> Result<()> {
         let value = value.as_ref().to_vec();
         let value = value.as_slice();
-        let shared = self.tenure.session.shared();
+        let tenure = self.hold.tenure();
+        let shared = tenure.session.shared();
         check_value(shared, value)?;
-        self.tenure.check_held()?;
+        self.hold.check_held()?;
         let remote = shared.remote.clone();
-        let entry = &self.tenure.entry;
+        let entry = &tenure.entry;
         match shared.retry(|| remote.set_value(entry, value)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::NotHeld(LostReason::EntryDeleted)),
@@ -279,6 +267,8 @@ impl Leadership {
     /// Resigns at once: the next candidate is promoted. A second call fails with
     /// [`Error::NotHeld`].
     pub async fn resign(&self) -> Result<()> {
-        self.tenure.release().await
+        self.release().await
     }
 }
+
+impl_holding!(Leadership);

@@ -45,25 +45,33 @@ pub mod conformance;
 mod election;
 mod error;
 mod memory;
+mod multilock;
 mod mutex;
 mod name;
 mod race;
 mod retry;
+mod rwlock;
+mod semaphore;
 mod session;
 mod supervisor;
 mod tenure;
 mod token;
 
+pub use backend::{EntryInfo, EntryKind};
 pub use election::{Election, LeaderInfo, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};
 pub use memory::MemoryBackend;
+pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Guard, Mutex};
 pub use name::{validate_name, validate_namespace, MAX_NAME_LEN};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Permit, Semaphore};
 pub use session::{
     IntoBackend, LostReason, Session, SessionBuilder, SessionEnd, SessionState, DEFAULT_NAMESPACE,
     DEFAULT_START_TIMEOUT, DEFAULT_TTL,
 };
 pub use supervisor::Supervisor;
+pub use tenure::Holding;
 pub use token::{Fence, FencingToken};
 
 /// Re-exports for the conformance macro, so that it does not depend on the caller's crates.

@@ -1,13 +1,12 @@
 //! The distributed mutex and its guard.
 
 use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use crate::acquire::{acquire, local_turn, Request, Rule, Wait};
-use crate::backend::{EntryKind, QueueId, QueueKind};
-use crate::tenure::Tenure;
-use crate::{FencingToken, LostReason, Result, Session};
+use crate::backend::{EntryInfo, EntryKind, QueueId, QueueKind};
+use crate::tenure::{holding_methods, impl_holding, Hold, Tenure};
+use crate::{Result, Session};
 
 /// A distributed mutex: a FIFO queue of sessions on the cluster, where each waiter watches
 /// only its predecessor. Made by [`Session::mutex`].
@@ -53,14 +52,20 @@ impl Session {
     /// characters outside its path alphabet) — [`Error::InvalidName`](crate::Error::InvalidName)
     /// otherwise.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        Ok(Mutex {
-            session: self.clone(),
-            queue: self.queue(name, QueueKind::Lock)?,
-        })
+        Ok(Mutex::new(self.clone(), self.queue(name, QueueKind::Lock)?))
     }
 }
 
 impl Mutex {
+    pub(crate) fn new(session: Session, queue: QueueId) -> Self {
+        Mutex { session, queue }
+    }
+
+    /// The queue this mutex takes entries in.
+    pub(crate) fn queue_id(&self) -> &QueueId {
+        &self.queue
+    }
+
     /// The mutex's name.
     pub fn name(&self) -> &str {
         &self.queue.name
@@ -73,7 +78,7 @@ impl Mutex {
 
     async fn acquire(&self, wait: Wait) -> Result<Option<Guard>> {
         let shared = self.session.shared();
-        let Some(local) = local_turn(shared, &self.queue, wait).await? else {
+        let Some(local) = local_turn(shared, &self.queue, false, wait).await? else {
             return Ok(None);
         };
         let req = Request {
@@ -82,17 +87,16 @@ impl Mutex {
             rule: Rule::Exclusive,
             value: b"",
         };
-        let tenure = acquire(&self.session, req, local, wait).await?;
-        Ok(tenure.map(|tenure| Guard { tenure }))
+        let tenure = acquire(&self.session, req, Some(local), wait).await?;
+        Ok(tenure.map(Guard::new))
     }
 
     /// Waits in the FIFO queue until this session holds the lock.
     ///
     /// A second `lock()` by a task of the same session while it holds the lock waits for that
-    /// guard to be released (the lock is not reentrant: a guard is the proof of holding it, so
-    /// hand the guard down instead of locking again). Use
-    /// [`try_lock`](Self::try_lock) or [`lock_timeout`](Self::lock_timeout) where that could
-    /// happen.
+    /// guard to be released: it is another holder. To take the lock again as the same holder,
+    /// re-enter through the guard ([`Guard::reenter`]); where a second `lock()` could happen,
+    /// [`try_lock`](Self::try_lock) or [`lock_timeout`](Self::lock_timeout) bound the wait.
     ///
     /// # Cancel safety
     ///
@@ -113,6 +117,43 @@ impl Mutex {
     /// As [`lock`](Self::lock).
     pub async fn try_lock(&self) -> Result<Option<Guard>> {
         self.acquire(Wait::No).await
+    }
+
+    /// The current holder of the lock, if any: its key, token, session and (on ZooKeeper) the
+    /// time its entry was created.
+    pub async fn holder(&self) -> Result<Option<EntryInfo>> {
+        Ok(self.inspect().await?.into_iter().next())
+    }
+
+    /// The sessions waiting for the lock, in queue order.
+    pub async fn waiters(&self) -> Result<Vec<EntryInfo>> {
+        Ok(self.inspect().await?.into_iter().skip(1).collect())
+    }
+
+    /// Every entry of the lock's queue, the holder first.
+    pub(crate) async fn queue_entries(&self) -> Result<Vec<EntryInfo>> {
+        self.inspect().await
+    }
+
+    async fn inspect(&self) -> Result<Vec<EntryInfo>> {
+        let shared = self.session.shared();
+        shared.retry(|| shared.remote.inspect(&self.queue)).await
+    }
+
+    /// Asks the current holder to let go: its guard's
+    /// [`revoke_requested`](Guard::revoke_requested) resolves, and it decides what to do (a
+    /// request, not a forced release). Written as Apache Curator's `Revoker` does, so Curator
+    /// holders made revocable see it too. Returns the holder asked, or `None` if the lock is
+    /// free. (To take the lock by force, delete the holder's entry: its `lost()` fires.)
+    pub async fn request_revoke(&self) -> Result<Option<EntryInfo>> {
+        let Some(holder) = self.holder().await? else {
+            return Ok(None);
+        };
+        let shared = self.session.shared();
+        let asked = shared
+            .retry(|| shared.remote.request_revoke(&holder.key, holder.token))
+            .await?;
+        Ok(asked.then_some(holder))
     }
 
     /// Like [`lock`](Self::lock), but gives up after `timeout` with
@@ -139,65 +180,57 @@ impl Mutex {
 /// confirmed.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct Guard {
-    tenure: Tenure,
+    hold: Hold,
 }
 
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("key", &self.tenure.entry.key)
-            .field("token", &self.tenure.token())
+            .field("key", &self.key())
+            .field("token", &self.token())
             .field("held", &self.is_held())
             .finish()
     }
 }
 
 impl Guard {
-    /// The fencing token of this grant: strictly larger than any earlier holder's. Send it
-    /// with every write to the protected resource.
-    pub fn token(&self) -> FencingToken {
-        self.tenure.token()
+    pub(crate) fn new(tenure: Tenure) -> Self {
+        Guard {
+            hold: Hold::new(tenure),
+        }
     }
 
-    /// The key or node path of our entry on the cluster.
-    pub fn key(&self) -> &str {
-        &self.tenure.entry.key
-    }
+    holding_methods!("lock");
 
-    /// The session this guard belongs to.
-    pub fn session(&self) -> &Session {
-        &self.tenure.session
-    }
-
-    /// How long this guard has been held.
-    pub fn held_for(&self) -> Duration {
-        self.tenure.held_for()
-    }
-
-    /// Resolves when the lock is lost: the session ended (the cluster expired it, the local
-    /// deadline passed without a confirmed heartbeat, or it was closed), our entry was deleted
-    /// by someone else, or the guard was released.
+    /// Takes the lock again through this guard (reentrancy): a second guard on the same entry,
+    /// with the same token, at once and without a request. The lock is released when the last
+    /// of the guards is released or dropped.
     ///
-    /// Deletion by someone else is watched on the cluster only while a `lost()` future is
-    /// polled (a held lock costs no server watch otherwise); the session's own loss is always
-    /// known.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.tenure.lost()
-    }
-
-    /// Whether the lock is still held as far as this process can tell (false past the local
-    /// deadline even while the cluster is unreachable).
-    pub fn is_held(&self) -> bool {
-        self.tenure.is_held()
-    }
-
-    /// Releases the lock and waits for the cluster to confirm. Never deletes another holder's
-    /// entry. Fails with [`Error::NotHeld`](crate::Error::NotHeld) and the reason if the guard
-    /// was already released or lost (its entry deleted, its session ended).
-    pub async fn release(&self) -> Result<()> {
-        self.tenure.release().await
+    /// Reentrancy goes through the guard because async code has no thread identity: a task
+    /// moves between threads, and one logical operation may spread over several tasks, so
+    /// "the same holder" can only be "whoever holds this proof". A plain [`Mutex::lock`] by
+    /// the same session waits for the guard instead (it is another holder).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> fencelock::Result<()> {
+    /// use fencelock::{MemoryBackend, Session};
+    /// let session = Session::builder(MemoryBackend::new()).start().await?;
+    /// let outer = session.mutex("a")?.lock().await?;
+    /// let inner = outer.reenter()?;               // e.g. handed to a helper that locks "a" too
+    /// assert_eq!(inner.token(), outer.token());
+    /// inner.release().await?;                     // the lock is still held
+    /// assert!(outer.is_held());
+    /// outer.release().await?;                     // now it is released
+    /// # Ok(()) }
+    /// ```
+    pub fn reenter(&self) -> Result<Guard> {
+        Ok(Guard {
+            hold: self.hold.share()?,
+        })
     }
 }
+
+impl_holding!(Guard);
 
 #[cfg(test)]
 mod tests {

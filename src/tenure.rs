@@ -2,7 +2,7 @@
 //! its release.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ pub(crate) struct Tenure {
     granted_at: Instant,
     local: StdMutex<Option<LocalSlot>>,
     released: AtomicBool,
+    /// Shares held (see [`Hold`]).
+    holds: AtomicUsize,
     /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`).
     ended: Arc<watch::Sender<Option<LostReason>>>,
     /// The watch the backend armed during the enqueue, for the first `lost()` to use.
@@ -46,6 +48,7 @@ impl Tenure {
             granted_at: Instant::now(),
             local: StdMutex::new(local),
             released: AtomicBool::new(false),
+            holds: AtomicUsize::new(0),
             ended: Arc::new(watch::channel(None).0),
             armed: Arc::new(StdMutex::new(armed)),
         }
@@ -196,9 +199,34 @@ async fn own_entry_gone(
     }
 }
 
-impl Drop for Tenure {
-    fn drop(&mut self) {
-        let local = self.local.get_mut().unwrap().take();
+impl Tenure {
+    /// Resolves when someone asks this holder to let go (a revocation request written into
+    /// its entry); never while nobody does, nor after the entry is gone.
+    pub(crate) fn revoke_requested(&self) -> impl Future<Output = ()> + Send + 'static {
+        let shared = self.session.shared();
+        let remote = shared.remote.clone();
+        let weak = Arc::downgrade(shared);
+        let entry = self.entry.clone();
+        async move {
+            let mut backoff = Backoff::new();
+            loop {
+                match remote.wait_revoke(&entry).await {
+                    Ok(()) => return,
+                    Err(e)
+                        if e.is_temporary()
+                            && weak.upgrade().is_some_and(|s| s.end().is_none()) =>
+                    {
+                        backoff.pause().await
+                    }
+                    Err(_) => return std::future::pending().await,
+                }
+            }
+        }
+    }
+
+    /// Hands the release to the session's background task (the last hold was dropped).
+    fn hand_off_release(&self) {
+        let local = self.local.lock().unwrap().take();
         if local.is_some() {
             // Never blocks, needs no runtime: the background task deletes the entry, then
             // lets the next local waiter go.
@@ -210,3 +238,169 @@ impl Drop for Tenure {
         }
     }
 }
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        self.hand_off_release();
+    }
+}
+
+/// One holder's share of a tenure: what every guard is made of. A tenure may be held through
+/// several shares at once (a reentrant hold, see [`Guard::reenter`](crate::Guard::reenter));
+/// its entry is released when the last share is released or dropped.
+pub(crate) struct Hold {
+    tenure: Arc<Tenure>,
+    /// This share was released.
+    released: AtomicBool,
+}
+
+impl Hold {
+    pub(crate) fn new(tenure: Tenure) -> Self {
+        tenure.holds.store(1, Ordering::SeqCst);
+        Hold {
+            tenure: Arc::new(tenure),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    /// Another share of the same tenure (same entry, same token).
+    pub(crate) fn share(&self) -> Result<Self> {
+        self.check_held()?;
+        self.tenure.holds.fetch_add(1, Ordering::SeqCst);
+        Ok(Hold {
+            tenure: self.tenure.clone(),
+            released: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn tenure(&self) -> &Tenure {
+        &self.tenure
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        !self.released.load(Ordering::SeqCst) && self.tenure.is_held()
+    }
+
+    pub(crate) fn check_held(&self) -> Result<()> {
+        if self.released.load(Ordering::SeqCst) {
+            return Err(Error::NotHeld(LostReason::Released));
+        }
+        self.tenure.check_held()
+    }
+
+    /// Ends this share; the last share releases the entry and confirms it.
+    pub(crate) async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Err(Error::NotHeld(LostReason::Released));
+        }
+        if self.tenure.holds.fetch_sub(1, Ordering::SeqCst) > 1 {
+            // Others still hold it: this share ends, the entry stays.
+            return match self.tenure.lost_reason() {
+                None => Ok(()),
+                Some(r) => Err(Error::NotHeld(r)),
+            };
+        }
+        self.tenure.release().await
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst)
+            && self.tenure.holds.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            self.tenure.hand_off_release();
+        }
+    }
+}
+
+/// The methods every guard kind shares, delegating to its `hold: Hold` field.
+macro_rules! holding_methods {
+    ($what:literal) => {
+        /// The fencing token of this grant: larger than that of every earlier holder it
+        /// excludes. Send it with every write to the protected resource.
+        pub fn token(&self) -> $crate::FencingToken {
+            self.hold.tenure().token()
+        }
+
+        /// The key or node path of our entry on the cluster.
+        pub fn key(&self) -> &str {
+            &self.hold.tenure().entry.key
+        }
+
+        /// How long this grant has been held.
+        pub fn held_for(&self) -> std::time::Duration {
+            self.hold.tenure().held_for()
+        }
+
+        /// The session this grant belongs to.
+        pub fn session(&self) -> &$crate::Session {
+            &self.hold.tenure().session
+        }
+
+        #[doc = concat!("Whether the ", $what, " is still held as far as this process can tell")]
+        /// (false past the local deadline even while the cluster is unreachable).
+        pub fn is_held(&self) -> bool {
+            self.hold.is_held()
+        }
+
+        #[doc = concat!("Resolves when the ", $what, " is lost: the session ended (the cluster")]
+        /// expired it, the local deadline passed without a confirmed heartbeat, or it was
+        /// closed), our entry was deleted by someone else, or it was released.
+        ///
+        /// Deletion by someone else is watched on the cluster only while a `lost()` future is
+        /// polled (a held grant costs no server watch otherwise); the session's own loss is
+        /// always known.
+        pub fn lost(
+            &self,
+        ) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
+            self.hold.tenure().lost()
+        }
+
+        /// Resolves when someone asks this holder to let go (a revocation request, see
+        /// `request_revoke`); the holder decides what to do. Watched on the cluster only while
+        /// polled.
+        pub fn revoke_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+            self.hold.tenure().revoke_requested()
+        }
+
+        #[doc = concat!("Releases the ", $what, " and waits for the cluster to confirm. Never")]
+        /// deletes another holder's entry. Fails with
+        /// [`Error::NotHeld`](crate::Error::NotHeld) and the reason if it was already
+        /// released or lost (its entry deleted, its session ended).
+        pub async fn release(&self) -> $crate::Result<()> {
+            self.hold.release().await
+        }
+    };
+}
+pub(crate) use holding_methods;
+
+/// What every grant offers (a mutex guard, a read or write guard, a permit, a leadership, a
+/// multi-lock's guards): for code generic over them, such as a guarded write that compares the
+/// holder's entry (`fencelock_etcd::ownership`).
+pub trait Holding {
+    /// The fencing token of the grant.
+    fn token(&self) -> FencingToken;
+    /// The key or node path of the grant's entry on the cluster.
+    fn key(&self) -> &str;
+    /// Whether it is still held as far as this process can tell.
+    fn is_held(&self) -> bool;
+}
+
+/// Implements [`Holding`] for a guard type with the inherent methods of [`holding_methods`].
+macro_rules! impl_holding {
+    ($t:ty) => {
+        impl $crate::Holding for $t {
+            fn token(&self) -> $crate::FencingToken {
+                <$t>::token(self)
+            }
+            fn key(&self) -> &str {
+                <$t>::key(self)
+            }
+            fn is_held(&self) -> bool {
+                <$t>::is_held(self)
+            }
+        }
+    };
+}
+pub(crate) use impl_holding;

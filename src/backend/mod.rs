@@ -7,9 +7,12 @@
 //!
 //! A backend hands out *sessions* ([`Backend::open_session`]): an etcd lease, a ZooKeeper
 //! session, a Redis key with a TTL. A session owns *entries* in ordered *queues*: one queue
-//! per lock, election, read-write lock or semaphore ([`QueueId`]); at most one entry per
-//! session per queue at a time (the core queues the tasks of one session locally first). An
-//! entry is *ephemeral*: it goes when its session goes, all of a session's entries at once.
+//! per lock, election, read-write lock or semaphore ([`QueueId`]). In a lock or election queue
+//! a session has at most one entry at a time (the core queues the tasks of one session
+//! locally first), so its key may be derived from the session alone; in a read-write lock or a
+//! semaphore it may have several (readers of one session read together, one session may hold
+//! several permits), told apart by the [`EnqueueRequest::attempt`] that made each. An entry is
+//! *ephemeral*: it goes when its session goes, all of a session's entries at once.
 //!
 //! The core runs every algorithm: the local queue, the wait loop (which entry ahead to wait
 //! for, per the primitive's rule), retries, the heartbeat and the local deadline, and the
@@ -62,7 +65,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use types::{
-    ArmedWatch, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, QueueKind, SessionEvent,
+    ArmedWatch, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId, QueueKind,
+    SessionEvent, REVOKE_MARKER,
 };
 
 pub use crate::retry::Backoff;
@@ -238,7 +242,22 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()>;
 
+    /// Every entry of `queue`, in queue order, with its token, owner, value and (where the
+    /// backend records it) creation time: who holds and who waits, for inspection.
+    async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>>;
+
     /// Lists the keys of every entry (of any session) under `namespace`, sorted. For
     /// inspection and for tests that prove no entry leaked.
     async fn list(&self, namespace: &str) -> Result<Vec<String>>;
+
+    // Revocation.
+
+    /// Asks the holder of the entry at `key` (still the entry with `token`) to let go, by
+    /// writing [`REVOKE_MARKER`] as its value without changing its owner. Returns whether the
+    /// entry was still there.
+    async fn request_revoke(&self, key: &str, token: crate::FencingToken) -> Result<bool>;
+
+    /// Resolves once the value of `own` is [`REVOKE_MARKER`] (at once if it is); fails with
+    /// [`Error::EntryVanished`](crate::Error::EntryVanished) if `own` is gone.
+    async fn wait_revoke(&self, own: &Entry) -> Result<()>;
 }

@@ -203,6 +203,52 @@ impl fmt::Debug for ArmedWatch {
     }
 }
 
+/// What inspection knows of one entry of a queue (see
+/// [`BackendSession::inspect`](super::BackendSession::inspect)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryInfo {
+    /// The full key or node path.
+    pub key: String,
+    /// Its fencing token (for the holder, the token its resource sees).
+    pub token: crate::FencingToken,
+    /// Exclusive (a mutex waiter, a writer, a candidate) or shared (a reader, a permit).
+    pub kind: EntryKind,
+    /// The session that owns it, as [`Session::id`](crate::Session::id) names sessions (etcd
+    /// lease id, ZooKeeper session id, in hex).
+    pub session: String,
+    /// Its value (an election candidate's published value; empty for locks).
+    pub value: Vec<u8>,
+    /// When it was created, if the backend records it (ZooKeeper does; etcd does not).
+    pub created: Option<std::time::SystemTime>,
+}
+
+impl EntryInfo {
+    /// An entry's information.
+    pub fn new(
+        key: String,
+        token: crate::FencingToken,
+        kind: EntryKind,
+        session: String,
+        value: Vec<u8>,
+        created: Option<std::time::SystemTime>,
+    ) -> Self {
+        EntryInfo {
+            key,
+            token,
+            kind,
+            session,
+            value,
+            created,
+        }
+    }
+}
+
+/// The value a revocation request writes into the holder's entry: Apache Curator's `Revoker`
+/// writes the same, so Curator holders made revocable honour fencelock's requests and the
+/// reverse.
+pub const REVOKE_MARKER: &[u8] = b"__REVOKE__";
+
 /// A session-level event pushed by a backend's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -19,7 +19,11 @@
 mod contract;
 mod election;
 mod input;
+mod inspect;
+mod multilock;
 mod mutex;
+mod rwlock;
+mod semaphore;
 mod session;
 
 use std::future::Future;
@@ -35,7 +39,11 @@ use crate::{MemoryBackend, Result, Session};
 pub use contract::*;
 pub use election::*;
 pub use input::*;
+pub use inspect::*;
+pub use multilock::*;
 pub use mutex::*;
+pub use rwlock::*;
+pub use semaphore::*;
 pub use session::*;
 
 /// Hands out what the suite needs from one backend.
@@ -119,6 +127,20 @@ macro_rules! conformance_tests {
             observe_ends_when_session_ends,
             supervisor_keeps_leading,
             state_changes_until_closed,
+            readers_share_writer_excludes,
+            queued_writer_holds_back_later_readers,
+            rwlock_in_one_session,
+            rwlock_cancel_and_inspect,
+            semaphore_bounds_holders,
+            semaphore_waits_and_hands_over,
+            semaphore_disagreement_is_an_error,
+            cancelled_acquire_leaves_no_permit,
+            multi_lock_takes_all,
+            multi_try_lock_is_all_or_nothing,
+            multi_locks_never_deadlock,
+            inspection_shows_holder_and_waiters,
+            revocation_request_reaches_the_holder,
+            reentrant_guard_keeps_token,
             contract_enqueue_is_idempotent_per_attempt,
             contract_abandon_removes_only_the_attempt,
             contract_ahead_lists_the_queue_in_order,

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{
-    Backend, BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+    Backend, BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
+    QueueKind, REVOKE_MARKER,
 };
 use crate::{Error, FencingToken, Result, SessionEnd};
 
@@ -154,7 +155,7 @@ impl State {
             .entries
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
+            .filter(|(k, _)| in_queue(queue.kind, &k[prefix.len()..]))
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect();
         v.sort_by_key(|(_, r)| r.create_rev);
@@ -186,6 +187,18 @@ impl State {
             .map(|(k, r)| peer(k, &r))
             .collect();
         (entry(key.to_string(), &own), ahead)
+    }
+}
+
+/// Whether `rest` (a key below a queue's prefix) names an entry of a `kind` queue: `{session}`
+/// directly, or `read/{..}` / `write/{..}` in a read-write lock.
+fn in_queue(kind: QueueKind, rest: &str) -> bool {
+    match kind {
+        QueueKind::ReadWrite => match rest.split_once('/') {
+            Some(("read" | "write", id)) => !id.is_empty() && !id.contains('/'),
+            _ => false,
+        },
+        _ => !rest.is_empty() && !rest.contains('/'),
     }
 }
 
@@ -259,9 +272,19 @@ struct MemorySession {
 }
 
 impl MemorySession {
-    /// This session's key in `queue`: the etcd layout `{namespace}/{name}/{session id in hex}`.
-    fn key(&self, queue: &QueueId) -> String {
-        format!("{}/{:x}", queue.path(), self.id)
+    /// This session's key for an entry of `kind` made by `attempt` in `queue`: the etcd layout,
+    /// `{namespace}/{name}/{session id in hex}` (one per session), or with the attempt for
+    /// entries a session may hold several of (readers, writers, permits).
+    fn key(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> String {
+        let path = queue.path();
+        let id = self.id;
+        let attempt = attempt.simple();
+        match (queue.kind, kind) {
+            (QueueKind::ReadWrite, EntryKind::Shared) => format!("{path}/read/{id:x}_{attempt}"),
+            (QueueKind::ReadWrite, _) => format!("{path}/write/{id:x}_{attempt}"),
+            (QueueKind::Semaphore, _) => format!("{path}/{id:x}_{attempt}"),
+            _ => format!("{path}/{id:x}"),
+        }
     }
 
     /// Waits until `done` holds for the state, re-checking after every change.
@@ -312,7 +335,7 @@ impl BackendSession for MemorySession {
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
         let mut st = self.inner.lock();
         st.alive(self.id)?;
-        let key = self.key(req.queue);
+        let key = self.key(req.queue, req.kind, req.attempt);
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
         Ok(Enqueued::new(entry, ahead, None))
@@ -321,7 +344,10 @@ impl BackendSession for MemorySession {
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
         let mut st = self.inner.lock();
         st.alive(self.id)?;
-        let keys: Vec<String> = reqs.iter().map(|r| self.key(r.queue)).collect();
+        let keys: Vec<String> = reqs
+            .iter()
+            .map(|r| self.key(r.queue, r.kind, r.attempt))
+            .collect();
         // A retry finds what the first try created: our own entries do not count as taken.
         let taken = reqs
             .iter()
@@ -374,9 +400,9 @@ impl BackendSession for MemorySession {
         Ok(true)
     }
 
-    async fn abandon(&self, queue: &QueueId, _kind: EntryKind, _attempt: Uuid) -> Result<()> {
+    async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
         let mut st = self.inner.lock();
-        if st.entries.remove(&self.key(queue)).is_some() {
+        if st.entries.remove(&self.key(queue, kind, attempt)).is_some() {
             st.revision += 1;
             self.inner.notify(&st);
         }
@@ -420,6 +446,57 @@ impl BackendSession for MemorySession {
             }
         })
         .await;
+        Ok(())
+    }
+
+    async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        let st = self.inner.lock();
+        Ok(st
+            .queue(queue)
+            .into_iter()
+            .map(|(k, r)| {
+                EntryInfo::new(
+                    k,
+                    FencingToken::new(r.create_rev),
+                    r.kind,
+                    format!("{:x}", r.session),
+                    r.value,
+                    None,
+                )
+            })
+            .collect())
+    }
+
+    async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
+        let mut st = self.inner.lock();
+        let Some(r) = st
+            .entries
+            .get_mut(key)
+            .filter(|r| r.create_rev == token.get())
+        else {
+            return Ok(false);
+        };
+        r.value = REVOKE_MARKER.to_vec();
+        st.revision += 1;
+        self.inner.notify(&st);
+        Ok(true)
+    }
+
+    async fn wait_revoke(&self, own: &Entry) -> Result<()> {
+        let mut gone = false;
+        self.wait_until(|st| match st.same(&own.key, own.order) {
+            None => {
+                gone = true;
+                true
+            }
+            Some(r) => r.value == REVOKE_MARKER,
+        })
+        .await;
+        if gone {
+            return Err(Error::EntryVanished {
+                key: own.key.clone(),
+            });
+        }
         Ok(())
     }
 

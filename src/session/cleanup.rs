@@ -20,6 +20,9 @@ use crate::Result;
 /// exactly what was created.
 pub(crate) type EnqueueTask = JoinHandle<Result<Enqueued>>;
 
+/// An all-or-nothing enqueue in flight (see [`EnqueueTask`]).
+pub(crate) type EnqueueAllTask = JoinHandle<Result<Option<Vec<Entry>>>>;
+
 /// Work for the session's background task. Each carries the local queue slot of its lock, so
 /// that the next local waiter cannot start before the remote entry is gone.
 pub(crate) enum Cleanup {
@@ -36,6 +39,12 @@ pub(crate) enum Cleanup {
         attempt: Uuid,
         inflight: EnqueueTask,
         local: Option<LocalSlot>,
+    },
+    /// Await the all-or-nothing create still in flight, then delete what it created.
+    EnqueuedAll {
+        queues: Vec<(QueueId, Uuid)>,
+        inflight: EnqueueAllTask,
+        locals: Vec<LocalSlot>,
     },
     /// Delete whatever this attempt may have created.
     Abandon {
@@ -94,6 +103,41 @@ pub(crate) async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<
                         }
                     }
                     (queue, local)
+                }
+                Cleanup::EnqueuedAll {
+                    queues,
+                    inflight,
+                    locals,
+                } => {
+                    let span = info_span!("abandon", queues = queues.len());
+                    let created = inflight.await;
+                    async {
+                        match created {
+                            Ok(Ok(Some(entries))) => {
+                                for entry in &entries {
+                                    until_done(&weak, || remote.remove(entry)).await;
+                                }
+                            }
+                            Ok(Ok(None)) => {}
+                            _ => {
+                                for (queue, attempt) in &queues {
+                                    until_done(&weak, || {
+                                        remote.abandon(queue, EntryKind::Exclusive, *attempt)
+                                    })
+                                    .await;
+                                }
+                            }
+                        }
+                    }
+                    .instrument(span)
+                    .await;
+                    drop(locals);
+                    if let Some(shared) = weak.upgrade() {
+                        for (queue, _) in &queues {
+                            shared.trim_local_queue(queue);
+                        }
+                    }
+                    continue;
                 }
                 Cleanup::Abandon {
                     queue,

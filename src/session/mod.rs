@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info_span, Instrument};
 
-pub(crate) use cleanup::{Cleanup, EnqueueTask};
+pub(crate) use cleanup::{Cleanup, EnqueueAllTask, EnqueueTask};
 pub(crate) use local::{LocalQueue, LocalSlot};
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};

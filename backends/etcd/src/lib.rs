@@ -24,6 +24,7 @@
 mod config;
 mod connect;
 mod error;
+mod guarded;
 mod layout;
 mod session;
 mod watch;
@@ -39,6 +40,7 @@ use fencelock::Result;
 pub use config::{EtcdConfig, MAX_SETTING};
 use error::NAME;
 pub use fencelock_net::TlsConfig;
+pub use guarded::{guarded_txn, ownership};
 
 /// The etcd backend: a connected etcd client that opens lease-backed sessions. Cheap to clone.
 #[derive(Clone)]

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseKeepAliveResponse, LeaseKeeper,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, LeaseKeepAliveResponse,
+    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::backend::{
-    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, SessionEvent,
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
+    SessionEvent, REVOKE_MARKER,
 };
-use fencelock::{Error, Result, SessionEnd};
+use fencelock::{Error, FencingToken, Result, SessionEnd};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tracing::debug;
 use uuid::Uuid;
@@ -226,7 +227,7 @@ impl BackendSession for EtcdSession {
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
-        let key = key_of(req.queue, self.lease);
+        let key = key_of(req.queue, self.lease, req.kind, req.attempt);
         let prefix = prefix_of(req.queue);
         let read = [
             TxnOp::get(key.as_str(), Some(keys_only())),
@@ -246,17 +247,20 @@ impl BackendSession for EtcdSession {
             // The put with a dead lease fails instead, so this is unexpected.
             return Err(Error::SessionLost(SessionEnd::Expired));
         };
-        let entry = entry_of(key, kv.create_revision());
-        let ahead = queue_order(&prefix, &queue)
+        let entry = entry_of(key, req.kind, kv.create_revision());
+        let ahead = queue_order(req.queue, &prefix, &queue)
             .into_iter()
-            .take_while(|kv| (kv.create_revision() as u64) < entry.order)
+            .take_while(|(kv, _)| (kv.create_revision() as u64) < entry.order)
             .map(peer_of)
             .collect();
         Ok(Enqueued::new(entry, ahead, None))
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
-        let keys: Vec<String> = reqs.iter().map(|r| key_of(r.queue, self.lease)).collect();
+        let keys: Vec<String> = reqs
+            .iter()
+            .map(|r| key_of(r.queue, self.lease, r.kind, r.attempt))
+            .collect();
         let prefixes: Vec<String> = reqs.iter().map(|r| prefix_of(r.queue)).collect();
         let puts: Vec<TxnOp> = reqs
             .iter()
@@ -286,10 +290,10 @@ impl BackendSession for EtcdSession {
             if resp.succeeded() {
                 let entries = reads
                     .iter()
-                    .zip(&keys)
-                    .map(|(kvs, k)| {
+                    .zip(keys.iter().zip(reqs))
+                    .map(|(kvs, (k, r))| {
                         kvs.first()
-                            .map(|kv| entry_of(k.clone(), kv.create_revision()))
+                            .map(|kv| entry_of(k.clone(), r.kind, kv.create_revision()))
                             .ok_or(Error::SessionLost(SessionEnd::Expired))
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -298,11 +302,14 @@ impl BackendSession for EtcdSession {
             // A prefix was not empty: taken, unless all it holds is our own entry (a retry) or
             // deeper keys of other locks (`a/b/…` under `a/`).
             let mut must_create = Vec::new();
-            for ((kvs, prefix), (key, put)) in
-                reads.iter().zip(&prefixes).zip(keys.iter().zip(&puts))
+            for (((kvs, prefix), (key, put)), req) in reads
+                .iter()
+                .zip(&prefixes)
+                .zip(keys.iter().zip(&puts))
+                .zip(reqs)
             {
-                let direct = queue_order(prefix, kvs);
-                if direct.iter().any(|kv| kv.key() != key.as_bytes()) {
+                let direct = queue_order(req.queue, prefix, kvs);
+                if direct.iter().any(|(kv, _)| kv.key() != key.as_bytes()) {
                     return Ok(None);
                 }
                 if direct.is_empty() {
@@ -375,15 +382,15 @@ impl BackendSession for EtcdSession {
         Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    async fn abandon(&self, queue: &QueueId, _kind: EntryKind, _attempt: Uuid) -> Result<()> {
-        // The key is ours alone (derived from our lease) and the caller holds the session's
-        // local slot for this queue, so whatever entry is there belongs to the abandoned
-        // attempt. Delete it guarded by its create revision, never unconditionally: a request
+    async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
+        // The key is ours alone (derived from our lease, and the attempt where a session may
+        // hold several entries) and the caller holds the session's local slot for this queue,
+        // so whatever entry is there belongs to the abandoned attempt. Delete it guarded by its create revision, never unconditionally: a request
         // that reaches the cluster late (sent through a member that died, say) must not delete
         // an entry this session creates afterwards.
-        let key = key_of(queue, self.lease);
+        let key = key_of(queue, self.lease, kind, attempt);
         if let Some(rev) = self.create_rev("abandon", &key).await? {
-            self.remove(&entry_of(key, rev as i64)).await?;
+            self.remove(&entry_of(key, kind, rev as i64)).await?;
         }
         Ok(())
     }
@@ -406,12 +413,14 @@ impl BackendSession for EtcdSession {
             .get(prefix.as_str(), Some(options))
             .await
             .map_err(|e| map("leader", e))?;
-        let head = queue_order(&prefix, resp.kvs()).first().map(|kv| {
-            (
-                entry_of(key_string(kv), kv.create_revision()),
-                kv.value().to_vec(),
-            )
-        });
+        let head = queue_order(queue, &prefix, resp.kvs())
+            .first()
+            .map(|&(kv, kind)| {
+                (
+                    entry_of(key_string(kv), kind, kv.create_revision()),
+                    kv.value().to_vec(),
+                )
+            });
         Ok(head)
     }
 
@@ -451,6 +460,97 @@ impl BackendSession for EtcdSession {
                 Some(r) if !r.events().is_empty() => return Ok(()),
                 Some(_) => {}
                 None => return Err(temporary("observe", "watch ended")),
+            }
+        }
+    }
+
+    async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        let prefix = prefix_of(queue);
+        let resp = self
+            .client
+            .kv_client()
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| map("inspect", e))?;
+        Ok(queue_order(queue, &prefix, resp.kvs())
+            .into_iter()
+            .map(|(kv, kind)| {
+                EntryInfo::new(
+                    key_string(kv),
+                    FencingToken::new(kv.create_revision() as u64),
+                    kind,
+                    format!("{:x}", kv.lease()),
+                    kv.value().to_vec(),
+                    // etcd records revisions, not times.
+                    None,
+                )
+            })
+            .collect())
+    }
+
+    async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
+        // The holder's lease stays on the key (`ignore_lease`): the request changes the value
+        // only, and only of that very entry.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key,
+                CompareOp::Equal,
+                token.get() as i64,
+            )])
+            .and_then([TxnOp::put(
+                key,
+                REVOKE_MARKER,
+                Some(PutOptions::new().with_ignore_lease()),
+            )]);
+        Ok(self.txn("request revoke", txn).await?.succeeded())
+    }
+
+    async fn wait_revoke(&self, own: &Entry) -> Result<()> {
+        // A watch stream of its own, for as long as a holder awaits `revoke_requested()`: the
+        // shared stream watches deletions only.
+        let vanished = || Error::EntryVanished {
+            key: own.key.clone(),
+        };
+        let mut stream = self
+            .client
+            .watch_client()
+            .watch(own.key.as_str(), None)
+            .await
+            .map_err(|e| map("watch revoke", e))?;
+        match stream.message().await.map_err(|e| map("watch revoke", e))? {
+            Some(r) if r.created() && !r.canceled() => {}
+            _ => return Err(temporary("watch revoke", "watch was not created")),
+        }
+        let resp = self
+            .client
+            .kv_client()
+            .get(own.key.as_str(), None)
+            .await
+            .map_err(|e| map("watch revoke", e))?;
+        match resp.kvs().first() {
+            Some(kv) if kv.create_revision() as u64 == own.order => {
+                if kv.value() == REVOKE_MARKER {
+                    return Ok(());
+                }
+            }
+            _ => return Err(vanished()),
+        }
+        loop {
+            let Some(r) = stream.message().await.map_err(|e| map("watch revoke", e))? else {
+                return Err(temporary("watch revoke", "watch ended"));
+            };
+            if r.canceled() {
+                return Err(temporary("watch revoke", "watch canceled"));
+            }
+            for ev in r.events() {
+                match (ev.event_type(), ev.kv()) {
+                    (EventType::Put, Some(kv)) if kv.create_revision() as u64 == own.order => {
+                        if kv.value() == REVOKE_MARKER {
+                            return Ok(());
+                        }
+                    }
+                    _ => return Err(vanished()),
+                }
             }
         }
     }

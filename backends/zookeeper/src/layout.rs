@@ -1,10 +1,17 @@
 //! The node layout, Apache Curator compatible: pure functions and their tests.
 //!
 //! A queue `{namespace}/{name}` is the parent node `/{namespace}/{name}`; its entries are
-//! ephemeral-sequential children `_c_{uuid}-{marker}{seq}`, ordered by the sequence suffix:
-//! `lock-` for a mutex (Curator `InterProcessMutex` in protected mode), `latch-` for an
-//! election (Curator `LeaderLatch`). Children without the `_c_{uuid}-` prefix (from a Curator
-//! client without protection) are ordered with the others.
+//! ephemeral-sequential children `_c_{uuid}-{marker}{seq}`, ordered by the sequence suffix.
+//!
+//! | queue | marker | Curator recipe |
+//! |---|---|---|
+//! | mutex | `lock-` | `InterProcessMutex` (protected mode) |
+//! | election | `latch-` | `LeaderLatch` |
+//! | read-write lock | `__READ__` (reader), `__WRIT__` (writer) | `InterProcessReadWriteLock` |
+//! | semaphore | `{name}/locks`: `lock-`; `{name}/leases`: `lease-` | `InterProcessSemaphoreV2` |
+//!
+//! Children without the `_c_{uuid}-` prefix (from a Curator client without protection) are
+//! ordered with the others.
 
 use fencelock::backend::{EntryKind, QueueId, QueueKind};
 use fencelock::{Error, Result};
@@ -13,13 +20,21 @@ use uuid::Uuid;
 /// Curator's protected-mode prefix: `_c_` + a UUID + `-`.
 pub(crate) const PROTECTED_PREFIX: &str = "_c_";
 
+/// Curator `InterProcessReadWriteLock`'s reader marker.
+const READ: &str = "__READ__";
+/// Curator `InterProcessReadWriteLock`'s writer marker.
+const WRITE: &str = "__WRIT__";
+
 /// Every marker any queue kind uses (to tell entries from other nodes).
-const MARKERS: [&str; 2] = ["lock-", "latch-"];
+const MARKERS: [&str; 5] = ["lock-", "latch-", READ, WRITE, "lease-"];
 
 /// The node-name marker of an entry of `kind` in a queue of `queue` kind.
-pub(crate) fn marker(queue: QueueKind, _kind: EntryKind) -> &'static str {
-    match queue {
-        QueueKind::Election => "latch-",
+pub(crate) fn marker(queue: QueueKind, kind: EntryKind) -> &'static str {
+    match (queue, kind) {
+        (QueueKind::Election, _) => "latch-",
+        (QueueKind::ReadWrite, EntryKind::Shared) => READ,
+        (QueueKind::ReadWrite, _) => WRITE,
+        (QueueKind::Semaphore, _) => "lease-",
         _ => "lock-",
     }
 }
@@ -28,6 +43,8 @@ pub(crate) fn marker(queue: QueueKind, _kind: EntryKind) -> &'static str {
 pub(crate) fn markers(queue: QueueKind) -> &'static [(&'static str, EntryKind)] {
     match queue {
         QueueKind::Election => &[("latch-", EntryKind::Exclusive)],
+        QueueKind::ReadWrite => &[(READ, EntryKind::Shared), (WRITE, EntryKind::Exclusive)],
+        QueueKind::Semaphore => &[("lease-", EntryKind::Shared)],
         _ => &[("lock-", EntryKind::Exclusive)],
     }
 }
@@ -161,7 +178,7 @@ pub(crate) fn check_zk_path(path: &str, shown: &str, chrooted: bool) -> Result<(
         if is_entry_name(seg) {
             return Err(invalid(
                 shown,
-                "a segment looks like a queue entry (lock-/latch- and a sequence number)",
+                "a segment looks like a queue entry (lock-, latch-, lease-, __READ__ or __WRIT__ and a sequence number)",
             ));
         }
         if seg.ends_with(PROCLAIMED_SUFFIX) {
@@ -240,6 +257,38 @@ mod tests {
                 "_c_b-lock-0000000003"
             ]
         );
+        let rw = sorted_entries(
+            vec![
+                "_c_b-__WRIT__0000000003".into(),
+                "__READ__0000000001".into(),
+                "_c_a-lock-0000000000".into(),
+                "_c_a-__READ__0000000002".into(),
+            ],
+            QueueKind::ReadWrite,
+        );
+        let kinds: Vec<_> = rw.iter().map(|l| (l.seq, l.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (1, EntryKind::Shared),
+                (2, EntryKind::Shared),
+                (3, EntryKind::Exclusive)
+            ]
+        );
+        let sem = sorted_entries(
+            vec![
+                "_c_b-lease-0000000003".into(),
+                "_c_a-lock-0000000000".into(),
+            ],
+            QueueKind::Semaphore,
+        );
+        assert_eq!(sem.len(), 1);
+        assert_eq!(marker(QueueKind::ReadWrite, EntryKind::Shared), "__READ__");
+        assert_eq!(
+            marker(QueueKind::ReadWrite, EntryKind::Exclusive),
+            "__WRIT__"
+        );
+        assert!(is_entry_name("_c_x-__WRIT__0000000009"));
         let attempt = Uuid::nil();
         let name = format!("{}0000000005", protected_name(attempt, "lock-"));
         assert!(is_attempt(&name, attempt, "lock-"));
@@ -269,6 +318,7 @@ mod tests {
         assert!(queue_path(&q("ns", "cjk-ext-b-\u{20000}"), false).is_err());
         assert!(queue_path(&q("ns", "é-中文"), false).is_ok());
         assert!(queue_path(&q("ns", "x/lock-0000000001"), false).is_err());
+        assert!(queue_path(&q("ns", "x/__READ__0000000001"), false).is_err());
         assert_eq!(namespace_root("", false).unwrap(), "/");
         assert_eq!(namespace_root("/a/b", false).unwrap(), "/a/b");
         assert!(namespace_root("zookeeper", false).is_err());

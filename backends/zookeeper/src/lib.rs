@@ -47,6 +47,8 @@ mod config;
 mod connect;
 mod election;
 mod error;
+mod guarded;
+mod inspect;
 mod layout;
 mod queue;
 mod session;
@@ -56,6 +58,7 @@ pub use config::{
     AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL, MAX_CONNECT_TIMEOUT,
 };
 pub use fencelock_net::TlsConfig;
+pub use guarded::add_ownership_check;
 
 use config::Resolved;
 

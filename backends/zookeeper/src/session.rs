@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fencelock::backend::{
-    BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, SessionEvent,
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
+    SessionEvent,
 };
-use fencelock::{Error, Result, SessionEnd};
+use fencelock::{Error, FencingToken, Result, SessionEnd};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -449,6 +450,18 @@ impl BackendSession for ZkSession {
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()> {
         self.wait_head_change(queue, seen).await
+    }
+
+    async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        self.inspect_queue(queue).await
+    }
+
+    async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
+        self.revoke_at(key, token).await
+    }
+
+    async fn wait_revoke(&self, own: &Entry) -> Result<()> {
+        self.wait_revoked(own).await
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
