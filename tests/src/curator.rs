@@ -226,6 +226,32 @@ impl CuratorProgram {
         )
     }
 
+    /// Starts `CuratorLock` with `recipe` (`read`, `write`, `semaphore:N`, `revocable`,
+    /// `revoke:<node>`): like [`mutex`](Self::mutex), but with Curator's
+    /// `InterProcessReadWriteLock`, `InterProcessSemaphoreV2`, a revocable `InterProcessMutex`
+    /// (it prints `REVOKE_REQUESTED` and releases when asked to), or a `Revoker` request on a
+    /// node (it prints `REVOKE_SENT` and exits).
+    pub fn recipe(
+        classes: &JavaClasses,
+        connect: &str,
+        path: &str,
+        recipe: &str,
+        wait: Duration,
+        hold: Duration,
+    ) -> CuratorProgram {
+        let secs = |d: Duration| d.as_secs().max(1).to_string();
+        let args = [
+            connect,
+            path,
+            recipe,
+            "--wait-secs",
+            &secs(wait),
+            "--hold-secs",
+            &secs(hold),
+        ];
+        Self::start(classes, "CuratorLock", &args)
+    }
+
     fn start(classes: &JavaClasses, name: &'static str, args: &[&str]) -> CuratorProgram {
         let mut child = classes
             .command(name)

@@ -4,8 +4,8 @@
 //!
 //! [`fault_tests!`]: crate::fault_tests
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use fencelock::{Error, Fence};
@@ -19,6 +19,9 @@ use crate::target::Target;
 #[derive(Debug)]
 pub struct Holder {
     child: ManagedChild,
+    stdin: Option<ChildStdin>,
+    /// The lines it printed after `HELD`.
+    lines: std::sync::mpsc::Receiver<String>,
     /// The token (epoch) the child was granted.
     pub token: u64,
 }
@@ -40,18 +43,22 @@ impl Holder {
             .args(prefix_args)
             .args(["hold", t.kind.arg(), &t.endpoint, namespace, kind, name])
             .arg(format!("{}", ttl.as_millis()))
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("start holder");
         let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take();
         let child = ManagedChild::adopt("holder", child, &log);
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
         });
-        let line = rx
+        let line = lines
             .recv_timeout(Duration::from_secs(30))
             .expect("holder reports HELD within 30 s");
         let token = line
@@ -59,7 +66,26 @@ impl Holder {
             .strip_prefix("HELD ")
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("holder said {line:?}"));
-        Holder { child, token }
+        Holder {
+            child,
+            stdin,
+            lines,
+            token,
+        }
+    }
+
+    /// Writes `line` to the child's stdin.
+    pub fn say(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}").expect("write to the holder");
+        stdin.flush().expect("flush");
+    }
+
+    /// The next line the child prints; panics if none comes within `within`.
+    pub fn next_line(&mut self, within: Duration) -> String {
+        self.lines
+            .recv_timeout(within)
+            .unwrap_or_else(|e| panic!("the holder printed nothing within {within:?}: {e}"))
     }
 
     /// Starts the `holder` binary and waits (bounded) until it holds `name`.
@@ -114,6 +140,9 @@ pub async fn run_holder(t: &Target, namespace: &str, kind: &str, name: &str, ttl
             let t = l.epoch();
             std::mem::forget(l);
             t
+        }
+        "guarded" => {
+            return crate::guarded::run_guarded_holder(t, namespace, name, ttl).await;
         }
         other => panic!("unknown kind {other}"),
     };
@@ -271,6 +300,14 @@ macro_rules! fault_tests {
                 return;
             };
             $crate::faults::cut_off_leader_steps_down_first(&t, $ttl).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn paused_holder_guarded_write_is_refused() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::guarded::paused_holder_guarded_write_is_refused($holder, &t, $ttl).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod curator;
 pub mod errors;
 pub mod faults;
+pub mod guarded;
 pub mod holder;
 pub mod pki;
 pub mod process;

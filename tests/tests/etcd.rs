@@ -78,3 +78,93 @@ async fn unreachable_endpoint_is_a_connect_error() {
     let r = EtcdBackend::connect(Vec::<String>::new()).await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
 }
+
+/// The read-write lock follows Go `contrib/recipes` `RWMutex`'s layout: a client writing Go's
+/// keys (`{prefix}/write/{unix nanos}`, `{prefix}/read/{unix nanos}` under its own lease, as
+/// `newUniqueEphemeralKey` does) contends with ours on one queue. Here that client is emulated
+/// with raw etcd requests (no Go toolchain on the test machines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_recipes_rwmutex_layout() {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("go_rwmutex");
+    let s = Session::builder(f.etcd().clone())
+        .namespace(&ns)
+        .start()
+        .await
+        .unwrap();
+    let mut client = f.etcd().client().clone();
+    let lease = client.lease_grant(30, None).await.unwrap().id();
+    let go_key = |role: &str| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("{ns}/doc/{role}/{nanos}")
+    };
+    // Go's putNewKV: create only if absent, with the session's lease.
+    let put_new = async |key: &str| {
+        let mut client = f.etcd().client().clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let resp = client.txn(txn).await.unwrap();
+        assert!(resp.succeeded());
+        resp.header().unwrap().revision() as u64
+    };
+    let l = s.rwlock("doc").unwrap();
+    // A Go writer holds: our reader and writer wait.
+    let w = go_key("write");
+    let w_rev = put_new(&w).await;
+    assert!(l.try_read().await.unwrap().is_none());
+    assert!(l.try_write().await.unwrap().is_none());
+    let reader = tokio::spawn({
+        let l = s.rwlock("doc").unwrap();
+        async move { l.read().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished(), "our reader waits for Go's writer");
+    client.delete(w.as_str(), None).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(r.token().get() > w_rev);
+    assert!(r.key().starts_with(&format!("{ns}/doc/read/")));
+    // A Go reader reads beside ours; our writer waits for both.
+    let gr = go_key("read");
+    put_new(&gr).await;
+    let writer = tokio::spawn({
+        let l = s.rwlock("doc").unwrap();
+        async move { l.write().await }
+    });
+    r.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writer.is_finished(), "our writer waits for Go's reader");
+    client.delete(gr.as_str(), None).await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(w.key().starts_with(&format!("{ns}/doc/write/")));
+    // What a Go reader checks (any key under `{prefix}/write` with a lower revision) sees ours.
+    let seen = client
+        .get(
+            format!("{ns}/doc/write"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(seen.kvs().len(), 1);
+    w.release().await.unwrap();
+    client.lease_revoke(lease).await.unwrap();
+    s.close().await.unwrap();
+}
