@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::adversity::primitive::Primitive;
 use crate::adversity::workload::{run_child_worker, Workload};
 use crate::faults::run_holder;
 use crate::target::{Kind, Target};
@@ -54,7 +55,14 @@ enum Cmd {
         hold_ms: u64,
         /// The bound of each acquisition, in milliseconds.
         timeout_ms: u64,
+        /// What the lock is: `mutex`, `read-write` (the child writes), `semaphore:N`.
+        #[arg(long, default_value = "mutex", value_parser = parse_primitive)]
+        primitive: Primitive,
     },
+}
+
+fn parse_primitive(s: &str) -> Result<Primitive, String> {
+    Primitive::parse(s).ok_or_else(|| format!("unknown primitive {s:?}"))
 }
 
 fn parse_kind(s: &str) -> Result<Kind, String> {
@@ -83,9 +91,11 @@ pub async fn run(args: impl IntoIterator<Item = String>) {
             ttl_ms,
             hold_ms,
             timeout_ms,
+            primitive,
         } => {
             let w = Workload {
                 lock,
+                primitive,
                 namespace,
                 ttl: Duration::from_millis(ttl_ms),
                 acquire_timeout: Duration::from_millis(timeout_ms),

@@ -3,8 +3,9 @@
 //!
 //! Checks:
 //! 1. the fenced resource never accepted a token lower than one it had accepted before;
-//! 2. no token was granted twice, and no two in-process tenures overlap (a tenure ends when its
-//!    holder calls `release()` or sees `lost()` fire);
+//! 2. no token was granted twice, and in-process tenures never overlapped beyond what the
+//!    primitive allows ([`Limit`]: one holder; readers or one writer; `n` permits). A tenure
+//!    ends when its holder calls `release()` or sees `lost()` fire;
 //! 3. every acquisition invoked before the faults healed ended within a bound after they
 //!    healed (no waiter stuck);
 //! 4. the workload ran: at least the required number of grants before the first fault and
@@ -35,6 +36,19 @@ pub struct Op {
     /// Whether it ran in a child process: its tenure is known only coarsely, from its output,
     /// so it takes part in the token checks but not in the overlap check.
     pub remote: bool,
+    /// Whether it was a shared grant (a reader, a permit) rather than an exclusive one.
+    pub shared: bool,
+}
+
+/// How many tenures may overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// One holder at a time (a mutex).
+    One,
+    /// Any number of shared tenures (readers), or one exclusive tenure (a writer) alone.
+    ReadersOrOneWriter,
+    /// At most this many tenures (a semaphore's permits).
+    Permits(usize),
 }
 
 /// Everything a run recorded.
@@ -65,6 +79,8 @@ pub struct Requirements {
     pub bound: Duration,
     /// Grants required before the first fault, and again after the faults healed.
     pub min_grants: usize,
+    /// How many tenures may overlap.
+    pub limit: Limit,
 }
 
 /// The outcome of the checker for one scenario.
@@ -130,19 +146,7 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
             ));
         }
     }
-    let local: Vec<&&Op> = grants.iter().filter(|o| !o.remote).collect();
-    for w in local.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        let (Some(a_end), Some(b_start)) = (a.ended.or(a.completed), b.completed) else {
-            continue;
-        };
-        if a_end > b_start {
-            v.push(format!(
-                "tenures overlap: {} (token {:?}, lost={}) ended after {} (token {:?}) was granted",
-                a.worker, a.token, a.lost, b.worker, b.token
-            ));
-        }
-    }
+    v.extend(overlaps(&grants, req.limit));
     // (3) every acquisition ended within the bound after the faults healed.
     let deadline = r.healed + req.bound;
     for o in &r.ops {
@@ -210,6 +214,37 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
     }
 }
 
+/// The overlaps of in-process tenures beyond `limit`: at each grant, the tenures in progress
+/// (granted before, not ended yet) together with it.
+fn overlaps(grants: &[&Op], limit: Limit) -> Vec<String> {
+    let mut local: Vec<&Op> = grants.iter().copied().filter(|o| !o.remote).collect();
+    local.sort_by_key(|o| o.completed);
+    let mut v = Vec::new();
+    for (i, b) in local.iter().enumerate() {
+        let Some(b_start) = b.completed else { continue };
+        let active: Vec<&Op> = local[..i]
+            .iter()
+            .copied()
+            .filter(|a| a.ended.or(a.completed).is_some_and(|end| end > b_start))
+            .collect();
+        let allowed = match limit {
+            Limit::One => active.is_empty(),
+            Limit::ReadersOrOneWriter => {
+                active.is_empty() || (b.shared && active.iter().all(|a| a.shared))
+            }
+            Limit::Permits(n) => active.len() < n,
+        };
+        if !allowed {
+            let a = active[0];
+            v.push(format!(
+                "tenures overlap: {} (token {:?}, shared={}, lost={}) ended after {} (token {:?}, shared={}) was granted, with {} in progress",
+                a.worker, a.token, a.shared, a.lost, b.worker, b.token, b.shared, active.len()
+            ));
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +252,7 @@ mod tests {
     const REQ: Requirements = Requirements {
         bound: Duration::from_secs(10),
         min_grants: 2,
+        limit: Limit::One,
     };
 
     /// A clean history: two grants before the fault, two after, in order.
@@ -231,6 +267,7 @@ mod tests {
             lost: false,
             error: None,
             remote: false,
+            shared: false,
         };
         Record {
             ops: vec![
@@ -267,6 +304,56 @@ mod tests {
             "{:?}",
             s.violations
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readers_may_overlap_but_not_a_writer() {
+        let rw = Requirements {
+            limit: Limit::ReadersOrOneWriter,
+            ..REQ
+        };
+        let mut r = clean(Instant::now());
+        r.ops[0].ended = r.ops[1].completed.map(|c| c + Duration::from_millis(1));
+        r.ops[0].shared = true;
+        r.ops[1].shared = true;
+        let s = check("readers", &r, rw);
+        assert!(s.violations.is_empty(), "{:?}", s.violations);
+        r.ops[1].shared = false;
+        let s = check("writer after a reader", &r, rw);
+        assert!(
+            s.violations.iter().any(|v| v.contains("overlap")),
+            "{:?}",
+            s.violations
+        );
+        r.ops[1].shared = true;
+        r.ops[0].shared = false;
+        let s = check("reader after a writer", &r, rw);
+        assert!(
+            s.violations.iter().any(|v| v.contains("overlap")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_may_overlap_up_to_their_number() {
+        let mut r = clean(Instant::now());
+        // All four tenures in progress together.
+        for op in &mut r.ops {
+            op.ended = Some(r.stopped);
+        }
+        r.accepted.clear();
+        let three = Requirements {
+            limit: Limit::Permits(3),
+            ..REQ
+        };
+        let s = check("four permits of three", &r, three);
+        assert_eq!(s.violations.len(), 1, "{:?}", s.violations);
+        let four = Requirements {
+            limit: Limit::Permits(4),
+            ..REQ
+        };
+        assert!(check("four of four", &r, four).violations.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@
 
 pub mod history;
 pub mod inject;
+pub mod primitive;
 pub mod workload;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,7 @@ use tokio::time::Instant;
 
 use self::history::{check, Requirements, Summary};
 use self::inject::Stage;
+use self::primitive::Primitive;
 use self::workload::{worker, ChildWorker, Recorder, Workload};
 use crate::proxy::Proxy;
 use crate::servers::Cluster;
@@ -42,6 +44,14 @@ pub enum Scenario {
 }
 
 impl Scenario {
+    /// The scenarios run with the read-write lock and the semaphore workloads: those that
+    /// take a holder away (the mutex runs them all).
+    pub const FAMILY: [Scenario; 3] = [
+        Scenario::CutOffClient,
+        Scenario::PauseHolder,
+        Scenario::Mixed,
+    ];
+
     /// Every scenario.
     pub const ALL: [Scenario; 7] = [
         Scenario::KillLeader,
@@ -134,11 +144,17 @@ async fn phase(rec: &Recorder, since: Instant, cfg: &RunConfig) {
     }
 }
 
-/// Runs `scenario` against `cluster` and checks the history.
-pub async fn run(scenario: Scenario, cluster: &dyn Cluster, cfg: &RunConfig) -> Summary {
+/// Runs `scenario` with a `primitive` workload against `cluster` and checks the history.
+pub async fn run(
+    scenario: Scenario,
+    primitive: Primitive,
+    cluster: &dyn Cluster,
+    cfg: &RunConfig,
+) -> Summary {
     let target = cluster.target();
     let w = Workload {
         lock: "jepsen".into(),
+        primitive,
         namespace: fencelock::conformance::unique_namespace("adversity"),
         ttl: cfg.ttl,
         acquire_timeout: cfg.ttl * 3,
@@ -251,8 +267,13 @@ pub async fn run(scenario: Scenario, cluster: &dyn Cluster, cfg: &RunConfig) -> 
     let req = Requirements {
         bound,
         min_grants: cfg.min_grants,
+        limit: primitive.limit(),
     };
-    let mut summary = check(scenario.name(), &record, req);
+    let name = match primitive {
+        Primitive::Mutex => scenario.name().to_string(),
+        p => format!("{}: {}", p.arg(), scenario.name()),
+    };
+    let mut summary = check(&name, &record, req);
     summary.violations.extend(extra);
     if std::env::var("FENCELOCK_DEBUG_HISTORY").is_ok() && !summary.violations.is_empty() {
         eprintln!("{}", cluster.dump(&w.namespace).await);
@@ -260,17 +281,36 @@ pub async fn run(scenario: Scenario, cluster: &dyn Cluster, cfg: &RunConfig) -> 
     summary
 }
 
-/// Runs every scenario (or only the one named by `FENCELOCK_SCENARIO`) against `cluster`,
-/// prints the summary table under `label`, and panics if any scenario found a violation.
+/// The workloads of a full run: every scenario with the mutex, [`Scenario::FAMILY`] with a
+/// read-write lock and a 3-permit semaphore.
+pub fn plan() -> Vec<(Primitive, Scenario)> {
+    let mut v: Vec<_> = Scenario::ALL
+        .into_iter()
+        .map(|s| (Primitive::Mutex, s))
+        .collect();
+    for p in [Primitive::ReadWrite, Primitive::Semaphore(3)] {
+        v.extend(Scenario::FAMILY.into_iter().map(|s| (p, s)));
+    }
+    v
+}
+
+/// Runs the [`plan`] (or only the scenarios named by `FENCELOCK_SCENARIO`, and only the
+/// primitive named by `FENCELOCK_PRIMITIVE`) against `cluster`, prints the summary table under
+/// `label`, and panics if any scenario found a violation.
 pub async fn run_all(label: &str, cluster: &dyn Cluster, cfg: &RunConfig) {
     let only = std::env::var("FENCELOCK_SCENARIO").ok();
+    let only_primitive = std::env::var("FENCELOCK_PRIMITIVE").ok();
     let mut lines = Vec::new();
     let mut failed = Vec::new();
-    for scenario in Scenario::ALL {
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+    for (primitive, scenario) in plan() {
+        if only.as_deref().is_some_and(|o| o != scenario.name())
+            || only_primitive
+                .as_deref()
+                .is_some_and(|o| o != primitive.arg())
+        {
             continue;
         }
-        let s = run(scenario, cluster, cfg).await;
+        let s = run(scenario, primitive, cluster, cfg).await;
         println!("{}", s.line());
         lines.push(s.line());
         if !s.violations.is_empty() {

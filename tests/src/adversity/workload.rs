@@ -1,5 +1,6 @@
-//! The adversity workload: sessions that repeatedly acquire one lock, write to a fenced
-//! resource and release, while faults are injected; and the recorder of what they did.
+//! The adversity workload: sessions that repeatedly acquire one lock (a mutex, a read-write
+//! lock or a semaphore), write to (or read) a fenced resource and release, while faults are
+//! injected; and the recorder of what they did.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -11,6 +12,7 @@ use fencelock::{Error, Fence, FencingToken, Session, SessionState};
 use tokio::time::Instant;
 
 use super::history::{Op, Record};
+use super::primitive::{Grant, Primitive};
 use crate::process::ManagedChild;
 use crate::target::{Kind, Target};
 
@@ -35,6 +37,31 @@ impl Resource {
             Err(_) => {
                 self.refused.fetch_add(1, Ordering::SeqCst);
                 false
+            }
+        }
+    }
+
+    /// A fenced read with `token` (a reader's): refused, as stale, if a writer with a larger
+    /// token has written (no writer granted after a reader may write while it still reads).
+    pub fn read(&self, token: u64) -> bool {
+        let log = self.accepted.lock().unwrap();
+        if log.last().is_some_and(|&last| last > token) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The access of a holder of `grant`: a write, or a read for a reader; nothing for a
+    /// permit (see [`Primitive::fenced`]).
+    fn access(&self, grant: &Grant) {
+        match grant {
+            Grant::Read(_) => {
+                self.read(grant.token());
+            }
+            Grant::Permit(_) => {}
+            _ => {
+                self.write(grant.token());
             }
         }
     }
@@ -63,15 +90,17 @@ impl Recorder {
             lost: false,
             error: None,
             remote,
+            shared: false,
         });
         ops.len() - 1
     }
 
-    /// Acquisition `id` was granted `token` now.
-    pub fn granted(&self, id: usize, token: u64) {
+    /// Acquisition `id` was granted `token` (`shared`: a reader's or a permit) now.
+    pub fn granted(&self, id: usize, token: u64, shared: bool) {
         let mut ops = self.ops.lock().unwrap();
         ops[id].completed = Some(Instant::now());
         ops[id].token = Some(token);
+        ops[id].shared = shared;
     }
 
     /// Acquisition `id` failed now with `error`.
@@ -122,6 +151,8 @@ impl Recorder {
 pub struct Workload {
     /// The lock's name.
     pub lock: String,
+    /// What the lock is.
+    pub primitive: Primitive,
     /// The namespace.
     pub namespace: String,
     /// Session TTL.
@@ -148,7 +179,9 @@ pub async fn worker(
     sessions: Sessions,
 ) {
     let mut session: Option<Session> = None;
+    let mut turn = 0u64;
     while !stop.load(Ordering::SeqCst) {
+        turn += 1;
         let s = match &session {
             Some(s) if !matches!(s.state(), SessionState::Lost(_)) => s.clone(),
             _ => match open(&target, &addr, &w).await {
@@ -164,25 +197,24 @@ pub async fn worker(
             },
         };
         let id = rec.begin(format!("{name}/{}", s.id()), false);
-        match s
-            .mutex(&w.lock)
-            .unwrap()
-            .lock_timeout(w.acquire_timeout)
-            .await
-        {
+        let acquired = w
+            .primitive
+            .acquire(&s, &w.lock, turn, false, w.acquire_timeout)
+            .await;
+        match acquired {
             Ok(g) => {
-                rec.granted(id, g.token().get());
+                rec.granted(id, g.token(), g.shared());
                 let lost = g.lost();
                 tokio::pin!(lost);
                 let mut was_lost = !g.is_held();
                 if !was_lost {
-                    rec.resource.write(g.token().get());
+                    rec.resource.access(&g);
                     tokio::select! {
                         _ = &mut lost => was_lost = true,
                         _ = tokio::time::sleep(w.hold) => {}
                     }
                     if !was_lost && g.is_held() {
-                        rec.resource.write(g.token().get());
+                        rec.resource.access(&g);
                     }
                 }
                 if was_lost || !g.is_held() {
@@ -256,6 +288,7 @@ impl ChildWorker {
             .arg(w.ttl.as_millis().to_string())
             .arg(w.hold.as_millis().to_string())
             .arg(w.acquire_timeout.as_millis().to_string())
+            .args(["--primitive", &w.primitive.arg()])
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
@@ -265,6 +298,10 @@ impl ChildWorker {
         let child = ManagedChild::adopt("child worker", child, &log);
         let holding = Arc::new(Mutex::new(None));
         let h = holding.clone();
+        let (fenced, shared) = (
+            w.primitive.fenced(),
+            matches!(w.primitive, Primitive::Semaphore(_)),
+        );
         let reader = std::thread::spawn(move || {
             let mut current: Option<usize> = None;
             for line in BufReader::new(out).lines() {
@@ -278,11 +315,11 @@ impl ChildWorker {
                 match tag {
                     "G" => {
                         let id = rec.begin("child".into(), true);
-                        rec.granted(id, token);
+                        rec.granted(id, token, shared);
                         current = Some(id);
                         *h.lock().unwrap() = Some(token);
                     }
-                    "W" => {
+                    "W" if fenced => {
                         rec.resource.write(token);
                     }
                     "E" => {
@@ -326,8 +363,9 @@ impl ChildWorker {
     }
 }
 
-/// The body of `holder work <kind> <endpoints> <ns> <lock> <ttl-ms> <hold-ms> <timeout-ms>`:
-/// loops acquire → `G token` → wait `hold` → `W token` → release → `E token` until killed.
+/// The body of `holder work <kind> <endpoints> <ns> <lock> <ttl-ms> <hold-ms> <timeout-ms>
+/// [--primitive P]`: loops acquire (a write lock of a read-write lock) → `G token` → wait
+/// `hold` → `W token` → release → `E token` until killed.
 pub async fn run_child_worker(kind: Kind, endpoint: &str, w: &Workload) {
     use std::io::Write;
     let target = Target::new(kind, endpoint);
@@ -347,14 +385,13 @@ pub async fn run_child_worker(kind: Kind, endpoint: &str, w: &Workload) {
                 }
             },
         };
-        match s
-            .mutex(&w.lock)
-            .unwrap()
-            .lock_timeout(w.acquire_timeout)
+        match w
+            .primitive
+            .acquire(&s, &w.lock, 0, true, w.acquire_timeout)
             .await
         {
             Ok(g) => {
-                let t = g.token().get();
+                let t = g.token();
                 let _ = writeln!(out, "G {t}");
                 let _ = out.flush();
                 tokio::time::sleep(w.hold).await;
