@@ -87,6 +87,17 @@ impl Rule {
             Rule::Permits(_) => (0..ahead.len()).collect(),
         }
     }
+
+    /// What [`targets`](Self::targets) needs to know of the entries ahead: their kind (or any)
+    /// and how many of the nearest. A semaphore's waiter needs its `n` nearest: fewer than `n`
+    /// entries ahead can only come about if one of those goes.
+    fn window(self) -> (Option<EntryKind>, usize) {
+        match self {
+            Rule::Exclusive => (None, 1),
+            Rule::Shared => (Some(EntryKind::Exclusive), 1),
+            Rule::Permits(n) => (None, n),
+        }
+    }
 }
 
 /// What to acquire: one entry of `kind` in `queue`, granted by `rule`.
@@ -230,19 +241,19 @@ pub(crate) async fn acquire(
             Ok(enqueued) => {
                 let own = enqueued.entry.clone();
                 pending.entry = Some(own.clone());
-                let turn = wait_turn(&shared, req.rule, &own, enqueued.ahead, wait);
+                let turn = wait_turn(&shared, req.queue, req.rule, &own, enqueued.ahead, wait);
                 match wait.deadline() {
                     Some(d) => timeout_at(d, turn)
                         .await
                         .unwrap_or_else(|_| Err(wait.timed_out())),
                     None => turn.await,
                 }
-                .map(|granted| granted.then_some(enqueued.armed))
+                .map(|granted| granted.then_some(()))
             }
             Err(e) => Err(e),
         };
         match res {
-            Ok(Some(armed)) => {
+            Ok(Some(())) => {
                 // Granted: never report a grant past the local deadline.
                 shared.check_alive()?;
                 let entry = pending.entry.take().expect("granted entry");
@@ -257,7 +268,6 @@ pub(crate) async fn acquire(
                     req.queue.clone(),
                     entry,
                     local,
-                    armed,
                 )))
             }
             Ok(None) => {
@@ -331,54 +341,50 @@ async fn enqueue(
     }
 }
 
-/// Waits, entry by entry, until `rule` grants `own`. Returns `false` only for [`Wait::No`] when
-/// it would have to wait.
+/// Waits until `rule` grants `own` in `queue`: waits for the entries ahead it depends on,
+/// and each time one goes, asks the cluster which are still there (one request, which also
+/// confirms `own`). Returns `false` only for [`Wait::No`] when it would have to wait.
 async fn wait_turn(
     shared: &Shared,
+    queue: &QueueId,
     rule: Rule,
     own: &Entry,
     mut ahead: Vec<Peer>,
     wait: Wait,
 ) -> Result<bool> {
     let remote = shared.remote.clone();
-    let mut waited = false;
+    let (kind, nearest) = rule.window();
     loop {
         let targets = rule.targets(&ahead);
         if targets.is_empty() {
-            break;
+            return Ok(true);
         }
         if matches!(wait, Wait::No) {
             return Ok(false);
         }
-        waited = true;
         if let [i] = targets[..] {
-            let target = ahead.remove(i);
+            let target = &ahead[i];
             let span = info_span!("wait", on = %target.key, token = %own.token);
             shared
-                .retry(|| remote.wait(own, &target))
+                .retry(|| remote.wait(own, target))
                 .instrument(span)
                 .await?;
-            continue;
+        } else {
+            // Any of several may go first (a semaphore's holders): wait for them all at once.
+            let span = info_span!("wait", on = targets.len(), token = %own.token);
+            let waits = targets.iter().map(|&i| {
+                let (remote, target) = (remote.clone(), &ahead[i]);
+                Box::pin(async move { shared.retry(|| remote.wait(own, target)).await })
+            });
+            let (res, _, _) = futures_util::future::select_all(waits)
+                .instrument(span)
+                .await;
+            res?;
         }
-        // Any of several may go first (a semaphore's holders): wait for them all at once.
-        let span = info_span!("wait", on = targets.len(), token = %own.token);
-        let waits = targets.iter().map(|&i| {
-            let (remote, target) = (remote.clone(), ahead[i].clone());
-            Box::pin(async move { shared.retry(|| remote.wait(own, &target)).await })
-        });
-        let (res, done, _) = futures_util::future::select_all(waits)
-            .instrument(span)
-            .await;
-        res?;
-        ahead.remove(targets[done]);
+        ahead = shared
+            .retry(|| remote.still_ahead(own, queue, kind, nearest))
+            .await?;
     }
-    // Waiting took time: our entry may have been deleted meanwhile.
-    if waited && !shared.retry(|| remote.exists(own)).await? {
-        return Err(Error::EntryVanished {
-            key: own.key.clone(),
-        });
-    }
-    Ok(true)
 }
 
 /// Waits for this session's local turn on `queue` (see [`crate::session::LocalQueue`]), a
@@ -514,7 +520,7 @@ pub(crate) async fn acquire_all(
         .zip(entries)
         .zip(locals)
         .map(|((queue, entry), local)| {
-            Tenure::new(session.clone(), queue.clone(), entry, Some(local), None)
+            Tenure::new(session.clone(), queue.clone(), entry, Some(local))
         })
         .collect();
     Ok(Some(tenures))

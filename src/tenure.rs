@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info_span, Instrument};
 
-use crate::backend::{ArmedWatch, BackendSession, Entry, QueueId};
+use crate::backend::{BackendSession, Entry, QueueId};
 use crate::race::{race, First};
 use crate::retry::Backoff;
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared};
@@ -29,8 +29,6 @@ pub(crate) struct Tenure {
     holds: AtomicUsize,
     /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`).
     ended: Arc<watch::Sender<Option<LostReason>>>,
-    /// The watch the backend armed during the enqueue, for the first `lost()` to use.
-    armed: Arc<StdMutex<Option<ArmedWatch>>>,
 }
 
 impl Tenure {
@@ -39,7 +37,6 @@ impl Tenure {
         queue: QueueId,
         entry: Entry,
         local: Option<LocalSlot>,
-        armed: Option<ArmedWatch>,
     ) -> Self {
         Tenure {
             session,
@@ -50,7 +47,6 @@ impl Tenure {
             released: AtomicBool::new(false),
             holds: AtomicUsize::new(0),
             ended: Arc::new(watch::channel(None).0),
-            armed: Arc::new(StdMutex::new(armed)),
         }
     }
 
@@ -81,7 +77,6 @@ impl Tenure {
         let weak = Arc::downgrade(shared);
         let remote = shared.remote.clone();
         let entry = self.entry.clone();
-        let armed = self.armed.clone();
         async move {
             let here = async {
                 let reason = ended.wait_for(Option::is_some).await.ok().and_then(|v| *v);
@@ -91,7 +86,7 @@ impl Tenure {
                 }
             };
             let known = race(here, session_lost);
-            match race(known, own_entry_gone(remote, entry, armed, weak.clone())).await {
+            match race(known, own_entry_gone(remote, entry, weak.clone())).await {
                 First::Left(First::Left(r)) => r,
                 First::Left(First::Right(end)) => LostReason::Session(end),
                 First::Right(()) => {
@@ -173,16 +168,7 @@ impl Tenure {
 /// Resolves once `entry` is gone, retrying temporary errors. Never resolves if the entry
 /// cannot be watched (a permanent error) or the session is gone: the session's own loss
 /// covers those.
-async fn own_entry_gone(
-    remote: Arc<dyn BackendSession>,
-    entry: Entry,
-    armed: Arc<StdMutex<Option<ArmedWatch>>>,
-    session: Weak<Shared>,
-) {
-    let armed = armed.lock().unwrap().take();
-    if let Some(armed) = armed {
-        armed.await;
-    }
+async fn own_entry_gone(remote: Arc<dyn BackendSession>, entry: Entry, session: Weak<Shared>) {
     let mut backoff = Backoff::new();
     loop {
         match remote.wait_own_gone(&entry).await {

@@ -65,8 +65,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use types::{
-    ArmedWatch, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId, QueueKind,
-    SessionEvent, REVOKE_MARKER,
+    EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId, QueueKind, SessionEvent,
+    REVOKE_MARKER,
 };
 
 pub use crate::retry::Backoff;
@@ -187,7 +187,7 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
 
     /// Creates this session's entry as `req` asks, or finds it again when `req.retry` is set
     /// and an earlier try of the same attempt created it (the create-succeeded-but-reply-lost
-    /// case). Returns the entry, every entry ahead of it and an optional armed watch, in as
+    /// case). Returns the entry and every entry ahead of it, in as
     /// few round trips as the backend can (one on etcd and ZooKeeper).
     ///
     /// Must fail with a permanent error, having created nothing, for a value longer than
@@ -207,9 +207,26 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// wait on. Costs a constant number of requests whatever the queue's length.
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
 
-    /// Whether `own` still exists as the same entry. The core asks before granting an entry
-    /// that had to wait.
+    /// Whether `own` still exists as the same entry.
     async fn exists(&self, own: &Entry) -> Result<bool>;
+
+    /// The entries still ahead of `own` in `queue` that its grant may depend on: of the
+    /// entries created before `own` (only those of `kind`, if given), the `nearest` closest to
+    /// it, in queue order. Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if
+    /// `own` is gone.
+    ///
+    /// The core calls it each time an entry it waited for went, instead of walking the rest of
+    /// the list [`enqueue`](Self::enqueue) returned (in a FIFO queue they went too, most
+    /// often): one request per wake-up, which also confirms `own` before a grant. Its cost
+    /// should depend on `nearest`, not on the queue's length, where the backend allows (an
+    /// etcd range with a limit; ZooKeeper has to list the parent's children).
+    async fn still_ahead(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<Vec<Peer>>;
 
     /// Resolves once `own` no longer exists (deleted by someone else, expired, or replaced by
     /// a newer entry with the same key). Returns at once if it is already gone. Must not miss

@@ -1,9 +1,6 @@
 //! The values that cross the backend interface.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use uuid::Uuid;
 
@@ -147,59 +144,17 @@ pub struct Enqueued {
     /// ours heads the queue. Entries ahead of ours can only leave, never be added: this list
     /// is all the core needs to find each next entry to wait for.
     pub ahead: Vec<Peer>,
-    /// A watch on our own entry the backend armed while enqueueing, if any (see
-    /// [`ArmedWatch`]).
-    pub armed: Option<ArmedWatch>,
 }
 
 impl Enqueued {
     /// An enqueue result.
-    pub fn new(entry: Entry, ahead: Vec<Peer>, armed: Option<ArmedWatch>) -> Self {
-        Enqueued {
-            entry,
-            ahead,
-            armed,
-        }
+    pub fn new(entry: Entry, ahead: Vec<Peer>) -> Self {
+        Enqueued { entry, ahead }
     }
 
     /// Whether our entry heads the queue.
     pub fn is_head(&self) -> bool {
         self.ahead.is_empty()
-    }
-}
-
-/// A watch on one's own entry that a backend armed during the enqueue round trip (ZooKeeper: the
-/// children watch set by the listing sent with the create). Until it resolves, the entry
-/// certainly still exists; once it resolves, something may have changed and the core falls back
-/// to [`BackendSession::wait_own_gone`](super::BackendSession::wait_own_gone). It lets an
-/// uncontended holder learn of its entry's deletion without a request of its own.
-///
-/// Dropping it is always allowed; the backend decides what that costs (ZooKeeper lets the
-/// watch fire on its own rather than send a request to remove it).
-pub struct ArmedWatch {
-    fired: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
-}
-
-impl ArmedWatch {
-    /// Wraps a future that resolves when the watch fires.
-    pub fn new(fired: impl Future<Output = ()> + Send + 'static) -> Self {
-        ArmedWatch {
-            fired: Box::pin(fired),
-        }
-    }
-}
-
-impl Future for ArmedWatch {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.fired.as_mut().poll(cx)
-    }
-}
-
-impl fmt::Debug for ArmedWatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ArmedWatch").finish_non_exhaustive()
     }
 }
 

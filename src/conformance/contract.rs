@@ -107,6 +107,65 @@ pub async fn contract_ahead_lists_the_queue_in_order(f: &dyn Factory) {
     }
 }
 
+/// `still_ahead` returns the nearest entries created before one's own (of a kind, if asked),
+/// in queue order, without nested locks' entries; fewer once some went; and fails with
+/// `EntryVanished` once one's own entry is gone.
+pub async fn contract_still_ahead_reads_the_nearest(f: &dyn Factory) {
+    let ns = unique_namespace("contract_still_ahead");
+    let q = lock(&ns, "q");
+    let mut sessions = Vec::new();
+    let mut entries = Vec::new();
+    for _ in 0..4 {
+        let s = raw(f, TTL).await;
+        entries.push(s.enqueue(req(&q, Uuid::new_v4())).await.unwrap().entry);
+        // Entries of a nested lock, created in between, must never count.
+        s.enqueue(req(&lock(&ns, "q/sub"), Uuid::new_v4()))
+            .await
+            .unwrap();
+        sessions.push(s);
+    }
+    let (last, own) = (&sessions[3], &entries[3]);
+    let keys = |v: Vec<crate::backend::Peer>| v.into_iter().map(|p| p.key).collect::<Vec<String>>();
+    let nearest = last.still_ahead(own, &q, None, 1).await.unwrap();
+    assert_eq!(keys(nearest), vec![entries[2].key.clone()]);
+    let two = last.still_ahead(own, &q, None, 2).await.unwrap();
+    assert_eq!(
+        keys(two),
+        vec![entries[1].key.clone(), entries[2].key.clone()]
+    );
+    let all = last.still_ahead(own, &q, None, 10).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert!(sessions[2].remove(&entries[2]).await.unwrap());
+    let nearest = last.still_ahead(own, &q, None, 1).await.unwrap();
+    assert_eq!(keys(nearest), vec![entries[1].key.clone()]);
+    assert!(sessions[0]
+        .still_ahead(&entries[0], &q, None, 3)
+        .await
+        .unwrap()
+        .is_empty());
+    // Of a kind: a reader waits for the nearest writer ahead, whatever readers follow it.
+    let rw = QueueId::new(ns.as_str(), "rw", QueueKind::ReadWrite);
+    let rreq = |k| EnqueueRequest::new(&rw, k, Uuid::new_v4(), b"");
+    let w = sessions[0]
+        .enqueue(rreq(EntryKind::Exclusive))
+        .await
+        .unwrap();
+    sessions[1].enqueue(rreq(EntryKind::Shared)).await.unwrap();
+    let r = sessions[3].enqueue(rreq(EntryKind::Shared)).await.unwrap();
+    assert_eq!(r.ahead.len(), 2);
+    let writers = sessions[3]
+        .still_ahead(&r.entry, &rw, Some(EntryKind::Exclusive), 1)
+        .await
+        .unwrap();
+    assert_eq!(keys(writers), vec![w.entry.key.clone()]);
+    assert!(sessions[3].remove(own).await.unwrap());
+    let e = last.still_ahead(own, &q, None, 1).await.unwrap_err();
+    assert!(matches!(e, Error::EntryVanished { .. }), "{e:?}");
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
+
 /// `wait` returns when its target is deleted, however close the deletion comes to the call
 /// (no deletion slips between the watch and the read); at once for a target already gone; and
 /// fails with `EntryVanished` when the waiter's own entry is gone.

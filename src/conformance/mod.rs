@@ -144,6 +144,7 @@ macro_rules! conformance_tests {
             contract_enqueue_is_idempotent_per_attempt,
             contract_abandon_removes_only_the_attempt,
             contract_ahead_lists_the_queue_in_order,
+            contract_still_ahead_reads_the_nearest,
             contract_wait_never_misses_a_racing_deletion,
             contract_guarded_remove_never_deletes_a_newer_entry,
             contract_enqueue_all_is_all_or_nothing,

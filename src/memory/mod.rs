@@ -338,7 +338,7 @@ impl BackendSession for MemorySession {
         let key = self.key(req.queue, req.kind, req.attempt);
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
-        Ok(Enqueued::new(entry, ahead, None))
+        Ok(Enqueued::new(entry, ahead))
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
@@ -381,6 +381,32 @@ impl BackendSession for MemorySession {
 
     async fn exists(&self, own: &Entry) -> Result<bool> {
         Ok(self.inner.lock().same(&own.key, own.order).is_some())
+    }
+
+    async fn still_ahead(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<Vec<Peer>> {
+        let st = self.inner.lock();
+        if st.same(&own.key, own.order).is_none() {
+            return Err(Error::EntryVanished {
+                key: own.key.clone(),
+            });
+        }
+        let ahead: Vec<Peer> = st
+            .queue(queue)
+            .into_iter()
+            .filter(|(_, r)| r.create_rev < own.order && kind.is_none_or(|k| r.kind == k))
+            .map(|(key, r)| Peer {
+                key,
+                order: r.create_rev,
+                kind: r.kind,
+            })
+            .collect();
+        Ok(ahead[ahead.len().saturating_sub(nearest)..].to_vec())
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {

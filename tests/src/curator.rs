@@ -377,6 +377,15 @@ impl CuratorProgram {
     }
 }
 
+/// What a Curator benchmark run measured.
+#[derive(Debug, Clone, Copy)]
+pub struct CuratorRate {
+    /// Acquisitions per second while counting.
+    pub rate: f64,
+    /// Acquisitions in all, the warm-up included.
+    pub total: u64,
+}
+
 /// Runs `tests/java/CuratorBench.java`: `sessions` Curator clients (one connection each) loop
 /// `InterProcessMutex` acquire + release on `path` for `seconds` after a short JIT warm-up;
 /// returns the acquisitions per second it measured.
@@ -387,10 +396,33 @@ pub async fn bench_rate(
     sessions: usize,
     seconds: f64,
 ) -> Result<f64, String> {
+    Ok(
+        bench_recipe(classes, connect, path, sessions, seconds, "mutex")
+            .await?
+            .rate,
+    )
+}
+
+/// Like [`bench_rate`], with `recipe`: `mutex`, `rw` (`InterProcessReadWriteLock`, nine reads
+/// per write) or `semaphore:N` (`InterProcessSemaphoreV2`).
+pub async fn bench_recipe(
+    classes: &JavaClasses,
+    connect: &str,
+    path: &str,
+    sessions: usize,
+    seconds: f64,
+    recipe: &str,
+) -> Result<CuratorRate, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let log = dir.path().join("bench.log");
     let mut cmd = classes.command("CuratorBench");
-    cmd.args([connect, path, &sessions.to_string(), &seconds.to_string()]);
+    cmd.args([
+        connect,
+        path,
+        &sessions.to_string(),
+        &seconds.to_string(),
+        recipe,
+    ]);
     let mut child = ManagedChild::spawn("CuratorBench", cmd, &log)
         .map_err(|e| format!("run CuratorBench: {e}"))?;
     let limit = Duration::from_secs_f64(seconds * 2.0) + Duration::from_secs(120);
@@ -405,10 +437,17 @@ pub async fn bench_rate(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let out = std::fs::read_to_string(&log).unwrap_or_default();
-    out.lines()
-        .find_map(|l| l.strip_prefix("RATE "))
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| format!("CuratorBench ({status}): {out}"))
+    let field = |tag: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(tag))
+            .and_then(|r| r.split_whitespace().next().map(str::to_string))
+    };
+    let rate = field("RATE ").and_then(|r| r.parse().ok());
+    let total = field("TOTAL ").and_then(|r| r.parse().ok());
+    match (rate, total) {
+        (Some(rate), Some(total)) => Ok(CuratorRate { rate, total }),
+        _ => Err(format!("CuratorBench ({status}): {out}")),
+    }
 }
 
 /// `_c_{uuid}-{marker}{10 digits}` under `parent`.

@@ -26,7 +26,7 @@ pub struct Resource {
 }
 
 enum Store {
-    Etcd(etcd_client::Client),
+    Etcd(Box<etcd_client::Client>),
     ZooKeeper(zk::Client),
 }
 
@@ -49,7 +49,7 @@ impl Resource {
                     .await
                     .expect("etcd client");
                 Resource {
-                    store: Store::Etcd(client),
+                    store: Store::Etcd(Box::new(client)),
                     path: format!("fencelock-test-resources/{id}"),
                 }
             }
@@ -79,7 +79,7 @@ impl Resource {
 
     /// Writes `value` if `grant` still holds, atomically: `true` if the store applied it,
     /// `false` if its ownership check refused it.
-    pub async fn write(&self, grant: &impl Holding, value: &str) -> bool {
+    pub async fn write(&self, grant: &(impl Holding + Sync), value: &str) -> bool {
         match &self.store {
             Store::Etcd(client) => {
                 let txn = fencelock_etcd::guarded_txn(grant).and_then([etcd_client::TxnOp::put(

@@ -10,6 +10,7 @@ pub mod errors;
 pub mod faults;
 pub mod guarded;
 pub mod holder;
+pub mod notifications;
 pub mod pki;
 pub mod process;
 pub mod proxy;

@@ -12,7 +12,7 @@ use etcd_client::{
 };
 use fencelock::backend::{
     BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
-    SessionEvent, REVOKE_MARKER,
+    QueueKind, SessionEvent, REVOKE_MARKER,
 };
 use fencelock::{Error, FencingToken, Result, SessionEnd};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
@@ -253,7 +253,7 @@ impl BackendSession for EtcdSession {
             .take_while(|(kv, _)| (kv.create_revision() as u64) < entry.order)
             .map(peer_of)
             .collect();
-        Ok(Enqueued::new(entry, ahead, None))
+        Ok(Enqueued::new(entry, ahead))
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
@@ -362,6 +362,54 @@ impl BackendSession for EtcdSession {
 
     async fn exists(&self, own: &Entry) -> Result<bool> {
         Ok(self.create_rev("check entry", &own.key).await? == Some(own.order))
+    }
+
+    async fn still_ahead(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<Vec<Peer>> {
+        // Go's `waitDeletes`: the last keys created before ours, by a range read limited to
+        // what is needed, in a txn that also confirms our entry. Keys of other locks under the
+        // prefix (`a/b/…` under `a/`) take up room in the limit: read more if they did.
+        let prefix = prefix_of(queue);
+        let range = match (queue.kind, kind) {
+            (QueueKind::ReadWrite, Some(EntryKind::Exclusive)) => format!("{prefix}write/"),
+            (QueueKind::ReadWrite, Some(EntryKind::Shared)) => format!("{prefix}read/"),
+            _ => prefix.clone(),
+        };
+        let mut limit = nearest.max(1);
+        loop {
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_max_create_revision(own.order as i64 - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+            let txn = Txn::new()
+                .when([same(own)])
+                .and_then([TxnOp::get(range.as_str(), Some(options))]);
+            let resp = self.txn("read queue", txn).await?;
+            if !resp.succeeded() {
+                return Err(Error::EntryVanished {
+                    key: own.key.clone(),
+                });
+            }
+            let kvs = gets(&resp).into_iter().next().unwrap_or_default();
+            let full = kvs.len() >= limit;
+            let mut ahead: Vec<Peer> = queue_order(queue, &prefix, &kvs)
+                .into_iter()
+                .filter(|(_, k)| kind.is_none_or(|want| *k == want))
+                .map(peer_of)
+                .collect();
+            if ahead.len() >= nearest || !full {
+                let skip = ahead.len().saturating_sub(nearest);
+                return Ok(ahead.split_off(skip));
+            }
+            limit = limit.saturating_mul(4);
+        }
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {

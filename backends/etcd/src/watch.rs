@@ -67,16 +67,52 @@ impl std::fmt::Debug for KeyWatcher {
 }
 
 /// A registered wait; resolves when the key is deleted (or the stream broke: an error the
-/// caller retries after re-reading).
+/// caller retries after re-reading). Dropped before that (the key was found gone already, the
+/// wait was given up), it cancels the key's watch if no other wait needs it: a watch left
+/// behind would cost a notification at the key's next deletion, and keys repeat (a session
+/// re-creates its own key at each acquisition), so idle watches would make every release
+/// notify every session that ever waited on that key.
 pub(crate) struct Registration {
-    rx: oneshot::Receiver<Result<()>>,
+    rx: Option<oneshot::Receiver<Result<()>>>,
+    key: String,
+    state: Arc<StdMutex<State>>,
+    conn: Arc<AsyncMutex<Option<Conn>>>,
 }
 
 impl Registration {
-    pub(crate) async fn wait(self) -> Result<()> {
-        match self.rx.await {
+    pub(crate) async fn wait(mut self) -> Result<()> {
+        let rx = self.rx.as_mut().expect("a registration is awaited once");
+        match rx.await {
             Ok(r) => r,
             Err(_) => Err(temporary("watch", "watch stream closed")),
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        drop(self.rx.take()); // closes our waiter
+        let idle = {
+            let mut st = self.state.lock().unwrap();
+            let Some(ks) = st.keys.get_mut(&self.key) else {
+                return;
+            };
+            ks.waiters.retain(|w| !w.is_closed());
+            if !ks.waiters.is_empty() || !ks.creating.is_empty() {
+                return;
+            }
+            let id = ks.watch_id;
+            st.keys.remove(&self.key);
+            id
+        };
+        if let (Some(id), Ok(rt)) = (idle, tokio::runtime::Handle::try_current()) {
+            let conn = self.conn.clone();
+            rt.spawn(async move {
+                if let Some(c) = conn.lock().await.as_mut() {
+                    c.stream.lock().unwrap().ids.remove(&id);
+                    let _ = c.sender.lock().await.cancel(id).await;
+                }
+            });
         }
     }
 }
@@ -132,8 +168,14 @@ impl KeyWatcher {
                 Err(e) => return Err(temporary("watch", &e.to_string())),
             }
         }
+        let registration = Registration {
+            rx: Some(rx),
+            key: key.to_string(),
+            state: self.state.clone(),
+            conn: self.conn.clone(),
+        };
         match created_rx.await {
-            Ok(Ok(())) => Ok(Registration { rx }),
+            Ok(Ok(())) => Ok(registration),
             Ok(Err(e)) => {
                 if !matches!(e, Error::PermissionDenied { .. }) {
                     // A watch refused for an expired token: a unary request refreshes the

@@ -48,9 +48,8 @@ pub(crate) fn ahead_of(parent: &str, sorted: &[Listed], own: &str) -> Option<Vec
 /// A node created by a create request: its path, and the entry it is.
 pub(crate) struct Created {
     pub(crate) entry: Entry,
-    /// The parent's children, listed right behind the create (with the children watch the
-    /// listing armed, when asked for); `None` if the listing failed.
-    pub(crate) listing: Option<(Vec<String>, Option<zk::OneshotWatcher>)>,
+    /// The parent's children, listed right behind the create; `None` if the listing failed.
+    pub(crate) listing: Option<Vec<String>>,
 }
 
 impl ZkSession {
@@ -104,18 +103,16 @@ impl ZkSession {
         }
     }
 
-    /// Creates the entry of `attempt` in `parent`, creating the parents if needed, and with
-    /// `list` the children of `parent` too, in the same round trip: the listing is sent right
-    /// behind the create, without waiting for its reply. ZooKeeper processes the requests of
-    /// one session in order (a read waits for the session's earlier writes, on followers too),
-    /// so the listing shows our new node. With `arm`, the listing also arms a children watch
-    /// on `parent`.
+    /// Creates the entry of `attempt` in `parent`, creating the parents if needed, and lists
+    /// the children of `parent` in the same round trip: the listing is sent right behind the
+    /// create, without waiting for its reply. ZooKeeper processes the requests of one session
+    /// in order (a read waits for the session's earlier writes, on followers too), so the
+    /// listing shows our new node. (It sets no watch: a children watch would fire at the next
+    /// create or delete in the queue, a notification per acquisition that nobody needs.)
     pub(crate) async fn create_listed(
         &self,
         parent: &str,
         req: &EnqueueRequest<'_>,
-        list: bool,
-        arm: bool,
     ) -> Result<Created> {
         const OP: &str = "create entry";
         let m = marker(req.queue.kind, req.kind);
@@ -125,8 +122,7 @@ impl ZkSession {
             let client = self.client()?;
             // Both requests go out now, in this order (the client sends on call).
             let create = client.create(&prefix, req.value, &options);
-            let watched = (list && arm).then(|| client.list_and_watch_children(parent));
-            let plain = (list && !arm).then(|| client.list_children(parent));
+            let listing = client.list_children(parent);
             match create.await {
                 Ok((stat, seq)) => {
                     let name = format!("{}{seq}", basename(&prefix));
@@ -137,11 +133,7 @@ impl ZkSession {
                         stat.czxid,
                     );
                     debug!(key = %e.key, czxid = stat.czxid, "created entry");
-                    let listing = match (watched, plain) {
-                        (Some(l), _) => l.await.ok().map(|(c, w)| (c, Some(w))),
-                        (None, Some(l)) => l.await.ok().map(|c| (c, None)),
-                        (None, None) => None,
-                    };
+                    let listing = listing.await.ok();
                     return Ok(Created { entry: e, listing });
                 }
                 Err(zk::Error::NoNode) => self.ensure_parent(parent).await?,

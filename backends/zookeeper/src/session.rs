@@ -20,9 +20,11 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{self, state_error};
-use crate::layout::{basename, is_entry_name, is_latch, join, namespace_root, sorted_entries};
+use crate::layout::{
+    basename, is_entry_name, is_latch, join, namespace_root, queue_path, sorted_entries,
+};
 use crate::queue::ahead_of;
-use crate::watch::{armed, check_session_event, detach, KeptWatch};
+use crate::watch::{check_session_event, KeptWatch};
 use crate::Inner;
 
 /// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
@@ -274,28 +276,17 @@ impl BackendSession for ZkSession {
                 debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
                 let sorted = sorted_entries(children, req.queue.kind);
                 let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
-                return Ok(Enqueued::new(own, ahead, None));
+                return Ok(Enqueued::new(own, ahead));
             }
         }
-        let created = self.create_listed(&parent, &req, true, true).await?;
+        let created = self.create_listed(&parent, &req).await?;
         let own = created.entry;
         let name = basename(&own.key).to_string();
         // The listing sent with the create shows our node; should it not, list again.
-        let (ahead, watch) = match created.listing {
-            Some((children, watch)) => {
-                match ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name) {
-                    Some(ahead) => (Some(ahead), watch),
-                    None => {
-                        if let Some(w) = watch {
-                            detach(w);
-                        }
-                        (None, None)
-                    }
-                }
-            }
-            None => (None, None),
-        };
-        let ahead = match ahead {
+        let listed = created
+            .listing
+            .and_then(|c| ahead_of(&parent, &sorted_entries(c, req.queue.kind), &name));
+        let ahead = match listed {
             Some(ahead) => ahead,
             None => {
                 let children = self.children(OP, &parent).await?;
@@ -306,17 +297,7 @@ impl BackendSession for ZkSession {
                 )?
             }
         };
-        // The children watch is a free watch on our own entry while nobody else is in the
-        // queue; where others are, it would fire at once.
-        let armed = match watch {
-            Some(w) if ahead.is_empty() => Some(armed(w)),
-            Some(w) => {
-                detach(w);
-                None
-            }
-            None => None,
-        };
-        Ok(Enqueued::new(own, ahead, armed))
+        Ok(Enqueued::new(own, ahead))
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
@@ -375,6 +356,49 @@ impl BackendSession for ZkSession {
             Ok(None) => Ok(false),
             Err(e) => Err(error::map("check entry", e)),
         }
+    }
+
+    async fn still_ahead(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<Vec<Peer>> {
+        const OP: &str = "read queue";
+        let parent = queue_path(queue, self.chrooted())?;
+        let client = self.client()?;
+        // Both requests go out now: one round trip. (ZooKeeper lists every child: Curator's
+        // recipes pay the same on each wake-up.)
+        let mine = client.check_stat(&own.key);
+        let children = client.list_children(&parent);
+        let (mine, children) = futures::join!(mine, children);
+        drop(client);
+        match mine {
+            Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
+            Ok(_) => {
+                return Err(Error::EntryVanished {
+                    key: own.key.clone(),
+                })
+            }
+            Err(e) => return Err(error::map(OP, e)),
+        }
+        let children = match children {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(error::map(OP, e)),
+        };
+        let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
+            .into_iter()
+            .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))
+            .map(|l| Peer {
+                key: join(&parent, &l.name),
+                order: l.seq,
+                kind: l.kind,
+            })
+            .collect();
+        let skip = ahead.len().saturating_sub(nearest);
+        Ok(ahead.split_off(skip))
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {

@@ -4,14 +4,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use fencelock::backend::ArmedWatch;
 use fencelock::Result;
 use zookeeper_client as zk;
 
 use crate::error::state_error;
 
 /// A one-shot watch awaited. When `keep` is set and it is dropped before it fired (a wait given
-/// up because its node is about to be deleted, or an armed watch nobody needs), it is not
+/// up because its node is about to be deleted), it is not
 /// removed from the server, which would cost a RemoveWatches request sent ahead of the delete
 /// that follows, but left to fire in a task of its own, which ends as soon as the node goes (or
 /// the session). Otherwise it is removed when dropped, as usual.
@@ -60,20 +59,6 @@ impl Drop for KeptWatch {
             });
         }
     }
-}
-
-/// Leaves a watch on a node about to go to fire by itself (see [`KeptWatch`]).
-pub(crate) fn detach(watch: zk::OneshotWatcher) {
-    drop(KeptWatch::new(watch, true));
-}
-
-/// The children watch an enqueue's listing armed, as an [`ArmedWatch`] on our own entry: until
-/// it fires, no child of the parent changed, so our entry is still there.
-pub(crate) fn armed(watch: zk::OneshotWatcher) -> ArmedWatch {
-    let kept = KeptWatch::new(watch, true);
-    ArmedWatch::new(async move {
-        kept.await;
-    })
 }
 
 /// A watch fired by a session event (a terminal state) ends the wait with the session's error.

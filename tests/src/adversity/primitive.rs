@@ -70,7 +70,7 @@ impl Primitive {
     ) -> Result<Grant> {
         Ok(match self {
             Primitive::Mutex => Grant::Lock(s.mutex(name)?.lock_timeout(timeout).await?),
-            Primitive::ReadWrite if always_write || turn % 3 == 0 => {
+            Primitive::ReadWrite if always_write || turn.is_multiple_of(3) => {
                 Grant::Write(s.rwlock(name)?.write_timeout(timeout).await?)
             }
             Primitive::ReadWrite => Grant::Read(s.rwlock(name)?.read_timeout(timeout).await?),

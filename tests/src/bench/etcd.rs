@@ -140,6 +140,24 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     }
 }
 
+/// Prints the lock family's rows on etcd (see [`super::family`]).
+pub async fn etcd_family(args: &Args, cluster: &EtcdCluster) {
+    let ep = cluster.endpoint(0);
+    let e = ep.clone();
+    super::family::etcd_family_rows(args.seconds, &ep, move || {
+        let e = e.clone();
+        Box::pin(async move {
+            let b = EtcdBackend::connect([e.as_str()]).await.unwrap();
+            Session::builder(b)
+                .namespace("bench")
+                .start()
+                .await
+                .unwrap()
+        })
+    })
+    .await;
+}
+
 /// etcd's own server-side Campaign API through etcd-client, the same measurements.
 /// etcd's own server-side Campaign API through etcd-client, the same measurements as the
 /// election rows.

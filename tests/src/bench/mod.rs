@@ -3,6 +3,7 @@
 //! (generic over the backend); the etcd and ZooKeeper rows live in their own modules.
 
 pub mod etcd;
+pub mod family;
 pub mod zookeeper;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,6 +35,9 @@ pub struct Args {
     /// Contending session counts.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
     pub sessions: Vec<usize>,
+    /// Only the lock family's rows (read-write lock, semaphore, notifications per acquisition).
+    #[arg(long)]
+    pub family_only: bool,
 }
 
 /// Latency samples of one row, in a histogram of microseconds (3 significant digits).

@@ -23,7 +23,7 @@ use fencelock_zookeeper::ZooKeeperBackend;
 use zookeeper_client as zk;
 
 use super::{
-    election_header, election_rows, ms, throughput, throughput_pair, time_interleaved, Op,
+    election_header, election_rows, ms, throughput, throughput_pair, time_interleaved, Args, Op,
 };
 use crate::curator;
 use crate::servers::zookeeper::{self as harness, ZkEnsemble, MIN_SESSION_TIMEOUT};
@@ -95,7 +95,8 @@ async fn zk_client(connect: &str) -> zk::Client {
 /// Apache Curator with 4 sessions when Java and Curator are installed), and the election rows
 /// with `failovers` repetitions per failover column. Starts (and stops) its own server;
 /// prints a skip line if ZooKeeper is not installed.
-pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], failovers: usize) {
+pub async fn zookeeper_rows(args: &Args) {
+    let (rounds, seconds, failovers) = (args.rounds, args.seconds, args.failovers);
     if harness::missing().is_some() {
         println!("\n(ZooKeeper not installed: skipped)");
         return;
@@ -105,12 +106,22 @@ pub async fn zookeeper_rows(rounds: usize, seconds: f64, sessions: &[usize], fai
         .expect("start ZooKeeper");
     let connect = server.connect_string();
     println!("\n## ZooKeeper (single server, {connect})\n");
-    uncontended_rows(rounds, &connect).await;
-    let ours4 = contended_rows(seconds, sessions, &connect).await;
-    curator_row(seconds, &connect, ours4).await;
-    election_header("ZooKeeper");
-    let t = Target::new(Kind::ZooKeeper, connect.clone());
-    election_rows(rounds, failovers, &t).await;
+    if !args.family_only {
+        uncontended_rows(rounds, &connect).await;
+        let ours4 = contended_rows(seconds, &args.sessions, &connect).await;
+        curator_row(seconds, &connect, ours4).await;
+    }
+    let c = connect.clone();
+    super::family::zookeeper_family_rows(seconds, &connect, server.port(0), move || {
+        let c = c.clone();
+        Box::pin(async move { our_session(&c, TTL).await })
+    })
+    .await;
+    if !args.family_only {
+        election_header("ZooKeeper");
+        let t = Target::new(Kind::ZooKeeper, connect.clone());
+        election_rows(rounds, failovers, &t).await;
+    }
     drop(server);
 }
 

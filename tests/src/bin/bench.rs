@@ -5,7 +5,7 @@
 //! Run: `cargo run --release -p fencelock-integration --bin bench -- --help`
 
 use clap::Parser;
-use fencelock_integration::bench::etcd::{etcd_campaign_row, etcd_rows};
+use fencelock_integration::bench::etcd::{etcd_campaign_row, etcd_family, etcd_rows};
 use fencelock_integration::bench::{election_header, election_rows, Args};
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
 use fencelock_integration::servers::Cluster;
@@ -26,21 +26,20 @@ async fn main() {
             let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
                 .await
                 .expect("start etcd");
-            etcd_rows(&args, &cluster).await;
-            election_header("etcd");
-            election_rows(args.rounds, args.failovers, &cluster.target()).await;
-            etcd_campaign_row(&args, &cluster.endpoint(0)).await;
+            if !args.family_only {
+                etcd_rows(&args, &cluster).await;
+            }
+            etcd_family(&args, &cluster).await;
+            if !args.family_only {
+                election_header("etcd");
+                election_rows(args.rounds, args.failovers, &cluster.target()).await;
+                etcd_campaign_row(&args, &cluster.endpoint(0)).await;
+            }
         } else {
             println!("\n(etcd not installed: skipped)");
         }
     }
     if matches!(args.backend.as_str(), "zookeeper" | "all") {
-        fencelock_integration::bench::zookeeper::zookeeper_rows(
-            args.rounds,
-            args.seconds,
-            &args.sessions,
-            args.failovers,
-        )
-        .await;
+        fencelock_integration::bench::zookeeper::zookeeper_rows(&args).await;
     }
 }

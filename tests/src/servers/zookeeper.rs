@@ -251,7 +251,8 @@ impl ZkEnsemble {
         self.dir.path().join(format!("s{id}"))
     }
 
-    fn port(&self, i: usize) -> u16 {
+    /// The client port of server `i` (also its four-letter-word port).
+    pub fn port(&self, i: usize) -> u16 {
         self.servers.lock().unwrap()[i].client_port
     }
 

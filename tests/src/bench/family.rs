@@ -1,0 +1,274 @@
+//! The lock family's rows of the benchmark: a read-heavy read-write lock (nine reads for every
+//! write) and a counting semaphore, contended, against Apache Curator's
+//! `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` on ZooKeeper (and ours alone on
+//! etcd, which has no such peer); and the watch notifications each acquisition costs the
+//! server, read from the servers' own counters:
+//!
+//! ([`Notifications`]).
+//!
+//! Divided by the acquisitions made meanwhile, this is how many waiters a release wakes (plus
+//! the handover through the semaphore's gate): constant whatever the number of waiters, if no
+//! herd.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use fencelock::Session;
+
+use super::{run_slice, Op};
+use crate::curator;
+use crate::notifications::Notifications;
+
+/// A contended workload of one primitive.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// A mutex (the baseline: one waiter woken per release).
+    Mutex,
+    /// A read-write lock, nine reads for every write.
+    ReadHeavy,
+    /// A semaphore with this many permits.
+    Semaphore(usize),
+}
+
+impl Load {
+    fn label(self) -> String {
+        match self {
+            Load::Mutex => "mutex".into(),
+            Load::ReadHeavy => "read-write lock, 9 reads : 1 write".into(),
+            Load::Semaphore(n) => format!("semaphore, {n} permits"),
+        }
+    }
+
+    fn curator_recipe(self) -> String {
+        match self {
+            Load::Mutex => "mutex".into(),
+            Load::ReadHeavy => "rw".into(),
+            Load::Semaphore(n) => format!("semaphore:{n}"),
+        }
+    }
+
+    fn curator_name(self) -> &'static str {
+        match self {
+            Load::Mutex => "Curator InterProcessMutex",
+            Load::ReadHeavy => "Curator InterProcessReadWriteLock",
+            Load::Semaphore(_) => "Curator InterProcessSemaphoreV2",
+        }
+    }
+}
+
+/// One contender of `load` on `name`, in `session`: acquire + release, each turn.
+pub fn our_op(session: Session, load: Load, name: &str) -> Op {
+    let turn = Arc::new(AtomicU64::new(0));
+    match load {
+        Load::Mutex => {
+            let m = Arc::new(session.mutex(name).expect("mutex"));
+            Box::new(move || {
+                let m = m.clone();
+                Box::pin(async move {
+                    m.lock()
+                        .await
+                        .expect("lock")
+                        .release()
+                        .await
+                        .expect("release");
+                })
+            })
+        }
+        Load::ReadHeavy => {
+            let l = Arc::new(session.rwlock(name).expect("rwlock"));
+            Box::new(move || {
+                let (l, turn) = (l.clone(), turn.clone());
+                Box::pin(async move {
+                    if turn.fetch_add(1, Ordering::Relaxed) % 10 == 0 {
+                        l.write()
+                            .await
+                            .expect("write")
+                            .release()
+                            .await
+                            .expect("release");
+                    } else {
+                        l.read()
+                            .await
+                            .expect("read")
+                            .release()
+                            .await
+                            .expect("release");
+                    }
+                })
+            })
+        }
+        Load::Semaphore(n) => {
+            let sem = Arc::new(session.semaphore(name, n).expect("semaphore"));
+            Box::new(move || {
+                let sem = sem.clone();
+                Box::pin(async move {
+                    sem.acquire()
+                        .await
+                        .expect("acquire")
+                        .release()
+                        .await
+                        .expect("release");
+                })
+            })
+        }
+    }
+}
+
+/// What one contended run measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// Acquisitions per second.
+    pub rate: f64,
+    /// Watch notifications per acquisition, if the server's counter could be read.
+    pub notified: Option<f64>,
+}
+
+/// Runs `ops` for `seconds`, counting the server's watch notifications meanwhile.
+pub async fn measure(ops: Vec<Op>, seconds: f64, counter: &Notifications) -> Measured {
+    let before = counter.read().await;
+    let (n, t, _) = run_slice(ops, seconds).await;
+    let after = counter.read().await;
+    Measured {
+        rate: n as f64 / t,
+        notified: before.zip(after).map(|(b, a)| (a - b) / (n.max(1) as f64)),
+    }
+}
+
+/// Runs Curator's recipe for `load` with `sessions` sessions for `seconds`, counting the
+/// server's watch notifications meanwhile (over every acquisition, the warm-up included).
+pub async fn measure_curator(
+    classes: &curator::JavaClasses,
+    connect: &str,
+    path: &str,
+    load: Load,
+    sessions: usize,
+    seconds: f64,
+    counter: &Notifications,
+) -> Result<Measured, String> {
+    let before = counter.read().await;
+    let r = curator::bench_recipe(
+        classes,
+        connect,
+        path,
+        sessions,
+        seconds,
+        &load.curator_recipe(),
+    )
+    .await?;
+    let after = counter.read().await;
+    Ok(Measured {
+        rate: r.rate,
+        notified: before
+            .zip(after)
+            .map(|(b, a)| (a - b) / (r.total.max(1) as f64)),
+    })
+}
+
+/// The header of the family table.
+pub fn header(backend: &str, seconds: f64) {
+    println!(
+        "\nThe lock family on {backend}: contended acquisitions per second ({seconds} s each, one connection per session), and watch notifications the server sent per acquisition:\n"
+    );
+    println!("| workload | sessions | implementation | acquisitions/s | notifications per acquisition | vs Curator |");
+    println!("|---|---:|---|---:|---:|---:|");
+}
+
+fn notified(m: &Measured) -> String {
+    m.notified.map_or("n/a".to_string(), |n| format!("{n:.2}"))
+}
+
+/// One row of ours (and the ratio to Curator's, if measured).
+pub fn row(load: Load, sessions: usize, ours: &Measured, curator: Option<&Measured>) {
+    let ratio = curator.map_or("".to_string(), |c| format!("{:.2}x", ours.rate / c.rate));
+    println!(
+        "| {} | {sessions} | fencelock | {:.0} | {} | {ratio} |",
+        load.label(),
+        ours.rate,
+        notified(ours)
+    );
+    if let Some(c) = curator {
+        println!(
+            "| {} | {sessions} | {} | {:.0} | {} | |",
+            load.label(),
+            load.curator_name(),
+            c.rate,
+            notified(c)
+        );
+    }
+}
+
+/// The family rows on ZooKeeper (ours and Curator's, when installed) against the server at
+/// `connect` (four-letter words on `port`), for 4 and 16 sessions.
+pub async fn zookeeper_family_rows(
+    seconds: f64,
+    connect: &str,
+    port: u16,
+    session: impl Fn() -> futures::future::BoxFuture<'static, Session>,
+) {
+    header("ZooKeeper", seconds);
+    let counter = Notifications::ZooKeeper(port);
+    let classes = if curator::installed() {
+        tokio::task::spawn_blocking(curator::JavaClasses::compile)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    } else {
+        None
+    };
+    for load in [Load::Mutex, Load::ReadHeavy, Load::Semaphore(2)] {
+        for sessions in [4, 16] {
+            let name = format!("family-{sessions}");
+            let mut ops = Vec::new();
+            for _ in 0..sessions {
+                ops.push(our_op(session().await, load, &name));
+            }
+            let ours = measure(ops, seconds, &counter).await;
+            let theirs = match &classes {
+                Some(c) => {
+                    let path = format!(
+                        "/bench/curator-family-{}-{sessions}",
+                        load.curator_recipe().replace(':', "-")
+                    );
+                    match measure_curator(c, connect, &path, load, sessions, seconds, &counter)
+                        .await
+                    {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            println!("(Curator {} failed: {e})", load.curator_recipe());
+                            None
+                        }
+                    }
+                }
+                None => None,
+            };
+            row(load, sessions, &ours, theirs.as_ref());
+        }
+    }
+    if classes.is_none() {
+        println!(
+            "
+(Apache Curator rows skipped: java, javac or the Curator jars are missing)"
+        );
+    }
+}
+
+/// The family rows on etcd (ours alone) against the member at `addr`, for 4 and 16 sessions.
+pub async fn etcd_family_rows(
+    seconds: f64,
+    addr: &str,
+    session: impl Fn() -> futures::future::BoxFuture<'static, Session>,
+) {
+    header("etcd", seconds);
+    let counter = Notifications::Etcd(addr.to_string());
+    for load in [Load::Mutex, Load::ReadHeavy, Load::Semaphore(2)] {
+        for sessions in [4, 16] {
+            let name = format!("family-{sessions}");
+            let mut ops = Vec::new();
+            for _ in 0..sessions {
+                ops.push(our_op(session().await, load, &name));
+            }
+            let ours = measure(ops, seconds, &counter).await;
+            row(load, sessions, &ours, None);
+        }
+    }
+}
