@@ -7,6 +7,7 @@ pub mod adversity;
 pub mod bench;
 pub mod curator;
 pub mod errors;
+pub mod example;
 pub mod faults;
 pub mod guarded;
 pub mod holder;

@@ -1,0 +1,73 @@
+//! The programs of the `fencelock-examples` package, run as an operator runs them: built if
+//! missing, started with arguments, their output lines awaited (bounded).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::process::ManagedChild;
+
+/// The example `name`'s binary (next to the running test's), built if missing.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("examples").join(name);
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = Command::new(cargo)
+            .args(["build", "-p", "fencelock-examples", "--example", name])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok && bin.exists(), "cannot build the {name} example");
+    }
+    bin
+}
+
+/// A running example, with its output lines (and when each was printed). Killed on drop.
+#[derive(Debug)]
+pub struct Program {
+    /// The process.
+    pub child: ManagedChild,
+    lines: mpsc::Receiver<(Instant, String)>,
+}
+
+impl Program {
+    /// Starts the example `name` with `args`; `label` names it in messages.
+    pub fn start(name: &str, label: &str, args: &[&str]) -> Program {
+        let mut child = Command::new(binary(name))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send((Instant::now(), line));
+            }
+        });
+        let child = ManagedChild::adopt(label, child, Path::new("/dev/null"));
+        Program { child, lines }
+    }
+
+    /// Waits (bounded) for a line containing `what`; returns the line and when it was printed.
+    pub fn wait_for_line(&self, what: &str, within: Duration) -> (Instant, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((at, line)) if line.contains(what) => return (at, line),
+                Ok(_) => {}
+                Err(_) => panic!("{}: no {what:?} within {within:?}", self.child.name()),
+            }
+        }
+    }
+
+    /// Waits (bounded) for a line containing `what`; returns when it was printed.
+    pub fn wait_for(&self, what: &str, within: Duration) -> Instant {
+        self.wait_for_line(what, within).0
+    }
+}
