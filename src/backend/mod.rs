@@ -112,6 +112,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// The queue an entry key (as [`BackendSession::list`] returns it) belongs to: the queue's
+    /// name relative to `namespace` and its kind; `None` for a key that is no entry. Used by
+    /// [`Session::queues`](crate::Session::queues). Default: [`key_value_queue_of`], the layout
+    /// of the etcd and memory backends.
+    fn queue_of(&self, namespace: &str, key: &str) -> Option<(String, QueueKind)> {
+        key_value_queue_of(namespace, key)
+    }
+
     /// Checks a namespace beyond the core's rules ([`crate::validate_namespace`]). Default:
     /// nothing more.
     fn check_namespace(&self, namespace: &str) -> Result<()> {
@@ -123,6 +131,30 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`min_ttl`](Self::min_ttl) and [`max_ttl`](Self::max_ttl)). The returned session reports
     /// the TTL actually granted or negotiated, which the core then enforces.
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>>;
+}
+
+/// [`Backend::queue_of`] for the key layout of etcd's Go recipes, which the etcd and memory
+/// backends share: `{namespace}/{name}/{session}` (a lock or an election: the two cannot be told
+/// apart, and read alike; reported as [`QueueKind::Lock`]), `{namespace}/{name}/read/{…}` and
+/// `…/write/{…}` (a read-write lock), `{namespace}/{name}/{session}_{attempt}` (a semaphore's
+/// leases).
+pub fn key_value_queue_of(namespace: &str, key: &str) -> Option<(String, QueueKind)> {
+    let rest = key.strip_prefix(namespace)?.strip_prefix('/')?;
+    let (parent, leaf) = rest.rsplit_once('/')?;
+    if parent.is_empty() || leaf.is_empty() {
+        return None;
+    }
+    for role in ["/read", "/write"] {
+        if let Some(name) = parent.strip_suffix(role).filter(|n| !n.is_empty()) {
+            return Some((name.to_string(), QueueKind::ReadWrite));
+        }
+    }
+    let kind = if leaf.contains('_') {
+        QueueKind::Semaphore
+    } else {
+        QueueKind::Lock
+    };
+    Some((parent.to_string(), kind))
 }
 
 /// One session on the cluster. Every entry it creates is ephemeral: it goes when the session

@@ -136,3 +136,46 @@ pub async fn reentrant_guard_keeps_token(f: &dyn Factory) {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// `Session::queues` finds every queue of the namespace with its entries in order: a lock with
+/// a holder and a waiter, a read-write lock, a semaphore's leases and an election (which etcd
+/// reports as a lock: same layout).
+pub async fn queues_list_the_namespace(f: &dyn Factory) {
+    use crate::QueueKind;
+    let ns = unique_namespace("queues");
+    let (a, b) = (open(f, &ns, TTL).await, open(f, &ns, TTL).await);
+    let g = a.mutex("jobs/a").unwrap().lock().await.unwrap();
+    let mb = b.mutex("jobs/a").unwrap();
+    let waiter = tokio::spawn(async move { mb.lock().await.map(drop) });
+    wait_entries(&a, "b queued", |l| l.len() == 2).await;
+    let r = a.rwlock("catalog").unwrap().read().await.unwrap();
+    let p = a.semaphore("pool", 2).unwrap().acquire().await.unwrap();
+    let l = b.election("primary").unwrap().campaign("B").await.unwrap();
+    let queues = a.queues("").await.unwrap();
+    let seen: Vec<_> = queues
+        .iter()
+        .map(|q| (q.name.as_str(), q.kind, q.entries.len()))
+        .collect();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen[0], ("catalog", QueueKind::ReadWrite, 1));
+    assert_eq!(seen[1], ("jobs/a", QueueKind::Lock, 2));
+    assert_eq!(seen[2], ("pool/leases", QueueKind::Semaphore, 1));
+    assert_eq!(seen[3].0, "primary");
+    assert!(matches!(seen[3].1, QueueKind::Election | QueueKind::Lock));
+    assert_eq!(queues[1].entries[0].token, g.token());
+    assert_eq!(queues[1].entries[1].session, b.id());
+    assert_eq!(queues[3].entries[0].value, b"B");
+    let jobs = a.queues("jobs/").await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    for x in [
+        r.release().await,
+        p.release().await,
+        l.resign().await,
+        g.release().await,
+    ] {
+        x.unwrap();
+    }
+    bounded(WAIT, "waiter", waiter).await.unwrap().unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -141,6 +141,7 @@ macro_rules! conformance_tests {
             inspection_shows_holder_and_waiters,
             revocation_request_reaches_the_holder,
             reentrant_guard_keeps_token,
+            queues_list_the_namespace,
             contract_enqueue_is_idempotent_per_attempt,
             contract_abandon_removes_only_the_attempt,
             contract_ahead_lists_the_queue_in_order,

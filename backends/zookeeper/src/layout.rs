@@ -69,6 +69,30 @@ pub(crate) fn is_entry_name(name: &str) -> bool {
     MARKERS.iter().any(|m| sequence_of(name, m).is_some())
 }
 
+/// The queue of the entry node at `path` under the namespace root `root`: its name relative to
+/// the root, and its kind (from the node's marker).
+pub(crate) fn queue_of(root: &str, path: &str) -> Option<(String, QueueKind)> {
+    let rest = if root == "/" {
+        path.strip_prefix('/')?
+    } else {
+        path.strip_prefix(root)?.strip_prefix('/')?
+    };
+    let (name, node) = rest.rsplit_once('/')?;
+    let kind = [
+        QueueKind::Lock,
+        QueueKind::Election,
+        QueueKind::ReadWrite,
+        QueueKind::Semaphore,
+    ]
+    .into_iter()
+    .find(|&k| {
+        markers(k)
+            .iter()
+            .any(|(m, _)| sequence_of(node, m).is_some())
+    })?;
+    (!name.is_empty()).then(|| (name.to_string(), kind))
+}
+
 /// One entry of a listing: its sequence, name and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Listed {
@@ -329,6 +353,15 @@ mod tests {
         );
         assert!(is_latch("/ns/e/_c_x-latch-0000000001"));
         assert!(!is_latch("/ns/e/_c_x-lock-0000000001"));
+        assert_eq!(
+            queue_of("/ns", "/ns/a/b/_c_x-__WRIT__0000000001"),
+            Some(("a/b".to_string(), QueueKind::ReadWrite))
+        );
+        assert_eq!(
+            queue_of("/", "/e/_c_x-latch-0000000001"),
+            Some(("e".to_string(), QueueKind::Election))
+        );
+        assert_eq!(queue_of("/ns", "/other/a/lock-0000000001"), None);
         assert_eq!(join("/", "a"), "/a");
         assert_eq!(join("/a", "b"), "/a/b");
     }

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock::backend::{Backend, BackendSession};
+use fencelock::backend::{Backend, BackendSession, QueueKind};
 use fencelock::Result;
 use tracing::info_span;
 use tracing::Instrument;
@@ -133,6 +133,11 @@ impl Backend for ZooKeeperBackend {
 
     fn check_name(&self, namespace: &str, name: &str) -> Result<()> {
         layout::queue_path_of(namespace, name, self.inner.config.chroot.is_some()).map(drop)
+    }
+
+    fn queue_of(&self, namespace: &str, key: &str) -> Option<(String, QueueKind)> {
+        let root = layout::namespace_root(namespace, self.inner.config.chroot.is_some()).ok()?;
+        layout::queue_of(&root, key)
     }
 
     fn check_namespace(&self, namespace: &str) -> Result<()> {
