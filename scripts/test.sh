@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of fencelock against real servers.
 #
-# Installs what a fresh Debian machine lacks (a C toolchain, etcd, ZooKeeper with a Java
-# runtime, protoc and protobuf's well-known types) through apt-get, then runs the whole
+# Installs what a fresh Debian machine lacks (a C toolchain, etcd and etcdctl, ZooKeeper with a
+# Java runtime, protoc and protobuf's well-known types, Curator) through apt-get, then runs the whole
 # workspace's tests. The test harnesses start etcd and ZooKeeper themselves on free loopback
 # ports with temporary data dirs, and stop them (by PID) when the tests end. With CI=true a
 # missing server fails the run instead of skipping.
@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)   # the CLI's interop tests
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 # etcd-client's build imports protobuf's well-known types (descriptor.proto, struct.proto).
 [ -f /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)

@@ -80,29 +80,58 @@ impl Election {
     /// Cancel-safe like [`Mutex::lock`](crate::Mutex::lock): dropping the future leaves no
     /// entry behind.
     pub async fn campaign(&self, value: impl AsRef<[u8]> + Send) -> Result<Leadership> {
+        let leadership = self
+            .campaign_with(value.as_ref().to_vec(), Wait::Forever)
+            .await?;
+        Ok(leadership.expect("a waiting campaign always leads"))
+    }
+
+    /// Leads at once if there is no other candidate; `Ok(None)` (and no entry left behind)
+    /// otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`campaign`](Self::campaign).
+    pub async fn try_campaign(&self, value: impl AsRef<[u8]> + Send) -> Result<Option<Leadership>> {
+        self.campaign_with(value.as_ref().to_vec(), Wait::No).await
+    }
+
+    /// Like [`campaign`](Self::campaign), but gives up after `timeout` with
+    /// [`Error::Timeout`], leaving no entry.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`campaign`](Self::campaign).
+    pub async fn campaign_timeout(
+        &self,
+        value: impl AsRef<[u8]> + Send,
+        timeout: std::time::Duration,
+    ) -> Result<Leadership> {
+        let leadership = self
+            .campaign_with(value.as_ref().to_vec(), Wait::at_most(timeout))
+            .await?;
+        Ok(leadership.expect("a waiting campaign always leads"))
+    }
+
+    async fn campaign_with(&self, value: Vec<u8>, wait: Wait) -> Result<Option<Leadership>> {
         let span = tracing::info_span!("campaign", election = %self.queue);
-        // Owned before the first await, so that the future needs only `Send` of the caller's
-        // value.
-        let value = value.as_ref().to_vec();
         async {
             let value = value.as_slice();
             let shared = self.session.shared();
             check_value(shared, value)?;
-            let local = local_turn(shared, &self.queue, false, Wait::Forever)
-                .await?
-                .expect("a waiting turn always comes");
+            let Some(local) = local_turn(shared, &self.queue, false, wait).await? else {
+                return Ok(None);
+            };
             let req = Request {
                 queue: &self.queue,
                 kind: EntryKind::Exclusive,
                 rule: Rule::Exclusive,
                 value,
             };
-            let tenure = acquire(&self.session, req, Some(local), Wait::Forever)
-                .await?
-                .expect("a waiting acquire always grants");
-            Ok(Leadership {
+            let tenure = acquire(&self.session, req, Some(local), wait).await?;
+            Ok(tenure.map(|tenure| Leadership {
                 hold: Hold::new(tenure),
-            })
+            }))
         }
         .instrument(span)
         .await

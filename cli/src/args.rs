@@ -1,0 +1,231 @@
+//! The command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The longest duration any option accepts (a day): longer values are refused, not clamped.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Run a command under a distributed lock, or while leader, on etcd or ZooKeeper, with the
+/// fencing token in its environment.
+///
+/// The command gets FENCELOCK_TOKEN (the grant's fencing token: pass it with every write to the
+/// protected resource, which refuses tokens lower than one it has seen), FENCELOCK_KEY (the
+/// lock's key or node) and FENCELOCK_NAME. If the lock is lost while it runs, it gets SIGTERM,
+/// then SIGKILL after the grace period, and fencelock exits with status 76.
+///
+/// Exit status: the command's own (128 + N if a signal N ended it); 75 the lock or leadership
+/// was not acquired (--try, --timeout); 76 it was lost while the command ran; 69 the cluster
+/// could not be reached or the session was lost before the command started; 78 bad
+/// configuration or input (names, TLS files, credentials, permissions); 126 / 127 the command
+/// could not be run / was not found; 2 a usage error.
+#[derive(Parser, Debug)]
+#[command(
+    name = "fencelock",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Where the cluster is and how to reach it.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ClusterArgs {
+    /// The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE] or
+    /// zk://HOST:PORT[,HOST:PORT...][/CHROOT].
+    #[arg(short, long, env = "FENCELOCK_ENDPOINTS", global = true)]
+    pub(crate) endpoints: Option<String>,
+
+    /// The namespace the locks live in (etcd: a key prefix, also given as the URL's path;
+    /// ZooKeeper: a node under the chroot).
+    #[arg(short, long, env = "FENCELOCK_NAMESPACE", global = true)]
+    pub(crate) namespace: Option<String>,
+
+    /// The session's TTL: a holder that stops heartbeating (killed, paused, cut off) loses its
+    /// locks after it.
+    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = duration, global = true)]
+    pub(crate) ttl: Duration,
+
+    /// How long connecting may take.
+    #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration, global = true)]
+    pub(crate) connect_timeout: Duration,
+
+    /// Output format of leader, observe and list.
+    #[arg(short, long, env = "FENCELOCK_OUTPUT", value_enum, default_value_t = Output::Text, global = true)]
+    pub(crate) output: Output,
+
+    /// CA certificate (PEM) to verify the servers with; enables TLS.
+    #[arg(long, env = "FENCELOCK_TLS_CA", global = true)]
+    pub(crate) cacert: Option<PathBuf>,
+
+    /// Client certificate (PEM), for servers that require one (with --key).
+    #[arg(long, env = "FENCELOCK_TLS_CERT", global = true)]
+    pub(crate) cert: Option<PathBuf>,
+
+    /// Client private key (PEM), with --cert.
+    #[arg(long, env = "FENCELOCK_TLS_KEY", global = true)]
+    pub(crate) key: Option<PathBuf>,
+
+    /// The name to verify in the servers' certificates, if not the host name of the endpoints.
+    #[arg(long, env = "FENCELOCK_TLS_SERVER_NAME", global = true)]
+    pub(crate) server_name: Option<String>,
+
+    /// User: etcd authentication, or ZooKeeper SASL (DIGEST-MD5).
+    #[arg(long, env = "FENCELOCK_USER", global = true)]
+    pub(crate) user: Option<String>,
+
+    /// Password of --user (prefer the environment variable: command lines are visible to other
+    /// users of the machine).
+    #[arg(
+        long,
+        env = "FENCELOCK_PASSWORD",
+        hide_env_values = true,
+        global = true
+    )]
+    pub(crate) password: Option<String>,
+}
+
+/// How leader, observe and list print.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// For people.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Wait for the lock NAME, run CMD holding it, release it when CMD exits.
+    ///
+    /// SIGINT and SIGTERM sent to fencelock are passed on to CMD; once CMD exits the lock is
+    /// released at once (the next holder gets it in milliseconds, not after a TTL).
+    Lock {
+        /// The lock's name (`/`-separated segments, as in `jobs/reindex`).
+        name: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Campaign in the election NAME, run CMD while leader, resign when CMD exits.
+    ///
+    /// FENCELOCK_TOKEN is the leader's epoch.
+    Elect {
+        /// The election's name.
+        name: String,
+        /// The value this candidate publishes while it leads (its address, say).
+        #[arg(long, default_value = "")]
+        value: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Print the current leader of the election NAME (exit 75 if there is none).
+    Leader {
+        /// The election's name.
+        name: String,
+    },
+    /// Print the leader of the election NAME, then every change (no leader included), until
+    /// interrupted.
+    Observe {
+        /// The election's name.
+        name: String,
+    },
+    /// List the locks and elections of the namespace whose names start with PREFIX: holders and
+    /// waiters in queue order, with tokens, session ids and values.
+    List {
+        /// Only names starting with it.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// How long to wait for the grant.
+#[derive(Args, Debug, Clone, Copy)]
+pub(crate) struct WaitArgs {
+    /// Do not wait: exit 75 at once if it is taken.
+    #[arg(long = "try", conflicts_with = "timeout")]
+    pub(crate) try_only: bool,
+    /// Wait at most this long (e.g. 30s, 5m), then exit 75.
+    #[arg(long, value_parser = duration)]
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// The command to run under the grant.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct RunArgs {
+    /// When the grant is lost: how long CMD has to exit after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub(crate) grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub(crate) command: Vec<String>,
+}
+
+/// A human duration (`500ms`, `10s`, `2m`), at most a day.
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_DURATION {
+        return Err(format!("{s} is longer than the longest accepted, 24h"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert!(duration("25h").is_err());
+        assert!(duration("99999999999999999999years").is_err());
+        assert!(duration("soon").is_err());
+    }
+
+    #[test]
+    fn the_command_follows_the_double_dash() {
+        let cli = Cli::parse_from([
+            "fencelock",
+            "lock",
+            "x",
+            "--try",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ]);
+        let Command::Lock { name, wait, run } = cli.command else {
+            panic!("lock")
+        };
+        assert_eq!(name, "x");
+        assert!(wait.try_only);
+        assert_eq!(run.command, ["sh", "-c", "exit 3"]);
+    }
+}

@@ -1,0 +1,674 @@
+//! The `fencelock` binary end to end, against the real etcd and ZooKeeper servers the
+//! integration harness starts: exclusion between processes, the token in the command's
+//! environment, a lost lock stopping the command (deleted on the server; a client cut off by a
+//! proxy), signals passed on and a hand-off in milliseconds, exit statuses, the election and
+//! inspection commands, and interop with `etcdctl lock` / `etcdctl elect`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock::conformance::{unique_namespace, Factory};
+use fencelock::Session;
+use fencelock_integration::process::ManagedChild;
+use fencelock_integration::proxy::{Mode, Proxy};
+use fencelock_integration::servers::etcd::EtcdFactory;
+use fencelock_integration::servers::zookeeper::ZkFactory;
+use fencelock_integration::servers::Cluster;
+use rustix::process::Signal;
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// One cluster to run the binary against.
+struct Target {
+    url: String,
+    factory: Arc<dyn Factory>,
+}
+
+impl Target {
+    async fn etcd() -> Option<Target> {
+        let f = EtcdFactory::shared().await?;
+        Some(Target {
+            url: format!("etcd://{}", f.cluster.endpoint(0)),
+            factory: Arc::new(f),
+        })
+    }
+
+    async fn zookeeper() -> Option<Target> {
+        let f = ZkFactory::shared().await?;
+        Some(Target {
+            url: format!("zk://{}", f.server().connect_string()),
+            factory: Arc::new(f),
+        })
+    }
+
+    /// A library session in `ns`, to hold or inspect what the binary does.
+    async fn session(&self, ns: &str) -> Session {
+        Session::builder(self.factory.backend())
+            .namespace(ns)
+            .start()
+            .await
+            .unwrap()
+    }
+}
+
+/// A `fencelock` process, its output in `dir/{label}.log`.
+struct Run {
+    child: ManagedChild,
+    log: PathBuf,
+}
+
+fn command(url: &str, ns: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    cmd.env("FENCELOCK_ENDPOINTS", url)
+        .env("FENCELOCK_NAMESPACE", ns)
+        .env("FENCELOCK_TTL", "3s");
+    cmd
+}
+
+impl Run {
+    fn start(url: &str, ns: &str, dir: &Path, label: &str, args: &[&str]) -> Run {
+        let log = dir.join(format!("{label}.log"));
+        let mut cmd = command(url, ns);
+        cmd.args(args).current_dir(dir);
+        let child = ManagedChild::spawn(label, cmd, &log).expect("start fencelock");
+        Run { child, log }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) for the process to exit.
+    async fn exit(&mut self, within: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < within,
+                "{} did not exit within {within:?}; output:\n{}",
+                self.child.name(),
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn code(&mut self, within: Duration) -> i32 {
+        let status = self.exit(within).await;
+        status
+            .code()
+            .unwrap_or_else(|| panic!("{status:?}: {}", self.output()))
+    }
+}
+
+/// Runs `fencelock args…` to its end (bounded); returns its exit code and output.
+async fn run(url: &str, ns: &str, dir: &Path, args: &[&str]) -> (i32, String) {
+    let label = format!("run-{}", uuid());
+    let mut r = Run::start(url, ns, dir, &label, args);
+    let code = r.code(WITHIN).await;
+    (code, r.output())
+}
+
+fn uuid() -> String {
+    unique_namespace("x")
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits (bounded) until the file at `path` contains `needle`; returns its content.
+async fn file_contains(path: &Path, needle: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let s = std::fs::read_to_string(path).unwrap_or_default();
+        if s.contains(needle) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < WITHIN,
+            "{} never contained {needle:?}: {s:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Three processes contend: their commands never overlap, each sees its token, key and name,
+/// and tokens increase.
+async fn exclusion_and_environment(t: Target) {
+    let ns = unique_namespace("cli_exclusion");
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"echo "start $FENCELOCK_TOKEN $FENCELOCK_NAME" >> log; [ -n "$FENCELOCK_KEY" ] && echo "key $FENCELOCK_KEY" >> keys; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
+    let mut runs: Vec<Run> = (0..3)
+        .map(|i| {
+            Run::start(
+                &t.url,
+                &ns,
+                dir.path(),
+                &format!("p{i}"),
+                &["lock", "jobs/x", "--", "sh", "-c", script],
+            )
+        })
+        .collect();
+    for r in &mut runs {
+        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let lines: Vec<Vec<&str>> = log.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 6, "{log}");
+    let mut last = 0u64;
+    for pair in lines.chunks(2) {
+        assert_eq!(pair[0][0], "start", "{log}");
+        assert_eq!(pair[1][0], "end", "no overlap: {log}");
+        assert_eq!(pair[0][1], pair[1][1], "{log}");
+        assert_eq!(pair[0][2], "jobs/x");
+        let token: u64 = pair[0][1].parse().unwrap();
+        assert!(token > last, "tokens increase: {log}");
+        last = token;
+    }
+    let keys = std::fs::read_to_string(dir.path().join("keys")).unwrap();
+    assert_eq!(keys.lines().count(), 3, "{keys}");
+}
+
+/// The documented exit statuses.
+async fn exit_statuses(t: Target) {
+    let ns = unique_namespace("cli_exits");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let s = t.session(&ns).await;
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    let cases: &[(&[&str], i32)] = &[
+        (&["lock", "free", "--", "sh", "-c", "exit 3"], 3),
+        (&["lock", "free", "--", "sh", "-c", "kill -TERM $$"], 143),
+        (&["lock", "free", "--", "/nonexistent/command"], 127),
+        (&["lock", "held", "--try", "--", "true"], 75),
+        (&["lock", "held", "--timeout", "300ms", "--", "true"], 75),
+        (&["lock", "a//b", "--", "true"], 78),
+        (&["lock", "x", "--grace", "99999h", "--", "true"], 2),
+        (&["lock", "x"], 2),
+    ];
+    for (args, want) in cases {
+        let (code, out) = run(&t.url, &ns, d, args).await;
+        assert_eq!(code, *want, "{args:?}: {out}");
+    }
+    // Nothing of the refused attempts is left: only our holder's entry.
+    assert_eq!(
+        s.list_entries().await.unwrap(),
+        vec![held.key().to_string()]
+    );
+    let (code, out) = run("redis://127.0.0.1:1", &ns, d, &["lock", "x", "--", "true"]).await;
+    assert_eq!(code, 78, "{out}");
+    let port = fencelock_integration::free_port();
+    let scheme = t.url.split("://").next().unwrap();
+    let dead = format!("{scheme}://127.0.0.1:{port}");
+    let (code, out) = run(
+        &dead,
+        &ns,
+        d,
+        &["--connect-timeout", "1s", "lock", "x", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 69, "{out}");
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// The holder's entry deleted on the server: the command gets SIGTERM (its trap runs), and
+/// fencelock exits 76. A command that ignores SIGTERM is killed after the grace period.
+async fn lost_by_deletion(t: Target) {
+    let ns = unique_namespace("cli_lost");
+    let dir = tempfile::tempdir().unwrap();
+    let s = t.session(&ns).await;
+    for (label, script, grace) in [
+        (
+            "polite",
+            r#"trap 'echo TERM > term; exit 0' TERM; echo $$ > pid; while :; do sleep 0.05; done"#,
+            "10s",
+        ),
+        (
+            "stubborn",
+            r#"trap '' TERM; echo $$ > pid; while :; do sleep 0.05; done"#,
+            "300ms",
+        ),
+    ] {
+        let _ = std::fs::remove_file(dir.path().join("pid"));
+        let mut r = Run::start(
+            &t.url,
+            &ns,
+            dir.path(),
+            label,
+            &["lock", "m", "--grace", grace, "--", "sh", "-c", script],
+        );
+        file_contains(&dir.path().join("pid"), "\n").await;
+        let holder = s.mutex("m").unwrap().holder().await.unwrap().expect("held");
+        t.factory.delete_as_admin(&holder.key).await.unwrap();
+        let started = Instant::now();
+        assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+        assert!(r.output().contains("lost"), "{}", r.output());
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "{label}: stopped after {took:?}"
+        );
+        if label == "polite" {
+            file_contains(&dir.path().join("term"), "TERM").await;
+        }
+        let pid: i32 = std::fs::read_to_string(dir.path().join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid),
+            "{label}: the command was stopped"
+        );
+    }
+    s.close().await.unwrap();
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// A holder cut off from the cluster (a proxy that forwards nothing) loses the lock at its local
+/// deadline: its command is stopped before the TTL runs out on the server, and the next holder
+/// is granted after it.
+async fn lost_by_cut_off(t: Target, upstream: &str) {
+    let ns = unique_namespace("cli_cut_off");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let scheme = t.url.split("://").next().unwrap();
+    let url = format!("{scheme}://{}", proxy.addr());
+    let script = r#"trap 'echo TERM > term; exit 0' TERM; echo started > started; while :; do sleep 0.05; done"#;
+    let mut r = Run::start(
+        &url,
+        &ns,
+        dir.path(),
+        "cut",
+        &["lock", "m", "--", "sh", "-c", script],
+    );
+    file_contains(&dir.path().join("started"), "started").await;
+    let s = t.session(&ns).await;
+    let next = tokio::spawn({
+        let m = s.mutex("m").unwrap();
+        async move { (m.lock().await, Instant::now()) }
+    });
+    proxy.set(Mode::BlackHole);
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    let stopped = Instant::now();
+    file_contains(&dir.path().join("term"), "TERM").await;
+    let (g, granted) = tokio::time::timeout(WITHIN, next).await.unwrap().unwrap();
+    let g = g.unwrap();
+    assert!(
+        stopped <= granted,
+        "the cut-off command stopped before the next grant"
+    );
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// SIGTERM to fencelock reaches the command; once it exits the lock goes to the next process at
+/// once (milliseconds, not a TTL); the exit status is the command's.
+async fn signals_are_passed_on(t: Target) {
+    let ns = unique_namespace("cli_signals");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Run::start(
+        &t.url,
+        &ns,
+        dir.path(),
+        "a",
+        &[
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            r#"trap 'echo TERM > a-term; exit 0' TERM; echo a > a-started; while :; do sleep 0.05; done"#,
+        ],
+    );
+    file_contains(&dir.path().join("a-started"), "a").await;
+    let mut b = Run::start(
+        &t.url,
+        &ns,
+        dir.path(),
+        "b",
+        &["lock", "m", "--", "sh", "-c", "echo b > b-started"],
+    );
+    let s = t.session(&ns).await;
+    let start = Instant::now();
+    while s.list_entries().await.unwrap().len() < 2 {
+        assert!(start.elapsed() < WITHIN, "b never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut a = a;
+    let sent = Instant::now();
+    assert!(a.child.signal(Signal::TERM));
+    file_contains(&dir.path().join("b-started"), "b").await;
+    let handover = sent.elapsed();
+    assert_eq!(a.code(WITHIN).await, 0, "{}", a.output());
+    assert!(std::fs::read_to_string(dir.path().join("a-term"))
+        .unwrap()
+        .contains("TERM"));
+    assert_eq!(b.code(WITHIN).await, 0, "{}", b.output());
+    println!("{}: hand-off after SIGTERM {handover:?}", t.url);
+    assert!(
+        handover < Duration::from_secs(2),
+        "hand-off took {handover:?}"
+    );
+    // A signal while still waiting for the lock: no entry left behind.
+    let held = s.mutex("m").unwrap().lock().await.unwrap();
+    let mut w = Run::start(&t.url, &ns, dir.path(), "w", &["lock", "m", "--", "true"]);
+    while s.list_entries().await.unwrap().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(w.child.signal(Signal::INT));
+    assert_eq!(w.code(WITHIN).await, 130, "{}", w.output());
+    assert_eq!(
+        s.list_entries().await.unwrap(),
+        vec![held.key().to_string()]
+    );
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// `elect`, `leader` (text and JSON), `observe` (one JSON line per change, no leader included)
+/// and `list`.
+async fn elections_and_listing(t: Target) {
+    let ns = unique_namespace("cli_elect");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (code, out) = run(&t.url, &ns, d, &["leader", "primary"]).await;
+    assert_eq!(code, 75, "{out}");
+    assert!(out.contains("no leader"), "{out}");
+    let mut observe = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "observe",
+        &["-o", "json", "observe", "primary"],
+    );
+    file_contains(&observe.log, r#""leader":null"#).await;
+    let mut leader = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "leader",
+        &[
+            "elect",
+            "primary",
+            "--value",
+            "node-a:8080",
+            "--",
+            "sh",
+            "-c",
+            r#"echo "$FENCELOCK_TOKEN" > epoch; while :; do sleep 0.05; done"#,
+        ],
+    );
+    let epoch = file_contains(&d.join("epoch"), "\n").await;
+    let epoch: u64 = epoch.trim().parse().unwrap();
+    let (code, out) = run(&t.url, &ns, d, &["-o", "json", "leader", "primary"]).await;
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(v["leader"]["value"], "node-a:8080");
+    assert_eq!(v["leader"]["epoch"], epoch);
+    let (code, out) = run(&t.url, &ns, d, &["elect", "primary", "--try", "--", "true"]).await;
+    assert_eq!(code, 75, "{out}");
+    // A waiting lock and its holder, as `list` shows them.
+    let s = t.session(&ns).await;
+    let g = s.mutex("jobs/a").unwrap().lock().await.unwrap();
+    let mut waiter = Run::start(&t.url, &ns, d, "waiter", &["lock", "jobs/a", "--", "true"]);
+    while s.list_entries().await.unwrap().len() < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (code, out) = run(&t.url, &ns, d, &["-o", "json", "list", "jobs/"]).await;
+    assert_eq!(code, 0, "{out}");
+    let q: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(q["name"], "jobs/a");
+    assert_eq!(q["entries"][0]["role"], "holder");
+    assert_eq!(q["entries"][0]["token"], g.token().get());
+    assert_eq!(q["entries"][0]["session"], s.id());
+    assert_eq!(q["entries"][1]["role"], "waiter");
+    let (code, out) = run(&t.url, &ns, d, &["list"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("primary") && out.contains("node-a:8080") && out.contains("jobs/a"),
+        "{out}"
+    );
+    g.release().await.unwrap();
+    assert_eq!(waiter.code(WITHIN).await, 0);
+    // The leader steps down: observe prints no leader.
+    assert!(leader.child.signal(Signal::TERM));
+    leader.exit(WITHIN).await;
+    let seen = file_contains(&observe.log, "node-a:8080").await;
+    assert!(seen.contains(&format!(r#""epoch":{epoch}"#)), "{seen}");
+    let start = Instant::now();
+    while observe.output().matches(r#""leader":null"#).count() < 2 {
+        assert!(start.elapsed() < WITHIN, "{}", observe.output());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(observe.child.signal(Signal::INT));
+    assert_eq!(observe.code(WITHIN).await, 0);
+    s.close().await.unwrap();
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::etcd().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::zookeeper().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    exclusion_and_environment,
+    exit_statuses,
+    lost_by_deletion,
+    signals_are_passed_on,
+    elections_and_listing,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cut_off_holder_is_stopped() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("etcd://").to_string();
+    lost_by_cut_off(t, &upstream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_cut_off_holder_is_stopped() {
+    let Some(t) = Target::zookeeper().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("zk://").to_string();
+    lost_by_cut_off(t, &upstream).await;
+}
+
+/// `etcdctl` (Debian's `etcd-client`), the etcd Go `concurrency` recipes' own command: the same
+/// lock and election keys. `fencelock lock X` in namespace `N` is `etcdctl lock N/X`.
+mod etcdctl {
+    use super::*;
+
+    fn etcdctl(endpoint: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=http://{endpoint}"))
+            .args(args);
+        cmd
+    }
+
+    fn installed() -> bool {
+        let ok = Command::new("etcdctl").arg("version").output().is_ok();
+        if !ok {
+            assert!(
+                !fencelock_integration::in_ci(),
+                "etcdctl (Debian's etcd-client) is required in CI"
+            );
+            eprintln!("skipped: etcdctl is not installed (Debian's etcd-client)");
+        }
+        ok
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn locks_exclude_each_other_both_ways() {
+        let Some(t) = Target::etcd().await else {
+            return;
+        };
+        if !installed() {
+            return;
+        }
+        let ep = t.url.trim_start_matches("etcd://").to_string();
+        let ns = unique_namespace("cli_etcdctl");
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // etcdctl holds: ours waits, then runs after etcdctl's command ended.
+        let log = d.join("log");
+        let mut cmd = etcdctl(
+            &ep,
+            &[
+                "lock",
+                &format!("{ns}/x"),
+                "--",
+                "sh",
+                "-c",
+                "echo etcdctl-start >> log; sleep 1; echo etcdctl-end >> log",
+            ],
+        );
+        cmd.current_dir(d);
+        let mut theirs = ManagedChild::spawn("etcdctl", cmd, &d.join("etcdctl.log")).unwrap();
+        file_contains(&log, "etcdctl-start").await;
+        let (code, out) = run(&t.url, &ns, d, &["lock", "x", "--try", "--", "true"]).await;
+        assert_eq!(code, 75, "etcdctl holds: {out}");
+        let (code, out) = run(
+            &t.url,
+            &ns,
+            d,
+            &["lock", "x", "--", "sh", "-c", "echo ours >> log"],
+        )
+        .await;
+        assert_eq!(code, 0, "{out}");
+        let order = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(order, "etcdctl-start\netcdctl-end\nours\n");
+        let start = Instant::now();
+        while theirs.try_wait().is_none() {
+            assert!(start.elapsed() < WITHIN);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Ours holds: etcdctl's command runs after ours ended.
+        std::fs::remove_file(&log).unwrap();
+        let mut ours = Run::start(
+            &t.url,
+            &ns,
+            d,
+            "ours",
+            &[
+                "lock",
+                "x",
+                "--",
+                "sh",
+                "-c",
+                "echo ours-start >> log; sleep 1; echo ours-end >> log",
+            ],
+        );
+        file_contains(&log, "ours-start").await;
+        let mut cmd = etcdctl(
+            &ep,
+            &[
+                "lock",
+                &format!("{ns}/x"),
+                "--",
+                "sh",
+                "-c",
+                "echo etcdctl >> log",
+            ],
+        );
+        cmd.current_dir(d);
+        let mut theirs = ManagedChild::spawn("etcdctl", cmd, &d.join("etcdctl2.log")).unwrap();
+        assert_eq!(ours.code(WITHIN).await, 0);
+        file_contains(&log, "etcdctl").await;
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "ours-start\nours-end\netcdctl\n"
+        );
+        let start = Instant::now();
+        while theirs.try_wait().is_none() {
+            assert!(start.elapsed() < WITHIN);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn elections_are_shared() {
+        let Some(t) = Target::etcd().await else {
+            return;
+        };
+        if !installed() {
+            return;
+        }
+        let ep = t.url.trim_start_matches("etcd://").to_string();
+        let ns = unique_namespace("cli_etcdctl_elect");
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let theirs = ManagedChild::spawn(
+            "etcdctl elect",
+            etcdctl(&ep, &["elect", &format!("{ns}/primary"), "etcdctl-node"]),
+            &d.join("elect.log"),
+        )
+        .unwrap();
+        let start = Instant::now();
+        let (code, out) = loop {
+            let (code, out) = run(&t.url, &ns, d, &["leader", "primary"]).await;
+            if code == 0 || start.elapsed() > WITHIN {
+                break (code, out);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("etcdctl-node"), "{out}");
+        let (code, _) = run(&t.url, &ns, d, &["elect", "primary", "--try", "--", "true"]).await;
+        assert_eq!(code, 75, "etcdctl leads");
+        let mut ours = Run::start(
+            &t.url,
+            &ns,
+            d,
+            "ours",
+            &[
+                "elect",
+                "primary",
+                "--value",
+                "ours",
+                "--",
+                "sh",
+                "-c",
+                "echo led > led",
+            ],
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!d.join("led").exists(), "we wait while etcdctl leads");
+        // etcdctl resigns on SIGINT.
+        assert!(theirs.signal(Signal::INT));
+        assert_eq!(ours.code(WITHIN).await, 0, "{}", ours.output());
+        file_contains(&d.join("led"), "led").await;
+    }
+}
