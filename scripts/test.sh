@@ -20,6 +20,7 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)   # the Curator interop tests
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)   # worked examples
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing: ${need[*]}"
   sudo=""

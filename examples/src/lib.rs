@@ -3,6 +3,8 @@
 //! This library holds what they share: choosing a backend from the command line, and waiting
 //! for a shutdown signal.
 
+pub mod sql;
+
 use std::sync::Arc;
 
 use fencelock::backend::Backend;

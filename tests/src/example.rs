@@ -1,9 +1,9 @@
 //! The programs of the `fencelock-examples` package, run as an operator runs them: built if
 //! missing, started with arguments, their output lines awaited (bounded).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct Program {
     /// The process.
     pub child: ManagedChild,
+    stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<(Instant, String)>,
 }
 
@@ -38,11 +39,13 @@ impl Program {
     pub fn start(name: &str, label: &str, args: &[&str]) -> Program {
         let mut child = Command::new(binary(name))
             .args(args)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start the example");
         let out = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take();
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -50,7 +53,18 @@ impl Program {
             }
         });
         let child = ManagedChild::adopt(label, child, Path::new("/dev/null"));
-        Program { child, lines }
+        Program {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Writes `line` to the program's standard input.
+    pub fn say(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}").expect("write to the example");
+        stdin.flush().expect("flush");
     }
 
     /// Waits (bounded) for a line containing `what`; returns the line and when it was printed.

@@ -9,6 +9,7 @@
 
 pub mod etcd;
 pub mod fourlw;
+pub mod postgres;
 pub mod zookeeper;
 
 use std::sync::{Arc, Mutex, Weak};
