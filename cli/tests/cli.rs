@@ -672,3 +672,18 @@ mod etcdctl {
         file_contains(&d.join("led"), "led").await;
     }
 }
+
+/// `completions` prints a script for each shell, without a cluster.
+#[test]
+fn completion_scripts() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .env_remove("FENCELOCK_ENDPOINTS")
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains("fencelock") && script.contains("observe"), "{shell}");
+    }
+}
