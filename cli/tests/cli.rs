@@ -684,6 +684,9 @@ fn completion_scripts() {
             .unwrap();
         assert!(out.status.success(), "{shell}");
         let script = String::from_utf8_lossy(&out.stdout);
-        assert!(script.contains("fencelock") && script.contains("observe"), "{shell}");
+        assert!(
+            script.contains("fencelock") && script.contains("observe"),
+            "{shell}"
+        );
     }
 }

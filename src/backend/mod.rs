@@ -202,6 +202,14 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// The TTL granted (etcd) or negotiated (ZooKeeper).
     fn ttl(&self) -> Duration;
 
+    /// How often the core calls [`keep_alive`](Self::keep_alive) (default: a third of the
+    /// TTL). A backend whose client pings by itself when idle may ask for a period that keeps
+    /// those pings from ever being sent, so that the heartbeat replaces them instead of adding
+    /// to them (ZooKeeper does). Must be at most a third of the TTL.
+    fn heartbeat_interval(&self) -> Duration {
+        self.ttl() / 3
+    }
+
     /// Sends one heartbeat and waits for its confirmation. `Ok(())` means the cluster
     /// confirmed the session alive *after* the call started; the core counts its local
     /// deadline from the start of the call. [`Error::SessionLost`](crate::Error::SessionLost)

@@ -1,4 +1,5 @@
-//! The heartbeat: one keep-alive every `ttl / 3` for every lock of the session, the local
+//! The heartbeat: one keep-alive every period (a third of the TTL, or what the backend asks
+//! for, shorter) for every lock of the session, the local
 //! deadline counted from the *send* time of the last confirmed heartbeat, and the session events
 //! the backend pushes.
 
@@ -40,7 +41,8 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     let ttl = shared.ttl;
     let margin = shared.margin;
     drop(shared);
-    let mut next = Instant::now() + ttl / 3;
+    let period = remote.heartbeat_interval().min(ttl / 3);
+    let mut next = Instant::now() + period;
     let mut backoff = Backoff::new();
     async move {
         loop {
@@ -123,7 +125,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                             *shared.deadline.lock().unwrap() = sent + (ttl - margin);
                             shared.set_state(SessionState::Live);
                             backoff = Backoff::new();
-                            next = sent + ttl / 3;
+                            next = sent + period;
                         }
                         Ok(Err(Error::SessionLost(reason))) => {
                             if let Some(shared) = weak.upgrade() {

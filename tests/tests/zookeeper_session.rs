@@ -284,9 +284,9 @@ fn requests_received(f: &ZkFactory, sid: &str) -> u64 {
 }
 
 /// What an uncontended lock + release costs the server: three requests (the create, the
-/// listing sent right behind it, the delete), whether the release comes at once or after the
-/// guard's watch on its entry is in place (it rides on the listing: no request of its own, and
-/// none to remove it). A regression here shows in the benchmark's latency and throughput.
+/// listing sent right behind it, the delete), whether the release comes at once or later (a held
+/// lock costs no request while nobody awaits its `lost()`). A regression here shows in the
+/// benchmark's latency and throughput.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_lock_costs_three_requests() {
     let Some(f) = ZkFactory::shared().await else {
@@ -301,7 +301,7 @@ async fn uncontended_lock_costs_three_requests() {
     for i in 0..ROUNDS {
         let g = m.lock().await.unwrap();
         if i % 2 == 1 {
-            tokio::time::sleep(Duration::from_millis(20)).await; // the guard watches
+            tokio::time::sleep(Duration::from_millis(20)).await; // held a while
         }
         g.release().await.unwrap();
     }
@@ -359,4 +359,66 @@ async fn a_slow_connect_never_returns_a_lost_session() {
             Err(e) => println!("delay {delay:?}: refused in {took:?}: {e}"),
         }
     }
+}
+
+/// Heartbeats stay flat and cost what a bare client's pings cost: over the same window, an idle
+/// session holding 200 locks sends at most 1.2 times the packets of a bare `zookeeper-client`
+/// session with the same timeout (our heartbeat replaces the client's pings instead of adding to
+/// them), and no more than the same session holding one lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_packets_match_a_bare_client() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    const S: Duration = Duration::from_secs(4);
+    let ns = unique_namespace("zk_packets");
+    let bare = zk::Client::connector()
+        .with_session_timeout(S)
+        .connect(&f.server().connect_string())
+        .await
+        .unwrap();
+    let bare_id = format!("{:x}", bare.session_id().0 as u64);
+    let many = Session::builder(f.zookeeper().clone())
+        .namespace(&ns)
+        .ttl(S)
+        .start()
+        .await
+        .unwrap();
+    let one = Session::builder(f.zookeeper().clone())
+        .namespace(&ns)
+        .ttl(S)
+        .start()
+        .await
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(
+            many.mutex(&format!("held/{i}"))
+                .unwrap()
+                .lock()
+                .await
+                .unwrap(),
+        );
+    }
+    guards.push(one.mutex("single").unwrap().lock().await.unwrap());
+    let count = |sid: &str| requests_received(&f, sid);
+    let before = [count(&bare_id), count(&many.id()), count(&one.id())];
+    tokio::time::sleep(S * 3).await;
+    let after = [count(&bare_id), count(&many.id()), count(&one.id())];
+    let [b, m, o] = [0, 1, 2].map(|i| after[i] - before[i]);
+    println!(
+        "packets in {:?}: bare client {b}, 200 locks {m}, 1 lock {o}",
+        S * 3
+    );
+    assert!(b > 0, "the bare client pinged");
+    assert!(
+        m * 10 <= b * 12 + 20,
+        "200 locks: {m} packets, bare client {b}"
+    );
+    assert!(m <= o + 1, "flat: {m} with 200 locks, {o} with one");
+    for g in guards {
+        drop(g);
+    }
+    many.close().await.unwrap();
+    one.close().await.unwrap();
 }

@@ -48,6 +48,7 @@ impl Resolved {
     pub(crate) async fn connect_client(&self, session_timeout: Duration) -> Result<zk::Client> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(session_timeout)
+            .with_connection_timeout(connection_timeout(session_timeout))
             .with_fail_eagerly();
         if let Some((user, password)) = &self.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
@@ -156,4 +157,54 @@ fn retry_connect(e: &zk::Error) -> bool {
         e,
         zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss | zk::Error::Custom(_)
     )
+}
+
+/// The connection timeout asked of the client for a session timeout `requested`: the largest
+/// it allows (3/5 of the session timeout). It sets the client's tick to 3/40 of the session
+/// timeout, and so the idle time after which it pings to 9/40: our heartbeat, sent more often
+/// than that, replaces its pings instead of adding to them (see [`heartbeat_interval`]).
+pub(crate) fn connection_timeout(requested: Duration) -> Duration {
+    requested * 3 / 5
+}
+
+/// How often to send our heartbeat so that the client never pings by itself: a little under
+/// its idle-before-ping time, computed as `zookeeper-client` does from the negotiated session
+/// timeout and the connection timeout we asked for (if the server negotiated a longer timeout,
+/// the client falls back to a tick of 1/20 of it); at most a third of the session timeout.
+pub(crate) fn heartbeat_interval(negotiated: Duration, requested: Duration) -> Duration {
+    let ct = connection_timeout(requested);
+    let tick = if ct.is_zero() || ct > negotiated * 3 / 5 {
+        negotiated / 20
+    } else {
+        ct / 8
+    }
+    .max(Duration::from_millis(1));
+    let ping_idle = Duration::from_secs(10).min(tick * 3);
+    (ping_idle * 8 / 9).min(negotiated / 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_replace_the_clients_pings() {
+        let s = Duration::from_secs(10);
+        // The client pings after 9/40 of S idle; we beat every 1/5 of S.
+        assert_eq!(heartbeat_interval(s, s), Duration::from_secs(2));
+        // Negotiated down by the server (its minimum): the connection timeout asked for is
+        // then above 3/5 of S, and the client's tick is S/20, its idle time 3/20 of S.
+        let four = Duration::from_secs(4);
+        assert_eq!(heartbeat_interval(four, s), four * 3 / 20 * 8 / 9);
+        // Negotiated up: the tick stays a eighth of the connection timeout asked for.
+        assert_eq!(
+            heartbeat_interval(Duration::from_secs(20), s),
+            Duration::from_secs(2)
+        );
+        // Long sessions: the client pings after 10 s idle at most.
+        assert!(
+            heartbeat_interval(Duration::from_secs(120), Duration::from_secs(120))
+                < Duration::from_secs(10)
+        );
+    }
 }

@@ -149,7 +149,7 @@ impl Backend for ZooKeeperBackend {
         async {
             let client = self.inner.config.connect_client(ttl).await?;
             let session: Arc<dyn BackendSession> =
-                Arc::new(session::ZkSession::new(self.inner.clone(), client));
+                Arc::new(session::ZkSession::new(self.inner.clone(), client, ttl));
             Ok(session)
         }
         .instrument(span)

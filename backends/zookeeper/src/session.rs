@@ -50,6 +50,8 @@ pub(crate) struct ZkSession {
     last_beat: Arc<StdMutex<Instant>>,
     pub(crate) id: i64,
     ttl: Duration,
+    /// See [`crate::connect::heartbeat_interval`].
+    heartbeat: Duration,
     /// A template: clone it and consume its current state to watch for later changes.
     state: zk::StateWatcher,
     events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
@@ -66,9 +68,10 @@ impl fmt::Debug for ZkSession {
 }
 
 impl ZkSession {
-    pub(crate) fn new(backend: Arc<Inner>, client: zk::Client) -> Self {
+    pub(crate) fn new(backend: Arc<Inner>, client: zk::Client, requested: Duration) -> Self {
         let id = client.session_id().0;
         let ttl = client.session_timeout();
+        let heartbeat = crate::connect::heartbeat_interval(ttl, requested);
         let state = client.state_watcher();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(forward_events(state.clone(), tx));
@@ -86,6 +89,7 @@ impl ZkSession {
             last_beat,
             id,
             ttl,
+            heartbeat,
             state,
             events: AsyncMutex::new(rx),
         }
@@ -211,6 +215,10 @@ impl BackendSession for ZkSession {
 
     fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
     }
 
     async fn keep_alive(&self) -> Result<()> {
