@@ -222,6 +222,35 @@ pub(crate) async fn acquire(
     local: Option<LocalSlot>,
     wait: Wait,
 ) -> Result<Option<Tenure>> {
+    use crate::metrics::{acquisition, primitive, Outcome};
+    let started = Instant::now();
+    let mut waited = false;
+    let res = acquire_recorded(session, req, local, wait, &mut waited).await;
+    let outcome = match &res {
+        Ok(Some(_)) => Outcome::Granted {
+            waited,
+            after: started.elapsed(),
+        },
+        Ok(None) => Outcome::NotAcquired,
+        Err(Error::Timeout { .. }) => Outcome::Timeout,
+        Err(_) => Outcome::Error,
+    };
+    let name = session
+        .shared()
+        .metrics_names
+        .then_some(req.queue.name.as_str());
+    acquisition(primitive(req.queue, req.kind), name, outcome);
+    res
+}
+
+/// [`acquire`], telling through `waited` whether the grant had to wait for another holder.
+async fn acquire_recorded(
+    session: &Session,
+    req: Request<'_>,
+    local: Option<LocalSlot>,
+    wait: Wait,
+    waited: &mut bool,
+) -> Result<Option<Tenure>> {
     let shared = session.shared().clone();
     shared.check_alive()?;
     let span = info_span!(parent: &shared.span, "acquire", queue = %req.queue, token = tracing::field::Empty);
@@ -241,7 +270,15 @@ pub(crate) async fn acquire(
             Ok(enqueued) => {
                 let own = enqueued.entry.clone();
                 pending.entry = Some(own.clone());
-                let turn = wait_turn(&shared, req.queue, req.rule, &own, enqueued.ahead, wait);
+                let turn = wait_turn(
+                    &shared,
+                    req.queue,
+                    req.rule,
+                    &own,
+                    enqueued.ahead,
+                    wait,
+                    waited,
+                );
                 match wait.deadline() {
                     Some(d) => timeout_at(d, turn)
                         .await
@@ -351,6 +388,7 @@ async fn wait_turn(
     own: &Entry,
     mut ahead: Vec<Peer>,
     wait: Wait,
+    waited: &mut bool,
 ) -> Result<bool> {
     let remote = shared.remote.clone();
     let (kind, nearest) = rule.window();
@@ -362,6 +400,7 @@ async fn wait_turn(
         if matches!(wait, Wait::No) {
             return Ok(false);
         }
+        *waited = true;
         if let [i] = targets[..] {
             let target = &ahead[i];
             let span = info_span!("wait", on = %target.key, token = %own.token);

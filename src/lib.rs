@@ -46,6 +46,7 @@ mod election;
 mod error;
 mod inspect;
 mod memory;
+pub mod metrics;
 mod multilock;
 mod mutex;
 mod name;

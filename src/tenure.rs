@@ -25,6 +25,9 @@ pub(crate) struct Tenure {
     granted_at: Instant,
     local: StdMutex<Option<LocalSlot>>,
     released: AtomicBool,
+    /// The entry's removal is done, or handed to the background task: the drop has nothing
+    /// left to do.
+    settled: AtomicBool,
     /// Shares held (see [`Hold`]).
     holds: AtomicUsize,
     /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`).
@@ -45,6 +48,7 @@ impl Tenure {
             granted_at: Instant::now(),
             local: StdMutex::new(local),
             released: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             holds: AtomicUsize::new(0),
             ended: Arc::new(watch::channel(None).0),
         }
@@ -96,12 +100,15 @@ impl Tenure {
                         .upgrade()
                         .and_then(|s| s.end())
                         .map_or(LostReason::EntryDeleted, LostReason::Session);
-                    ended_tx.send_if_modified(|v| {
+                    let first = ended_tx.send_if_modified(|v| {
                         v.is_none() && {
                             *v = Some(reason);
                             true
                         }
                     });
+                    if first {
+                        crate::metrics::grant_lost(reason);
+                    }
                     let recorded = *ended_tx.borrow();
                     recorded.unwrap_or(reason)
                 }
@@ -159,6 +166,8 @@ impl Tenure {
     }
 
     fn drop_local(&self) {
+        self.settled.store(true, Ordering::SeqCst);
+        self.record_end();
         let local = self.local.lock().unwrap().take();
         drop(local);
         self.session.shared().trim_local_queue(&self.queue);
@@ -210,18 +219,32 @@ impl Tenure {
         }
     }
 
-    /// Hands the release to the session's background task (the last hold was dropped).
+    /// Hands the release to the session's background task (the last hold was dropped), unless
+    /// a release settled it already.
     fn hand_off_release(&self) {
-        let local = self.local.lock().unwrap().take();
-        if local.is_some() {
-            // Never blocks, needs no runtime: the background task deletes the entry, then
-            // lets the next local waiter go.
-            self.session.shared().hand_off(Cleanup::Remove {
-                queue: self.queue.clone(),
-                entry: self.entry.clone(),
-                local,
-            });
+        if self.settled.swap(true, Ordering::SeqCst) {
+            return;
         }
+        self.record_end();
+        let local = self.local.lock().unwrap().take();
+        // Never blocks, needs no runtime: the background task deletes the entry, then lets
+        // the next local waiter go (if the primitive has a local queue).
+        self.session.shared().hand_off(Cleanup::Remove {
+            queue: self.queue.clone(),
+            entry: self.entry.clone(),
+            local,
+        });
+    }
+
+    /// Records how long this grant was held.
+    fn record_end(&self) {
+        let shared = self.session.shared();
+        let name = shared.metrics_names.then_some(self.queue.name.as_str());
+        crate::metrics::tenure_ended(
+            crate::metrics::primitive(&self.queue, self.entry.kind),
+            name,
+            self.granted_at.elapsed(),
+        );
     }
 }
 

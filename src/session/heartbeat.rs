@@ -122,6 +122,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     match timeout_at(patience, remote.keep_alive()).await {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else { return };
+                            crate::metrics::heartbeat(shared.backend_name(), sent.elapsed());
                             *shared.deadline.lock().unwrap() = sent + (ttl - margin);
                             shared.set_state(SessionState::Live);
                             backoff = Backoff::new();

@@ -44,6 +44,7 @@ pub struct SessionBuilder {
     margin: Option<Duration>,
     namespace: String,
     start_timeout: Duration,
+    metrics_names: bool,
 }
 
 impl SessionBuilder {
@@ -69,6 +70,13 @@ impl SessionBuilder {
     /// etcd's Go `concurrency` package for a prefix `/{name}`.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
+        self
+    }
+
+    /// Whether the acquisition metrics (see [`crate::metrics`]) carry the lock's name as a
+    /// `name` label (default off: one series per lock name can be a lot of series).
+    pub fn metrics_lock_names(mut self, on: bool) -> Self {
+        self.metrics_names = on;
         self
     }
 
@@ -162,6 +170,7 @@ impl SessionBuilder {
             deadline,
             cleanup_tx,
             span,
+            self.metrics_names,
         ));
         tokio::spawn(heartbeat::run(Arc::downgrade(&shared), shared.stop.clone()));
         tokio::spawn(cleanup::worker(shared.clone(), cleanup_rx));
@@ -262,6 +271,7 @@ impl Session {
             margin: None,
             namespace: DEFAULT_NAMESPACE.to_string(),
             start_timeout: DEFAULT_START_TIMEOUT,
+            metrics_names: false,
         }
     }
 

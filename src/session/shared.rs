@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     local: StdMutex<HashMap<QueueId, LocalQueue>>,
     cleanup: mpsc::UnboundedSender<Cleanup>,
     pub(crate) span: tracing::Span,
+    /// Whether acquisition metrics carry the lock's name (see [`crate::metrics`]).
+    pub(crate) metrics_names: bool,
 }
 
 impl Shared {
@@ -49,7 +51,9 @@ impl Shared {
         deadline: Instant,
         cleanup: mpsc::UnboundedSender<Cleanup>,
         span: tracing::Span,
+        metrics_names: bool,
     ) -> Self {
+        crate::metrics::session_state(None, SessionState::Live);
         Shared {
             backend,
             remote,
@@ -63,6 +67,7 @@ impl Shared {
             local: StdMutex::new(HashMap::new()),
             cleanup,
             span,
+            metrics_names,
         }
     }
 
@@ -120,16 +125,21 @@ impl Shared {
 
     /// Records the end of the session (the first reason wins) and logs it.
     pub(crate) fn set_lost(&self, reason: SessionEnd) {
-        let changed = self.state.send_if_modified(|s| {
+        let mut old = None;
+        self.state.send_if_modified(|s| {
             if matches!(s, SessionState::Lost(_)) {
                 false
             } else {
+                old = Some(*s);
                 *s = SessionState::Lost(reason);
                 true
             }
         });
-        if changed && reason != SessionEnd::Closed {
-            warn!(%reason, "session lost");
+        if old.is_some() {
+            crate::metrics::session_state(old, SessionState::Lost(reason));
+            if reason != SessionEnd::Closed {
+                warn!(%reason, "session lost");
+            }
         }
     }
 
@@ -145,6 +155,9 @@ impl Shared {
                 true
             }
         });
+        if old.is_some() {
+            crate::metrics::session_state(old, new);
+        }
         match (old, new) {
             (Some(_), SessionState::Suspended) => info!("session suspended: heartbeat unconfirmed or connection lost; locks held until the local deadline"),
             (Some(SessionState::Suspended), SessionState::Live) => info!("session resumed: heartbeat confirmed"),
@@ -173,6 +186,7 @@ impl Shared {
             match self.unless_lost(op()).await? {
                 Err(e) if e.is_temporary() => {
                     debug!(error = %e, "temporary error, retrying");
+                    crate::metrics::retried(self.backend_name());
                     self.unless_lost(backoff.pause()).await?;
                 }
                 other => return other,

@@ -329,3 +329,15 @@ async fn leader_state_etcd() {
 async fn leader_state_zookeeper() {
     leader_state(Kind::ZooKeeper).await;
 }
+
+/// The metrics example prints a Prometheus scrape with fencelock's metrics.
+#[test]
+fn metrics_example_prints_a_scrape() {
+    let p = Program::start("metrics", "metrics", &[]);
+    let (_, line) = p.wait_for_line(
+        r#"fencelock_acquisitions_total{primitive="mutex",outcome="granted"}"#,
+        WITHIN,
+    );
+    assert!(line.ends_with(" 80"), "4 sessions × 20 rounds: {line}");
+    p.wait_for("fencelock_wait_seconds", WITHIN);
+}

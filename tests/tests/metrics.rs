@@ -1,0 +1,140 @@
+//! fencelock's metrics (`fencelock::metrics`), recorded through the `metrics` facade, read back
+//! from `metrics-util`'s debugging recorder (installed globally: this binary has this one test).
+
+use std::time::Duration;
+
+use fencelock::metrics as m;
+use fencelock::{MemoryBackend, Session};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+
+/// One reading of every metric (a snapshot drains what it reads: take one).
+type Snapshot = Vec<(CompositeKey, DebugValue)>;
+
+/// The counter `name` whose labels include all of `labels`, summed over the others.
+fn counter(snap: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
+    snap.iter()
+        .filter(|(k, _)| k.kind() == MetricKind::Counter && k.key().name() == name)
+        .filter(|(k, _)| {
+            labels
+                .iter()
+                .all(|(n, v)| k.key().labels().any(|l| l.key() == *n && l.value() == *v))
+        })
+        .map(|(_, v)| match v {
+            DebugValue::Counter(c) => *c,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn histogram_count(snap: &Snapshot, name: &str) -> usize {
+    snap.iter()
+        .filter(|(k, _)| k.key().name() == name)
+        .map(|(_, v)| match v {
+            DebugValue::Histogram(h) => h.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_metric_is_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+
+    let backend = MemoryBackend::new();
+    let start = |ttl| {
+        Session::builder(backend.clone())
+            .ttl(Duration::from_millis(ttl))
+            .metrics_lock_names(true)
+            .start()
+    };
+    let (a, b) = (start(1500).await.unwrap(), start(10_000).await.unwrap());
+    // A grant, a handoff, a try that finds it taken, a timeout.
+    let g = a.mutex("jobs/x").unwrap().lock().await.unwrap();
+    assert!(b
+        .mutex("jobs/x")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    let e = b
+        .mutex("jobs/x")
+        .unwrap()
+        .lock_timeout(Duration::from_millis(20))
+        .await;
+    assert!(e.is_err());
+    let waiter = tokio::spawn({
+        let m = b.mutex("jobs/x").unwrap();
+        async move { m.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    g.release().await.unwrap();
+    let gb = waiter.await.unwrap().unwrap();
+    // A grant lost to a deletion.
+    let lost = gb.lost();
+    backend.delete_key(gb.key());
+    lost.await;
+    // A session lost at its local deadline.
+    let r = a.rwlock("catalog").unwrap().read().await.unwrap();
+    a.halt_heartbeats();
+    tokio::time::timeout(Duration::from_secs(5), a.lost())
+        .await
+        .unwrap();
+    drop(r);
+    // Heartbeats: b beats every ttl/3.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+
+    let snap: Snapshot = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| (k, v))
+        .collect();
+    let mutex = [("primitive", "mutex"), ("name", "jobs/x")];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut v = mutex.to_vec();
+        v.push(extra);
+        v
+    };
+    assert_eq!(
+        counter(&snap, m::ACQUISITIONS, &with(("outcome", "granted"))),
+        2
+    );
+    assert_eq!(
+        counter(&snap, m::ACQUISITIONS, &with(("outcome", "not_acquired"))),
+        1
+    );
+    assert_eq!(
+        counter(&snap, m::ACQUISITIONS, &with(("outcome", "timeout"))),
+        1
+    );
+    assert_eq!(counter(&snap, m::ACQUISITIONS, &[("primitive", "read")]), 1);
+    assert_eq!(counter(&snap, m::HANDOFFS, &mutex), 1);
+    assert_eq!(counter(&snap, m::LOSSES, &[("reason", "entry_deleted")]), 1);
+    assert_eq!(
+        counter(&snap, m::LOSSES, &[("reason", "local_deadline")]),
+        1
+    );
+    assert!(histogram_count(&snap, m::WAIT_SECONDS) >= 3);
+    assert!(
+        histogram_count(&snap, m::HOLD_SECONDS) >= 2,
+        "released and lost tenures"
+    );
+    assert!(histogram_count(&snap, m::HEARTBEAT_SECONDS) >= 1);
+    let sessions: Vec<_> = snap
+        .iter()
+        .filter(|(k, _)| k.key().name() == m::SESSIONS)
+        .map(|(k, v)| (k.key().labels().next().map(|l| l.value().to_string()), v))
+        .collect();
+    assert!(
+        sessions.iter().any(|(l, v)| l.as_deref() == Some("live")
+            && matches!(v, DebugValue::Gauge(g) if g.into_inner() == 1.0)),
+        "b alone is live: {sessions:?}"
+    );
+    b.close().await.unwrap();
+}
