@@ -135,6 +135,7 @@ macro_rules! conformance_tests {
             semaphore_waits_and_hands_over,
             semaphore_disagreement_is_an_error,
             cancelled_acquire_leaves_no_permit,
+            dropped_permit_releases,
             multi_lock_takes_all,
             multi_try_lock_is_all_or_nothing,
             multi_locks_never_deadlock,

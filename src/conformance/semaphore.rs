@@ -137,3 +137,25 @@ pub async fn cancelled_acquire_leaves_no_permit(f: &dyn Factory) {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// A permit dropped without `release()` is released in the background: the next acquirer
+/// gets it, and nothing is left once the sessions flush.
+pub async fn dropped_permit_releases(f: &dyn Factory) {
+    let ns = unique_namespace("semaphore_drop");
+    let (a, b) = (open(f, &ns, TTL).await, open(f, &ns, TTL).await);
+    let p = a.semaphore("s", 1).unwrap().acquire().await.unwrap();
+    drop(p);
+    let q = bounded(
+        WAIT,
+        "acquire after a drop",
+        b.semaphore("s", 1).unwrap().acquire(),
+    )
+    .await
+    .unwrap();
+    drop(q);
+    a.flush().await;
+    b.flush().await;
+    assert!(a.list_entries().await.unwrap().is_empty());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
