@@ -335,10 +335,13 @@ async fn enqueue(
         let task = tokio::spawn({
             let remote = shared.remote.clone();
             let (queue, kind, attempt) = (req.queue.clone(), req.kind, pending.attempt);
+            let rule = req.rule;
             let value = req.value.to_vec();
             let retry = pending.maybe_created;
             async move {
-                let mut r = EnqueueRequest::new(&queue, kind, attempt, &value);
+                let (ahead_kind, nearest) = rule.window();
+                let mut r = EnqueueRequest::new(&queue, kind, attempt, &value)
+                    .with_ahead(ahead_kind, nearest);
                 if retry {
                     r = r.retried();
                 }

@@ -65,8 +65,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use types::{
-    EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId, QueueKind, SessionEvent,
-    REVOKE_MARKER,
+    Ahead, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId, QueueKind,
+    SessionEvent, REVOKE_MARKER,
 };
 
 pub use crate::retry::Backoff;

@@ -113,6 +113,27 @@ pub struct EnqueueRequest<'a> {
     /// Whether an earlier try of this attempt may have created the entry (its reply was lost
     /// or it failed in flight): look for it before creating.
     pub retry: bool,
+    /// What the caller needs to know of the entries ahead: the `nearest` closest to the new
+    /// entry (only those of `kind`, if given). Default: all of them. A backend may return more
+    /// than asked; returning fewer than exist would be a bug (a grant too early).
+    pub ahead: Ahead,
+}
+
+/// Which entries ahead an enqueue reports (see [`EnqueueRequest::ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ahead {
+    /// Only entries of this kind (a reader needs only the writers ahead).
+    pub kind: Option<EntryKind>,
+    /// How many of the nearest.
+    pub nearest: usize,
+}
+
+impl Ahead {
+    /// Every entry ahead.
+    pub const ALL: Ahead = Ahead {
+        kind: None,
+        nearest: usize::MAX,
+    };
 }
 
 impl<'a> EnqueueRequest<'a> {
@@ -124,7 +145,14 @@ impl<'a> EnqueueRequest<'a> {
             attempt,
             value,
             retry: false,
+            ahead: Ahead::ALL,
         }
+    }
+
+    /// The same request, asking only for the `nearest` entries ahead (of `kind`, if given).
+    pub fn with_ahead(mut self, kind: Option<EntryKind>, nearest: usize) -> Self {
+        self.ahead = Ahead { kind, nearest };
+        self
     }
 
     /// The same request, marked as a retry of an attempt that may have created its entry.
@@ -140,9 +168,8 @@ impl<'a> EnqueueRequest<'a> {
 pub struct Enqueued {
     /// Our entry.
     pub entry: Entry,
-    /// Every entry ahead of ours, of every kind, in queue order (earliest first); empty when
-    /// ours heads the queue. Entries ahead of ours can only leave, never be added: this list
-    /// is all the core needs to find each next entry to wait for.
+    /// The entries ahead of ours that [`EnqueueRequest::ahead`] asked for (or more), in queue
+    /// order (earliest first); empty when none is ahead.
     pub ahead: Vec<Peer>,
 }
 

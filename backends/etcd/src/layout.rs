@@ -34,6 +34,17 @@ pub(crate) fn key_of(queue: &QueueId, lease: i64, kind: EntryKind, attempt: Uuid
     }
 }
 
+/// The key range holding the entries of `queue` of `kind` (all of them with `None`): a
+/// read-write lock keeps readers and writers under `read/` and `write/`.
+pub(crate) fn ahead_range(queue: &QueueId, kind: Option<EntryKind>) -> String {
+    let prefix = prefix_of(queue);
+    match (queue.kind, kind) {
+        (QueueKind::ReadWrite, Some(EntryKind::Exclusive)) => format!("{prefix}write/"),
+        (QueueKind::ReadWrite, Some(EntryKind::Shared)) => format!("{prefix}read/"),
+        _ => prefix,
+    }
+}
+
 /// The kind of the entry at `key` if it is an entry of the `kind` queue at `prefix`: a key
 /// directly below the prefix, or (read-write locks) directly below `read/` or `write/`. Deeper
 /// keys belong to other locks whose names extend this one (`a` versus `a/b`).

@@ -11,8 +11,8 @@ use etcd_client::{
     LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::backend::{
-    BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
-    QueueKind, SessionEvent, REVOKE_MARKER,
+    Ahead, BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
+    SessionEvent, REVOKE_MARKER,
 };
 use fencelock::{Error, FencingToken, Result, SessionEnd};
 use tokio::sync::{mpsc, Mutex as AsyncMutex};
@@ -20,7 +20,7 @@ use tracing::debug;
 use uuid::Uuid;
 
 use crate::error::{map, temporary};
-use crate::layout::{entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
+use crate::layout::{ahead_range, entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
 use crate::watch::KeyWatcher;
 
 /// How often [`enqueue_all`](BackendSession::enqueue_all) re-checks queues that changed
@@ -229,9 +229,25 @@ impl BackendSession for EtcdSession {
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
         let key = key_of(req.queue, self.lease, req.kind, req.attempt);
         let prefix = prefix_of(req.queue);
+        let Ahead { kind, nearest } = req.ahead;
+        // The queue read: only the newest entries when the caller needs only the nearest
+        // (ours is the newest of the queue right after its create, in the same txn), so that
+        // the reply does not grow with the queue.
+        let limited = nearest < usize::MAX;
+        let limit = nearest.saturating_add(1);
+        let range = ahead_range(req.queue, kind);
+        let queue_read = if limited {
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+        } else {
+            queue_keys()
+        };
         let read = [
             TxnOp::get(key.as_str(), Some(keys_only())),
-            TxnOp::get(prefix.as_str(), Some(queue_keys())),
+            TxnOp::get(range.as_str(), Some(queue_read)),
         ];
         // Create if absent (with our lease), else find it again: the key is derived from the
         // lease, so a retry after a lost reply finds our own entry. Either way, read the queue
@@ -241,6 +257,7 @@ impl BackendSession for EtcdSession {
             .and_then([self.put(&key, req.value), read[0].clone(), read[1].clone()])
             .or_else(read);
         let resp = self.txn("enqueue", txn).await?;
+        let created = resp.succeeded();
         let [own, queue] = <[Vec<KeyValue>; 2]>::try_from(gets(&resp))
             .map_err(|_| temporary("enqueue", "unexpected txn reply"))?;
         let Some(kv) = own.first() else {
@@ -248,11 +265,18 @@ impl BackendSession for EtcdSession {
             return Err(Error::SessionLost(SessionEnd::Expired));
         };
         let entry = entry_of(key, req.kind, kv.create_revision());
-        let ahead = queue_order(req.queue, &prefix, &queue)
+        let mut ahead: Vec<Peer> = queue_order(req.queue, &prefix, &queue)
             .into_iter()
-            .take_while(|(kv, _)| (kv.create_revision() as u64) < entry.order)
+            .filter(|(kv, k)| {
+                (kv.create_revision() as u64) < entry.order && kind.is_none_or(|want| *k == want)
+            })
             .map(peer_of)
             .collect();
+        // A limited read may not have reached far enough: our entry was found again rather
+        // than created (newer entries came first), or keys of nested locks took up the limit.
+        if limited && ahead.len() < nearest && (!created || queue.len() >= limit) {
+            ahead = self.still_ahead(&entry, req.queue, kind, nearest).await?;
+        }
         Ok(Enqueued::new(entry, ahead))
     }
 
@@ -375,11 +399,7 @@ impl BackendSession for EtcdSession {
         // what is needed, in a txn that also confirms our entry. Keys of other locks under the
         // prefix (`a/b/…` under `a/`) take up room in the limit: read more if they did.
         let prefix = prefix_of(queue);
-        let range = match (queue.kind, kind) {
-            (QueueKind::ReadWrite, Some(EntryKind::Exclusive)) => format!("{prefix}write/"),
-            (QueueKind::ReadWrite, Some(EntryKind::Shared)) => format!("{prefix}read/"),
-            _ => prefix.clone(),
-        };
+        let range = ahead_range(queue, kind);
         let mut limit = nearest.max(1);
         loop {
             let options = GetOptions::new()
