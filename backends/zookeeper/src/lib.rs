@@ -50,6 +50,7 @@ mod error;
 mod guarded;
 mod inspect;
 mod layout;
+mod parents;
 mod queue;
 mod session;
 mod watch;
@@ -76,6 +77,8 @@ pub(crate) struct Inner {
     pub(crate) config: Resolved,
     /// Whether the servers support CONTAINER nodes (cleared on the first refusal).
     pub(crate) containers: AtomicBool,
+    /// Queue parents known to exist (see [`parents::KnownParents`]).
+    pub(crate) parents: parents::KnownParents,
 }
 
 impl ZooKeeperBackend {
@@ -97,6 +100,7 @@ impl ZooKeeperBackend {
             inner: Arc::new(Inner {
                 config,
                 containers: AtomicBool::new(true),
+                parents: parents::KnownParents::default(),
             }),
         }
     }

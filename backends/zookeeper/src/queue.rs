@@ -73,6 +73,16 @@ impl ZkSession {
         }
     }
 
+    /// How parents are created: CONTAINER nodes (the server deletes them once empty), or
+    /// persistent ones on servers without containers.
+    fn parent_mode(&self) -> zk::CreateMode {
+        if self.backend.containers.load(Ordering::Relaxed) {
+            zk::CreateMode::Container
+        } else {
+            zk::CreateMode::Persistent
+        }
+    }
+
     /// Creates `parent` and its ancestors as CONTAINER nodes (persistent on old servers).
     pub(crate) async fn ensure_parent(&self, parent: &str) -> Result<()> {
         let client = self.client()?;
@@ -120,11 +130,29 @@ impl ZkSession {
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.backend.config.acls());
         for _ in 0..CREATE_ATTEMPTS {
             let client = self.client()?;
-            // Both requests go out now, in this order (the client sends on call).
+            // A parent not known to exist is created in the same round trip, ahead of the
+            // entry (a failure because it exists is fine): a new lock costs no extra round
+            // trip, an existing one no extra request.
+            let known = self.backend.parents.knows(parent);
+            let make_parent = (!known).then(|| {
+                client.create(
+                    parent,
+                    b"",
+                    &self.parent_mode().with_acls(self.backend.config.acls()),
+                )
+            });
+            // The requests go out now, in this order (the client sends on call).
             let create = client.create(&prefix, req.value, &options);
             let listing = client.list_children(parent);
+            if let Some(made) = make_parent {
+                // Whatever it says: it exists now (or existed), or an ancestor is missing, or
+                // the server has no container nodes, and then the create below fails with
+                // NoNode and `ensure_parent` sorts it out.
+                let _ = made.await;
+            }
             match create.await {
                 Ok((stat, seq)) => {
+                    self.backend.parents.remember(parent);
                     let name = format!("{}{seq}", basename(&prefix));
                     let e = entry(
                         join(parent, &name),
@@ -136,7 +164,12 @@ impl ZkSession {
                     let listing = listing.await.ok();
                     return Ok(Created { entry: e, listing });
                 }
-                Err(zk::Error::NoNode) => self.ensure_parent(parent).await?,
+                Err(zk::Error::NoNode) => {
+                    // Gone (a container reaped when it emptied) or never made: create the
+                    // whole path.
+                    self.backend.parents.forget(parent);
+                    self.ensure_parent(parent).await?;
+                }
                 Err(e) => return Err(error::map(OP, e)),
             }
         }
