@@ -48,7 +48,7 @@ impl Notifications {
 }
 
 /// A plain HTTP/1.0 GET (blocking, 5 s bounds): the body, if the answer is 200.
-fn http_get(addr: &str, path: &str) -> Option<String> {
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))

@@ -245,26 +245,34 @@ impl BackendSession for EtcdSession {
         } else {
             queue_keys()
         };
-        let read = [
-            TxnOp::get(key.as_str(), Some(keys_only())),
-            TxnOp::get(range.as_str(), Some(queue_read)),
-        ];
+        let own_read = TxnOp::get(key.as_str(), Some(keys_only()));
+        let queue_read = TxnOp::get(range.as_str(), Some(queue_read));
         // Create if absent (with our lease), else find it again: the key is derived from the
         // lease, so a retry after a lost reply finds our own entry. Either way, read the queue
-        // in the same round trip.
+        // in the same round trip. A create's revision is the txn's: no read of our own key.
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([self.put(&key, req.value), read[0].clone(), read[1].clone()])
-            .or_else(read);
+            .and_then([self.put(&key, req.value), queue_read.clone()])
+            .or_else([own_read, queue_read]);
         let resp = self.txn("enqueue", txn).await?;
         let created = resp.succeeded();
-        let [own, queue] = <[Vec<KeyValue>; 2]>::try_from(gets(&resp))
-            .map_err(|_| temporary("enqueue", "unexpected txn reply"))?;
-        let Some(kv) = own.first() else {
-            // The put with a dead lease fails instead, so this is unexpected.
+        let mut reads = gets(&resp).into_iter();
+        let own_rev = if created {
+            resp.header().map(|h| h.revision())
+        } else {
+            reads
+                .next()
+                .and_then(|own| own.first().map(KeyValue::create_revision))
+        };
+        let Some(own_rev) = own_rev else {
+            // A retry that finds nothing: the put with a dead lease fails instead, so this is
+            // unexpected.
             return Err(Error::SessionLost(SessionEnd::Expired));
         };
-        let entry = entry_of(key, req.kind, kv.create_revision());
+        let queue = reads
+            .next()
+            .ok_or_else(|| temporary("enqueue", "unexpected txn reply"))?;
+        let entry = entry_of(key, req.kind, own_rev);
         let mut ahead: Vec<Peer> = queue_order(req.queue, &prefix, &queue)
             .into_iter()
             .filter(|(kv, k)| {

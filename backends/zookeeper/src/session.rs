@@ -375,27 +375,19 @@ impl BackendSession for ZkSession {
     ) -> Result<Vec<Peer>> {
         const OP: &str = "read queue";
         let parent = queue_path(queue, self.chrooted())?;
-        let client = self.client()?;
-        // Both requests go out now: one round trip. (ZooKeeper lists every child: Curator's
-        // recipes pay the same on each wake-up.)
-        let mine = client.check_stat(&own.key);
-        let children = client.list_children(&parent);
-        let (mine, children) = futures::join!(mine, children);
-        drop(client);
-        match mine {
-            Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
-            Ok(_) => {
-                return Err(Error::EntryVanished {
-                    key: own.key.clone(),
-                })
-            }
-            Err(e) => return Err(error::map(OP, e)),
-        }
-        let children = match children {
+        // One request: our node is in the listing if it still exists (its name carries the
+        // attempt's uuid: never re-used, so its presence is its identity). Curator's recipes
+        // list the children on each wake-up too.
+        let children = match self.client()?.list_children(&parent).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(error::map(OP, e)),
         };
+        if !children.iter().any(|c| c == basename(&own.key)) {
+            return Err(Error::EntryVanished {
+                key: own.key.clone(),
+            });
+        }
         let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
             .into_iter()
             .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))

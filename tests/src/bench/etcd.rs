@@ -17,13 +17,13 @@ use crate::servers::Cluster;
 pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     let ep = cluster.endpoint(0);
     let backend = etcd_harness::connect(std::slice::from_ref(&ep)).await;
-    println!("\n## etcd (single member, {ep})\n");
-    println!(
+    crate::emit!("\n## etcd (single member, {ep})\n");
+    crate::emit!(
         "Uncontended acquire + release, {} rounds (interleaved in blocks of 50):\n",
         args.rounds
     );
-    println!("| implementation | p50 ms | p99 ms | p50 vs raw txn |");
-    println!("|---|---:|---:|---:|");
+    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs raw txn |");
+    crate::emit!("|---|---:|---:|---:|");
 
     // Raw: txn create-if-absent with a lease, then delete.
     let mut client = backend.client().clone();
@@ -82,7 +82,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         ("raw txn create + delete", raw),
         ("etcd-client lock() + unlock()", recipe),
     ] {
-        println!(
+        crate::emit!(
             "| {name} | {} | {} | {:.2}x |",
             ms(s.pct(0.5)),
             ms(s.pct(0.99)),
@@ -91,12 +91,12 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     }
     session.close().await.unwrap();
 
-    println!(
+    crate::emit!(
         "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
         args.seconds
     );
-    println!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
-    println!("|---:|---:|---:|---:|");
+    crate::emit!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
+    crate::emit!("|---:|---:|---:|---:|");
     for &n in &args.sessions {
         let mut ours_ops = Vec::new();
         let mut their_ops = Vec::new();
@@ -136,7 +136,16 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
             their_ops.push(op);
         }
         let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
-        println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        super::report::define(
+            "etcd-throughput",
+            "etcd: contended acquisitions per second",
+            "contending sessions",
+            "acquisitions/s",
+            true,
+        );
+        super::report::point("etcd-throughput", "fencelock Mutex", n as f64, ours);
+        super::report::point("etcd-throughput", "etcd-client lock()", n as f64, theirs);
     }
 }
 

@@ -166,11 +166,11 @@ pub async fn measure_curator(
 
 /// The header of the family table.
 pub fn header(backend: &str, seconds: f64) {
-    println!(
+    crate::emit!(
         "\nThe lock family on {backend}: contended acquisitions per second ({seconds} s each, one connection per session), and watch notifications the server sent per acquisition:\n"
     );
-    println!("| workload | sessions | implementation | acquisitions/s | notifications per acquisition | vs Curator |");
-    println!("|---|---:|---|---:|---:|---:|");
+    crate::emit!("| workload | sessions | implementation | acquisitions/s | notifications per acquisition | vs Curator |");
+    crate::emit!("|---|---:|---|---:|---:|---:|");
 }
 
 fn notified(m: &Measured) -> String {
@@ -180,14 +180,14 @@ fn notified(m: &Measured) -> String {
 /// One row of ours (and the ratio to Curator's, if measured).
 pub fn row(load: Load, sessions: usize, ours: &Measured, curator: Option<&Measured>) {
     let ratio = curator.map_or("".to_string(), |c| format!("{:.2}x", ours.rate / c.rate));
-    println!(
+    crate::emit!(
         "| {} | {sessions} | fencelock | {:.0} | {} | {ratio} |",
         load.label(),
         ours.rate,
         notified(ours)
     );
     if let Some(c) = curator {
-        println!(
+        crate::emit!(
             "| {} | {sessions} | {} | {:.0} | {} | |",
             load.label(),
             load.curator_name(),
@@ -234,7 +234,7 @@ pub async fn zookeeper_family_rows(
                     {
                         Ok(m) => Some(m),
                         Err(e) => {
-                            println!("(Curator {} failed: {e})", load.curator_recipe());
+                            crate::emit!("(Curator {} failed: {e})", load.curator_recipe());
                             None
                         }
                     }
@@ -245,7 +245,7 @@ pub async fn zookeeper_family_rows(
         }
     }
     if classes.is_none() {
-        println!(
+        crate::emit!(
             "
 (Apache Curator rows skipped: java, javac or the Curator jars are missing)"
         );

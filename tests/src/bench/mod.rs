@@ -2,8 +2,11 @@
 //! timing, contended throughput measured in alternating slices, and the leader-election rows
 //! (generic over the backend); the etcd and ZooKeeper rows live in their own modules.
 
+pub mod alloc;
 pub mod etcd;
 pub mod family;
+pub mod report;
+pub mod scale;
 pub mod zookeeper;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +41,21 @@ pub struct Args {
     /// Only the lock family's rows (read-write lock, semaphore, notifications per acquisition).
     #[arg(long)]
     pub family_only: bool,
+    /// Counts of distinct locks one session takes and holds (the held-locks rows).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![100, 1000, 10000])]
+    pub held: Vec<usize>,
+    /// Queue lengths of the handoff rows (each waiter its own session).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 10, 100, 1000])]
+    pub waiters: Vec<usize>,
+    /// Skip the scale rows (held locks, handoffs against waiters).
+    #[arg(long, conflicts_with = "scale_only")]
+    pub no_scale: bool,
+    /// Only the scale rows.
+    #[arg(long, conflicts_with = "family_only")]
+    pub scale_only: bool,
+    /// Also write a markdown report with SVG plots into this directory.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// Latency samples of one row, in a histogram of microseconds (3 significant digits).
@@ -47,12 +65,19 @@ pub struct Samples(Histogram<u64>);
 impl Samples {
     /// An empty set of samples.
     pub fn new() -> Self {
-        Samples(Histogram::new(3).expect("a histogram"))
+        // Bounded from 1 µs to an hour: an auto-resizing histogram would clamp
+        // (`saturating_record`) a first sample above its initial range to that range.
+        Samples(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("a histogram"))
     }
 
     /// Records one sample.
     pub fn record(&mut self, d: Duration) {
         self.0.saturating_record(d.as_micros().max(1) as u64);
+    }
+
+    /// Adds `other`'s samples to these.
+    pub fn merge(&mut self, other: &Samples) {
+        let _ = self.0.add(&other.0);
     }
 
     /// The `p` quantile (0..=1).
@@ -188,7 +213,7 @@ pub async fn election_rows(rounds: usize, failovers: usize, t: &Target) {
 
 /// One row of the election table: campaign latency and the median failovers.
 pub fn election_row(name: &str, lat: &Samples, closed: Vec<Duration>, killed: Vec<Duration>) {
-    println!(
+    crate::emit!(
         "| {name} | {} | {} | {} | {} |",
         ms(lat.pct(0.5)),
         ms(lat.pct(0.99)),
@@ -199,10 +224,10 @@ pub fn election_row(name: &str, lat: &Samples, closed: Vec<Duration>, killed: Ve
 
 /// The header of the election table.
 pub fn election_header(what: &str) {
-    println!("\nLeader election on {what}: campaign → leadership → resign latency uncontended, and failover");
-    println!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
-    println!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
-    println!("|---|---:|---:|---:|---:|");
+    crate::emit!("\nLeader election on {what}: campaign → leadership → resign latency uncontended, and failover");
+    crate::emit!("(median) from the leader's session closed, and from the leader's process killed (TTL 2 s):\n");
+    crate::emit!("| implementation | campaign p50 ms | campaign p99 ms | failover, closed ms | failover, killed ms |");
+    crate::emit!("|---|---:|---:|---:|---:|");
 }
 
 /// Runs the `ops` (one per contender) concurrently, each looping until `seconds` are up;

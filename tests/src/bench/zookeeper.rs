@@ -98,37 +98,42 @@ async fn zk_client(connect: &str) -> zk::Client {
 pub async fn zookeeper_rows(args: &Args) {
     let (rounds, seconds, failovers) = (args.rounds, args.seconds, args.failovers);
     if harness::missing().is_some() {
-        println!("\n(ZooKeeper not installed: skipped)");
+        crate::emit!("\n(ZooKeeper not installed: skipped)");
         return;
     }
     let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
         .await
         .expect("start ZooKeeper");
     let connect = server.connect_string();
-    println!("\n## ZooKeeper (single server, {connect})\n");
-    if !args.family_only {
+    crate::emit!("\n## ZooKeeper (single server, {connect})\n");
+    if !args.family_only && !args.scale_only {
         uncontended_rows(rounds, &connect).await;
         let ours4 = contended_rows(seconds, &args.sessions, &connect).await;
         curator_row(seconds, &connect, ours4).await;
     }
-    let c = connect.clone();
-    super::family::zookeeper_family_rows(seconds, &connect, server.port(0), move || {
-        let c = c.clone();
-        Box::pin(async move { our_session(&c, TTL).await })
-    })
-    .await;
-    if !args.family_only {
+    if !args.scale_only {
+        let c = connect.clone();
+        super::family::zookeeper_family_rows(seconds, &connect, server.port(0), move || {
+            let c = c.clone();
+            Box::pin(async move { our_session(&c, TTL).await })
+        })
+        .await;
+    }
+    if !args.family_only && !args.scale_only {
         election_header("ZooKeeper");
         let t = Target::new(Kind::ZooKeeper, connect.clone());
         election_rows(rounds, failovers, &t).await;
+    }
+    if !args.family_only && !args.no_scale {
+        super::scale::zookeeper_scale(&args.held, &args.waiters, &connect, server.port(0)).await;
     }
     drop(server);
 }
 
 async fn uncontended_rows(rounds: usize, connect: &str) {
-    println!("Uncontended acquire + release, {rounds} rounds (interleaved in blocks of 50):\n");
-    println!("| implementation | p50 ms | p99 ms | p50 vs recipe |");
-    println!("|---|---:|---:|---:|");
+    crate::emit!("Uncontended acquire + release, {rounds} rounds (interleaved in blocks of 50):\n");
+    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs recipe |");
+    crate::emit!("|---|---:|---:|---:|");
     let client = zk_client(connect).await;
     client
         .mkdir(
@@ -166,7 +171,7 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
     .into_iter()
     .zip(&samples)
     {
-        println!(
+        crate::emit!(
             "| {name} | {} | {} | {:.2}x |",
             ms(s.pct(0.5)),
             ms(s.pct(0.99)),
@@ -177,11 +182,11 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
 
 /// Returns our figure for 4 sessions, if measured.
 async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Option<f64> {
-    println!(
+    crate::emit!(
         "\nContended acquisitions per second ({seconds} s each, alternating in slices, one connection per session):\n"
     );
-    println!("| sessions | fencelock Mutex | zookeeper-client Client::lock | ratio |");
-    println!("|---:|---:|---:|---:|");
+    crate::emit!("| sessions | fencelock Mutex | zookeeper-client Client::lock | ratio |");
+    crate::emit!("|---:|---:|---:|---:|");
     let mut ours4 = None;
     for &n in sessions {
         let mut ours = Vec::new();
@@ -194,7 +199,21 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
             ));
         }
         let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
-        println!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        super::report::define(
+            "zookeeper-throughput",
+            "ZooKeeper: contended acquisitions per second",
+            "contending sessions",
+            "acquisitions/s",
+            true,
+        );
+        super::report::point("zookeeper-throughput", "fencelock Mutex", n as f64, ours);
+        super::report::point(
+            "zookeeper-throughput",
+            "zookeeper-client Client::lock",
+            n as f64,
+            theirs,
+        );
         if n == 4 {
             ours4 = Some(ours);
         }
@@ -205,7 +224,7 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
 /// Apache Curator's `InterProcessMutex` (Java) with 4 sessions, next to ours.
 async fn curator_row(seconds: f64, connect: &str, ours4: Option<f64>) {
     if !curator::installed() {
-        println!(
+        crate::emit!(
             "\n(Apache Curator row skipped: missing {})",
             curator::missing().join(", ")
         );
@@ -213,12 +232,12 @@ async fn curator_row(seconds: f64, connect: &str, ours4: Option<f64>) {
     }
     let classes = match tokio::task::spawn_blocking(curator::JavaClasses::compile).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return println!("\n(Apache Curator row skipped: {e})"),
-        Err(e) => return println!("\n(Apache Curator row skipped: {e})"),
+        Ok(Err(e)) => return crate::emit!("\n(Apache Curator row skipped: {e})"),
+        Err(e) => return crate::emit!("\n(Apache Curator row skipped: {e})"),
     };
     let theirs = match curator::bench_rate(&classes, connect, "/bench/curator", 4, seconds).await {
         Ok(r) => r,
-        Err(e) => return println!("\n(Apache Curator row failed: {e})"),
+        Err(e) => return crate::emit!("\n(Apache Curator row failed: {e})"),
     };
     let ours = match ours4 {
         Some(o) => o,
@@ -230,8 +249,14 @@ async fn curator_row(seconds: f64, connect: &str, ours4: Option<f64>) {
             throughput(ops, seconds).await
         }
     };
-    println!("\nApache Curator `InterProcessMutex` (Java 17, one JVM, one connection per session, after a JIT warm-up):\n");
-    println!("| sessions | fencelock Mutex | Curator InterProcessMutex | ratio |");
-    println!("|---:|---:|---:|---:|");
-    println!("| 4 | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+    crate::emit!("\nApache Curator `InterProcessMutex` (Java 17, one JVM, one connection per session, after a JIT warm-up):\n");
+    crate::emit!("| sessions | fencelock Mutex | Curator InterProcessMutex | ratio |");
+    crate::emit!("|---:|---:|---:|---:|");
+    crate::emit!("| 4 | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+    super::report::point(
+        "zookeeper-throughput",
+        "Curator InterProcessMutex",
+        4.0,
+        theirs,
+    );
 }

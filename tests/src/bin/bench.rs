@@ -5,10 +5,15 @@
 //! Run: `cargo run --release -p fencelock-integration --bin bench -- --help`
 
 use clap::Parser;
+use fencelock_integration::bench::alloc::Counting;
 use fencelock_integration::bench::etcd::{etcd_campaign_row, etcd_family, etcd_rows};
 use fencelock_integration::bench::{election_header, election_rows, Args};
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
 use fencelock_integration::servers::Cluster;
+
+/// Counts live heap bytes, for the held-locks rows' memory per lock.
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 #[tokio::main]
 async fn main() {
@@ -19,27 +24,51 @@ async fn main() {
         return;
     }
     let args = Args::parse();
-    println!("# fencelock benchmark");
-    println!("\nOne run, side by side, against servers started here on loopback.");
+    fencelock_integration::emit!("# fencelock benchmark");
+    fencelock_integration::emit!(
+        "\nOne run, side by side, against servers started here on loopback."
+    );
     if matches!(args.backend.as_str(), "etcd" | "all") {
         if etcd_harness::missing().is_none() {
             let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
                 .await
                 .expect("start etcd");
-            if !args.family_only {
+            if !args.family_only && !args.scale_only {
                 etcd_rows(&args, &cluster).await;
             }
-            etcd_family(&args, &cluster).await;
-            if !args.family_only {
+            if !args.scale_only {
+                etcd_family(&args, &cluster).await;
+            }
+            if !args.family_only && !args.scale_only {
                 election_header("etcd");
                 election_rows(args.rounds, args.failovers, &cluster.target()).await;
                 etcd_campaign_row(&args, &cluster.endpoint(0)).await;
             }
+            if !args.family_only && !args.no_scale {
+                fencelock_integration::bench::scale::etcd_scale(
+                    &args.held,
+                    &args.waiters,
+                    &cluster.endpoint(0),
+                )
+                .await;
+            }
         } else {
-            println!("\n(etcd not installed: skipped)");
+            fencelock_integration::emit!("\n(etcd not installed: skipped)");
         }
     }
     if matches!(args.backend.as_str(), "zookeeper" | "all") {
         fencelock_integration::bench::zookeeper::zookeeper_rows(&args).await;
+    }
+    if let Some(dir) = &args.report {
+        let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+        let command =
+            format!("cargo run --release -p fencelock-integration --bin bench -- {command}");
+        match fencelock_integration::bench::report::write(dir, &command) {
+            Ok(()) => println!("\nreport written to {}", dir.join("README.md").display()),
+            Err(e) => {
+                eprintln!("cannot write the report: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 }
