@@ -259,6 +259,7 @@ where
 }
 
 /// Ours: `waiters` sessions queued behind a holder. `session` opens one session.
+#[allow(clippy::async_yields_async)] // each waiter's future yields the future of its turn
 pub async fn handoff_ours<F, Fut>(waiters: usize, name: &str, session: F) -> HandoffRow
 where
     F: Fn() -> Fut,
@@ -309,6 +310,7 @@ where
 }
 
 /// etcd-client's `lock()`: `waiters` leases (sessions) waiting on one name behind a holder.
+#[allow(clippy::async_yields_async)] // each waiter's future yields the future of its turn
 pub async fn handoff_etcd_client(endpoint: &str, waiters: usize, name: &str) -> HandoffRow {
     let client = etcd_client::Client::connect([endpoint], None)
         .await
@@ -396,6 +398,7 @@ pub async fn handoff_etcd_client(endpoint: &str, waiters: usize, name: &str) -> 
 }
 
 /// zookeeper-client's lock recipe: `waiters` clients (sessions) waiting on one directory.
+#[allow(clippy::async_yields_async)] // each waiter's future yields the future of its turn
 pub async fn handoff_zk_recipe(connect: &str, waiters: usize, dir: &str) -> HandoffRow {
     let connect_one = || async {
         zk::Client::connector()
