@@ -36,17 +36,24 @@ struct Plot {
     x: String,
     y: String,
     log_x: bool,
+    log_y: bool,
     series: BTreeMap<String, Vec<(f64, f64)>>,
 }
 
-/// Declares plot `id` (a file name), its title and axes.
+/// Declares plot `id` (a file name), its title and axes (a logarithmic x axis with `log_x`).
 pub fn define(id: &str, title: &str, x: &str, y: &str, log_x: bool) {
+    define_with(id, title, x, y, log_x, false);
+}
+
+/// Like [`define`], with a logarithmic y axis too if `log_y` (latencies spanning decades).
+pub fn define_with(id: &str, title: &str, x: &str, y: &str, log_x: bool, log_y: bool) {
     let mut plots = PLOTS.lock().unwrap();
     let p = plots.entry(id.to_string()).or_default();
     p.title = title.to_string();
     p.x = x.to_string();
     p.y = y.to_string();
     p.log_x = log_x;
+    p.log_y = log_y;
 }
 
 /// Adds the point `(x, y)` to `series` of plot `id`.
@@ -69,10 +76,11 @@ fn draw(plot: &Plot, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let points = plot.series.values().flatten();
-    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0f64);
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, 0f64);
     for &(x, y) in points {
         x0 = x0.min(x);
         x1 = x1.max(x);
+        y0 = y0.min(y);
         y1 = y1.max(y);
     }
     if x0 > x1 {
@@ -112,10 +120,14 @@ fn draw(plot: &Plot, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
                 .draw()?;
         }};
     }
-    if plot.log_x {
-        body!(chart.build_cartesian_2d((x0..x1).log_scale(), 0f64..y1)?);
-    } else {
-        body!(chart.build_cartesian_2d(x0..x1, 0f64..y1)?);
+    let y0 = (y0 / 1.5).max(f64::MIN_POSITIVE);
+    match (plot.log_x, plot.log_y) {
+        (true, true) => {
+            body!(chart.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?)
+        }
+        (true, false) => body!(chart.build_cartesian_2d((x0..x1).log_scale(), 0f64..y1)?),
+        (false, true) => body!(chart.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?),
+        (false, false) => body!(chart.build_cartesian_2d(x0..x1, 0f64..y1)?),
     }
     root.present()?;
     Ok(())
