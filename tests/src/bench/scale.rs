@@ -519,11 +519,12 @@ fn handoff_table(backend: &str, rows: &[HandoffRow]) {
     );
     crate::emit!("|---|---:|---:|---:|---:|---:|");
     let id = format!("{}-handoff", backend.to_lowercase());
-    super::report::define(
+    super::report::define_with(
         &id,
         &format!("{backend}: handoff p50 against waiters"),
         "waiters",
-        "handoff p50 (ms)",
+        "handoff p50 (ms, log scale)",
+        true,
         true,
     );
     for r in rows {
