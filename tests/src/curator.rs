@@ -160,6 +160,19 @@ impl JavaClasses {
 
 static SHARED: Mutex<Weak<JavaClasses>> = Mutex::new(Weak::new());
 
+/// The shared ZooKeeper server and the compiled Curator programs, for an interop test; `None`
+/// (the test skips, with a message) if either is missing outside CI.
+pub async fn with_zookeeper() -> Option<(crate::servers::zookeeper::ZkFactory, Arc<JavaClasses>)> {
+    let f = crate::servers::zookeeper::ZkFactory::shared().await?;
+    if !available() {
+        return None;
+    }
+    let classes = tokio::task::spawn_blocking(programs)
+        .await
+        .expect("compile the Java programs");
+    Some((f, classes))
+}
+
 /// The compiled programs shared by the tests of one binary (compiled by the first that asks;
 /// blocking). Panics if `javac` fails: call [`available`] first.
 pub fn programs() -> Arc<JavaClasses> {

@@ -4,45 +4,21 @@
 //! message when java, javac or the jars are missing (a failure in CI). By hand:
 //! `scripts/curator-interop.sh`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::conformance::{bounded, unique_namespace, wait_entries, TTL, WAIT};
-use fencelock::{Fence, FencingToken, Session};
-use fencelock_integration::curator::{
-    self as java, assert_curator_name, CuratorProgram, JavaClasses,
-};
-use fencelock_integration::servers::zookeeper::ZkFactory;
-
-async fn session(f: &ZkFactory, ns: &str) -> Session {
-    Session::builder(f.zookeeper().clone())
-        .namespace(ns)
-        .ttl(TTL)
-        .start()
-        .await
-        .expect("session")
-}
+use fencelock::conformance::{bounded, unique_namespace, wait_entries, WAIT};
+use fencelock::{Fence, FencingToken};
+use fencelock_integration::curator::{self as java, assert_curator_name, CuratorProgram};
 
 /// How long the side that waits is watched not to be granted.
 const BLOCKED_FOR: Duration = Duration::from_millis(1500);
-
-async fn setup() -> Option<(ZkFactory, Arc<JavaClasses>)> {
-    let f = ZkFactory::shared().await?;
-    if !java::available() {
-        return None;
-    }
-    let classes = tokio::task::spawn_blocking(java::programs)
-        .await
-        .expect("compile the Java programs");
-    Some((f, classes))
-}
 
 /// Curator holds the `InterProcessMutex` on `/{ns}/{lock}`: our `lock()` queues behind its
 /// node and waits; once Curator releases, we are granted, with a token above Curator's
 /// `czxid`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_holder_keeps_our_lock_waiting() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_curator_holds");
@@ -58,7 +34,7 @@ async fn curator_holder_keeps_our_lock_waiting() {
     let (java_czxid, java_node) = java.acquired(WAIT).await;
     assert_curator_name(&java_node, &path, "lock-");
 
-    let s = session(&f, &ns).await;
+    let s = f.session(&ns).await;
     let m = s.mutex("jobs/reindex").unwrap();
     assert!(
         m.try_lock().await.unwrap().is_none(),
@@ -98,13 +74,13 @@ async fn curator_holder_keeps_our_lock_waiting() {
 /// our node and is granted only after our release, with a `czxid` above our token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_holder_keeps_curator_waiting() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_we_hold");
     let path = format!("/{ns}/m");
     let connect = f.server().connect_string();
-    let s = session(&f, &ns).await;
+    let s = f.session(&ns).await;
     let m = s.mutex("m").unwrap();
     let g = m.lock().await.unwrap();
 
@@ -153,13 +129,13 @@ async fn our_holder_keeps_curator_waiting() {
 /// fencelock's `leader()` reports the proclaimed value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_latch_takes_over_after_our_leader_proclaimed() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     for end in ["resign", "close the session"] {
         let ns = unique_namespace("zk_latch_follower");
         let path = format!("/{ns}/primary");
-        let s = session(&f, &ns).await;
+        let s = f.session(&ns).await;
         let e = s.election("primary").unwrap();
         let ours = e.campaign(b"ours-1").await.unwrap();
         let mut java = CuratorProgram::latch(
@@ -207,7 +183,7 @@ async fn curator_latch_takes_over_after_our_leader_proclaimed() {
 /// closes its latch, with an epoch above its node's czxid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn we_take_over_from_a_curator_latch() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_latch_leader");
@@ -221,7 +197,7 @@ async fn we_take_over_from_a_curator_latch() {
     );
     java.expect("STARTED", WAIT).await;
     let (czxid, _) = java.leading(WAIT).await;
-    let s = session(&f, &ns).await;
+    let s = f.session(&ns).await;
     let e = s.election("primary").unwrap();
     assert_eq!(
         e.leader().await.unwrap().map(|l| l.epoch.get()),

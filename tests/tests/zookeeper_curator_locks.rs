@@ -3,45 +3,20 @@
 //! `zookeeper_curator.rs` for the mutex and the leader latch). Skipped with a message when
 //! java, javac or the jars are missing (a failure in CI).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::conformance::{bounded, unique_namespace, wait_entries, TTL, WAIT};
-use fencelock::Session;
-use fencelock_integration::curator::{
-    self as java, assert_curator_name, CuratorProgram, JavaClasses,
-};
-use fencelock_integration::servers::zookeeper::ZkFactory;
+use fencelock::conformance::{bounded, unique_namespace, wait_entries, WAIT};
+use fencelock_integration::curator::{self as java, assert_curator_name, CuratorProgram};
 
 /// How long the side that waits is watched not to be granted.
 const BLOCKED_FOR: Duration = Duration::from_millis(1500);
-
-async fn setup() -> Option<(ZkFactory, Arc<JavaClasses>)> {
-    let f = ZkFactory::shared().await?;
-    if !java::available() {
-        return None;
-    }
-    let classes = tokio::task::spawn_blocking(java::programs)
-        .await
-        .expect("compile the Java programs");
-    Some((f, classes))
-}
-
-async fn session(f: &ZkFactory, ns: &str) -> Session {
-    Session::builder(f.zookeeper().clone())
-        .namespace(ns)
-        .ttl(TTL)
-        .start()
-        .await
-        .expect("session")
-}
 
 /// One queue, both libraries, FIFO across them: a Curator reader and ours read together; our
 /// writer queues behind both; a Curator writer behind ours; a Curator reader behind that. Each
 /// is granted in turn, with tokens (czxids) increasing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_write_lock_shared_with_curator() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_curator_rw");
@@ -49,7 +24,7 @@ async fn read_write_lock_shared_with_curator() {
     let connect = f.server().connect_string();
     let start =
         |recipe: &str| CuratorProgram::recipe(&classes, &connect, &path, recipe, WAIT, WAIT * 2);
-    let (s, t) = (session(&f, &ns).await, session(&f, &ns).await);
+    let (s, t) = (f.session(&ns).await, f.session(&ns).await);
 
     let mut r1 = start("read");
     r1.expect("STARTED", WAIT).await;
@@ -138,7 +113,7 @@ async fn read_write_lock_shared_with_curator() {
 /// until Curator releases one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_shared_with_curator() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_curator_sem");
@@ -146,7 +121,7 @@ async fn semaphore_shared_with_curator() {
     let connect = f.server().connect_string();
     let start =
         |recipe: &str| CuratorProgram::recipe(&classes, &connect, &path, recipe, WAIT, WAIT * 2);
-    let s = session(&f, &ns).await;
+    let s = f.session(&ns).await;
     let sem = s.semaphore("pool", 2).unwrap();
 
     let mut c1 = start("semaphore:2");
@@ -197,13 +172,13 @@ async fn semaphore_shared_with_curator() {
 /// `revoke_requested()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocation_requests_cross_with_curator() {
-    let Some((f, classes)) = setup().await else {
+    let Some((f, classes)) = java::with_zookeeper().await else {
         return;
     };
     let ns = unique_namespace("zk_curator_revoke");
     let path = format!("/{ns}/r");
     let connect = f.server().connect_string();
-    let s = session(&f, &ns).await;
+    let s = f.session(&ns).await;
     let m = s.mutex("r").unwrap();
 
     let mut holder = CuratorProgram::recipe(&classes, &connect, &path, "revocable", WAIT, WAIT * 2);

@@ -551,9 +551,25 @@ fn handoff_table(backend: &str, rows: &[HandoffRow]) {
     }
 }
 
-/// The scale rows on etcd (member at `ep`), ours next to etcd-client's `lock()`.
-pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
-    let backend = crate::servers::etcd::connect(&[ep.to_string()]).await;
+/// The scale rows of one backend: ours (sessions of `backend`) next to a peer, whose held-locks
+/// row for `n` locks and handoff row for `w` waiters (repetition `r`) the closures measure.
+#[allow(clippy::too_many_arguments)]
+async fn scale_rows<H, HF, O, OF>(
+    label: &str,
+    kind: Kind,
+    backend: Arc<dyn fencelock::backend::Backend>,
+    endpoint: &str,
+    zk_port: Option<u16>,
+    held: &[usize],
+    waiters: &[usize],
+    peer_held: H,
+    peer_handoff: O,
+) where
+    H: Fn(usize) -> HF,
+    HF: std::future::Future<Output = HeldRow>,
+    O: Fn(usize, usize) -> OF,
+    OF: std::future::Future<Output = HandoffRow>,
+{
     let session = || {
         let b = backend.clone();
         async move {
@@ -567,27 +583,46 @@ pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
     };
     let mut rows = Vec::new();
     for &n in held {
-        rows.push(held_ours(Kind::Etcd, ep, None, session().await, n).await);
-        rows.push(held_etcd_client(ep, n).await);
+        rows.push(held_ours(kind, endpoint, zk_port, session().await, n).await);
+        rows.push(peer_held(n).await);
     }
-    held_table("etcd", &rows);
+    held_table(label, &rows);
     let mut rows = Vec::new();
     for &w in waiters {
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
         for r in 0..repetitions(w) {
             ours.push(handoff_ours(w, &format!("handoff-{w}-{r}"), session).await);
-            theirs.push(handoff_etcd_client(ep, w, &format!("bench/peer-handoff-{w}-{r}")).await);
+            theirs.push(peer_handoff(w, r).await);
         }
         rows.push(merged(ours));
         rows.push(merged(theirs));
     }
-    handoff_table("etcd", &rows);
+    handoff_table(label, &rows);
     let n = waiters.iter().copied().max().unwrap_or(1000);
-    sessions_row("etcd", n, Duration::from_secs(3), |ttl| {
+    sessions_row(label, n, Duration::from_secs(3), |ttl| {
         let b = backend.clone();
         async move { Session::builder(b).ttl(ttl).start().await.unwrap() }
     })
+    .await;
+}
+
+/// The scale rows on etcd (member at `ep`), ours next to etcd-client's `lock()`.
+pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
+    let backend = crate::servers::etcd::connect(&[ep.to_string()]).await;
+    scale_rows(
+        "etcd",
+        Kind::Etcd,
+        Arc::new(backend),
+        ep,
+        None,
+        held,
+        waiters,
+        |n| held_etcd_client(ep, n),
+        |w, r| async move {
+            handoff_etcd_client(ep, w, &format!("bench/peer-handoff-{w}-{r}")).await
+        },
+    )
     .await;
 }
 
@@ -598,41 +633,19 @@ pub async fn zookeeper_scale(held: &[usize], waiters: &[usize], connect: &str, p
         .connect()
         .await
         .unwrap();
-    let session = || {
-        let b = backend.clone();
-        async move {
-            Session::builder(b)
-                .namespace("bench-scale")
-                .ttl(Duration::from_secs(30))
-                .start()
-                .await
-                .unwrap()
-        }
-    };
-    let mut rows = Vec::new();
-    for &n in held {
-        rows.push(held_ours(Kind::ZooKeeper, connect, Some(port), session().await, n).await);
-        rows.push(held_zk_recipe(connect, port, n).await);
-    }
-    held_table("ZooKeeper", &rows);
-    let mut rows = Vec::new();
-    for &w in waiters {
-        let mut ours = Vec::new();
-        let mut theirs = Vec::new();
-        for r in 0..repetitions(w) {
-            ours.push(handoff_ours(w, &format!("handoff-{w}-{r}"), session).await);
-            theirs
-                .push(handoff_zk_recipe(connect, w, &format!("/bench/peer-handoff-{w}-{r}")).await);
-        }
-        rows.push(merged(ours));
-        rows.push(merged(theirs));
-    }
-    handoff_table("ZooKeeper", &rows);
-    let n = waiters.iter().copied().max().unwrap_or(1000);
-    sessions_row("ZooKeeper", n, Duration::from_secs(3), |ttl| {
-        let b = backend.clone();
-        async move { Session::builder(b).ttl(ttl).start().await.unwrap() }
-    })
+    scale_rows(
+        "ZooKeeper",
+        Kind::ZooKeeper,
+        Arc::new(backend),
+        connect,
+        Some(port),
+        held,
+        waiters,
+        |n| held_zk_recipe(connect, port, n),
+        |w, r| async move {
+            handoff_zk_recipe(connect, w, &format!("/bench/peer-handoff-{w}-{r}")).await
+        },
+    )
     .await;
 }
 

@@ -487,6 +487,16 @@ impl ZkFactory {
         &self.backend
     }
 
+    /// A session of the backend under test in `namespace`, with the suite's usual TTL.
+    pub async fn session(&self, namespace: &str) -> fencelock::Session {
+        fencelock::Session::builder(self.backend.clone())
+            .namespace(namespace)
+            .ttl(fencelock::conformance::TTL)
+            .start()
+            .await
+            .expect("session")
+    }
+
     /// A plain client of the ensemble, outside fencelock.
     pub async fn raw(&self) -> zookeeper_client::Client {
         zookeeper_client::Client::connect(&self.ensemble.connect_string())
