@@ -39,9 +39,14 @@ pub(crate) struct Cli {
 /// Where the cluster is and how to reach it.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ClusterArgs {
-    /// The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE] or
-    /// zk://HOST:PORT[,HOST:PORT...][/CHROOT].
-    #[arg(short, long, env = "FENCELOCK_ENDPOINTS", global = true)]
+    /// The cluster's URL (its syntax is in the help text).
+    #[arg(
+        short,
+        long,
+        env = "FENCELOCK_ENDPOINTS",
+        global = true,
+        help = "The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE] or zk://HOST:PORT[,HOST:PORT...][/CHROOT]"
+    )]
     pub(crate) endpoints: Option<String>,
 
     /// The namespace the locks live in (etcd: a key prefix, also given as the URL's path;
