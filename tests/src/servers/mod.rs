@@ -10,6 +10,7 @@
 pub mod etcd;
 pub mod fourlw;
 pub mod postgres;
+pub mod redis;
 pub mod zookeeper;
 
 use std::sync::{Arc, Mutex, Weak};

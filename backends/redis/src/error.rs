@@ -1,0 +1,53 @@
+//! Mapping `redis` errors into [`fencelock::Error`], by the error's kind and the server's error
+//! code, never its message.
+//!
+//! Temporary: I/O errors (refused, reset, timed out), `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
+//! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`. Authentication
+//! failures are [`Error::Unauthenticated`], `NOPERM` is [`Error::PermissionDenied`], a bad URL
+//! is [`Error::InvalidConfig`]; every other server error (a script error, `OOM`) is permanent.
+
+use fencelock::Error;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+pub(crate) const NAME: &str = "redis";
+
+/// Maps a `redis` error of operation `op`.
+pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
+    let temporary = match e.kind() {
+        ErrorKind::AuthenticationFailed => {
+            return Error::Unauthenticated {
+                backend: NAME,
+                source: e.into(),
+            }
+        }
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            return Error::PermissionDenied {
+                backend: NAME,
+                op,
+                source: e.into(),
+            }
+        }
+        ErrorKind::InvalidClientConfig => return Error::invalid_config("", e.to_string()),
+        ErrorKind::Io => true,
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::ClusterDown,
+        ) => true,
+        _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
+    };
+    Error::backend(NAME, op, temporary, e)
+}
+
+/// A temporary error of operation `op` with a message of our own.
+pub(crate) fn temporary(op: &'static str, message: &'static str) -> Error {
+    Error::backend(NAME, op, true, message)
+}
+
+/// A reply that does not have the shape the script returns (a foreign script loaded under our
+/// keys, or a bug): permanent, since retrying would read the same.
+pub(crate) fn unexpected(op: &'static str) -> Error {
+    Error::backend(NAME, op, false, "unexpected reply from a fencelock script")
+}

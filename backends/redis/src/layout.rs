@@ -1,0 +1,102 @@
+//! Where a session, a queue and an entry live in Redis.
+//!
+//! | what | Redis key | type |
+//! |---|---|---|
+//! | session `{sid}` alive | `fencelock:s:{sid}` | string, `PX` = the session TTL |
+//! | the entries session `{sid}` owns | `fencelock:o:{sid}` | set of entry names, `PX` likewise |
+//! | queue `{namespace}/{name}` | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
+//! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms), `v` value |
+//! | token counter of `{namespace}` | `fencelock:t:{namespace}` | integer, never expires |
+//! | session id counter | `fencelock:sid` | integer, never expires |
+//!
+//! Entry *names* follow the etcd backend's layout (`{namespace}/{name}/{sid}`, readers and
+//! writers under `read/` and `write/`, permits `{sid}_{attempt}`), so that inspection and
+//! `Session::queues` read alike on every backend.
+//!
+//! Pub/sub channels: `fencelock:c:{entry}` gets a message when the entry is deleted or its
+//! value changes (the one waiter behind it and the owner listen: no herd);
+//! `fencelock:h:{namespace}/{name}` when the queue's head changes (observers listen).
+
+use fencelock::backend::{EntryKind, QueueId, QueueKind};
+use uuid::Uuid;
+
+/// The prefix of every key and channel fencelock uses.
+pub const KEY_PREFIX: &str = "fencelock";
+
+/// The entry name of the `kind` entry that attempt `attempt` of session `sid` makes in `queue`.
+pub(crate) fn entry_name(queue: &QueueId, sid: &str, kind: EntryKind, attempt: Uuid) -> String {
+    let path = queue.path();
+    let attempt = attempt.simple();
+    match (queue.kind, kind) {
+        (QueueKind::ReadWrite, EntryKind::Shared) => format!("{path}/read/{sid}_{attempt}"),
+        (QueueKind::ReadWrite, _) => format!("{path}/write/{sid}_{attempt}"),
+        (QueueKind::Semaphore, _) => format!("{path}/{sid}_{attempt}"),
+        _ => format!("{path}/{sid}"),
+    }
+}
+
+/// The kind as the scripts store it.
+pub(crate) fn kind_code(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::Shared => "s",
+        _ => "x",
+    }
+}
+
+/// A kind filter as the scripts take it (`""`: any kind).
+pub(crate) fn filter_code(kind: Option<EntryKind>) -> &'static str {
+    kind.map_or("", kind_code)
+}
+
+/// The kind a script returned.
+pub(crate) fn kind_of(code: &str) -> EntryKind {
+    if code == "s" {
+        EntryKind::Shared
+    } else {
+        EntryKind::Exclusive
+    }
+}
+
+/// The glob that matches the entry hashes under `namespace`, with the glob's special
+/// characters of the namespace escaped.
+pub(crate) fn entries_glob(namespace: &str) -> String {
+    let mut glob = format!("{KEY_PREFIX}:e:");
+    for c in namespace.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            glob.push('\\');
+        }
+        glob.push(c);
+    }
+    glob.push_str("/*");
+    glob
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Uuid = Uuid::from_u128(0xab);
+
+    #[test]
+    fn names() {
+        let q = QueueId::new("ns", "jobs/reindex", QueueKind::Lock);
+        assert_eq!(
+            entry_name(&q, "1f", EntryKind::Exclusive, A),
+            "ns/jobs/reindex/1f"
+        );
+        let rw = QueueId::new("ns", "cfg", QueueKind::ReadWrite);
+        let id = "000000000000000000000000000000ab";
+        assert_eq!(
+            entry_name(&rw, "1f", EntryKind::Shared, A),
+            format!("ns/cfg/read/1f_{id}")
+        );
+        let root = QueueId::new("", "a", QueueKind::Election);
+        assert_eq!(entry_name(&root, "2", EntryKind::Exclusive, A), "/a/2");
+    }
+
+    #[test]
+    fn glob_escapes() {
+        assert_eq!(entries_glob("a*b"), "fencelock:e:a\\*b/*");
+        assert_eq!(entries_glob(""), "fencelock:e:/*");
+    }
+}

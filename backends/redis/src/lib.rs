@@ -1,0 +1,196 @@
+//! # fencelock-redis
+//!
+//! The Redis backend of [fencelock], for **efficiency locks** (avoid duplicate work: a rare
+//! double grant wastes effort, never corrupts data), with the same `Session`, `Mutex`,
+//! `Election`, `RwLock`, `Semaphore` and `MultiLock` API as etcd and ZooKeeper: moving to etcd
+//! later is a one-line change. Also [`Redlock`], over several independent Redis servers.
+//!
+//! ```no_run
+//! # async fn run() -> fencelock::Result<()> {
+//! use std::time::Duration;
+//! use fencelock::Session;
+//! use fencelock_redis::RedisBackend;
+//!
+//! let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//! let session = Session::builder(backend).ttl(Duration::from_secs(10)).start().await?;
+//! let guard = session.mutex("jobs/reindex")?.lock().await?;
+//! println!("token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How the lock maps onto Redis
+//!
+//! - **One session per process**: a key `fencelock:s:{id}` with a `PX` TTL, renewed by the
+//!   session's one heartbeat (one script call every TTL/3, which also extends the TTL of the
+//!   entries the session owns: one request whatever the number of locks held, server work
+//!   proportional to it). The local deadline is the etcd one: the send time of the last
+//!   confirmed heartbeat + TTL − margin.
+//! - **An ordered FIFO queue per lock**: a sorted set scored by the entry's fencing token.
+//! - **Waiters woken without polling and without a herd**: each waiter subscribes to the
+//!   pub/sub channel of the one entry ahead of it, which gets a message when that entry is
+//!   deleted: one waiter woken per release. A waiter also re-checks when the session of the
+//!   entry it waits for would expire (that session's remaining TTL, read with the entry): one
+//!   check per TTL of the holder, whatever the queue's length.
+//! - **Entries of dead sessions** (whose session key expired) are removed by whoever reads
+//!   them: a waiter behind them, an enqueue, `leader()`, inspection. Everything a dead session
+//!   left expires by itself within one TTL of its last heartbeat (its entries' hashes) or once
+//!   no live session uses the queue (the sorted set).
+//! - **Every change is one Lua script** (create + read the entries ahead, release as a
+//!   compare-and-delete on the token, proclaim, revoke, close): a crash between steps leaves
+//!   nothing half-made.
+//!
+//! The key layout is in [`layout`]. Single Redis server (with or without replicas), or a
+//! primary managed by Sentinel behind one address; **not Redis Cluster** (the scripts touch
+//! keys of several queues).
+//!
+//! # Fencing tokens, and when they are monotonic
+//!
+//! The token is a per-namespace counter (`fencelock:t:{namespace}`), incremented in the same
+//! script that creates the entry, so every later grant in the namespace gets a larger token —
+//! **as long as the server never loses an acknowledged write**:
+//!
+//! - a single server with `appendonly yes` and `appendfsync always` keeps its counter across
+//!   crashes and restarts (with `appendfsync everysec`, up to a second of writes, counter
+//!   increments included, can be lost in a crash: a later token can repeat an earlier one);
+//! - with replicas, only if a promoted replica had every write: set
+//!   [`RedisConfig::wait_for_replicas`] and promote only replicas that acknowledged.
+//!
+//! **Asynchronous failover breaks both the exclusion and the tokens**: a replica promoted
+//! before it received the last writes does not have the holder's entry (a second client is
+//! granted the lock while the first still holds it) nor the last counter increments (the
+//! second client's token can be *smaller* than the first's, so a resource that checks tokens
+//! refuses the new holder and accepts the old one until a larger token arrives). The adversity
+//! test of this crate shows both. If that matters, use etcd or ZooKeeper.
+//!
+//! # Redlock
+//!
+//! [`Redlock`] takes a lock on a majority of N independent servers (no replication between
+//! them), as the Redis documentation describes, with a fencing token that *is* monotonic while
+//! no server loses acknowledged writes (see its docs for what it relies on).
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+pub mod layout;
+mod notify;
+mod redlock;
+mod scripts;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock::backend::{Backend, BackendSession};
+use fencelock::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
+pub use redlock::{Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MIN_LOCK_TTL};
+
+use error::NAME;
+
+/// The smallest session TTL accepted (1 s).
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// The Redis backend: one multiplexed connection (re-established after a failure) shared by
+/// its sessions; each session adds a pub/sub connection while it waits. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisBackend {
+    con: ConnectionManager,
+    client: redis::Client,
+    config: Arc<RedisConfig>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis server at `url` with the default settings (see [`RedisConfig`]).
+    pub async fn connect(url: impl Into<String>) -> Result<Self> {
+        Self::connect_with(RedisConfig::new(url)).await
+    }
+
+    /// Connects with explicit settings. Fails, within the timeout, with
+    /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Unauthenticated`] for a
+    /// wrong user or password, [`Error::Connect`] (temporary) when the server does not answer.
+    pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+        let client = config.validate()?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let connect = async {
+            let mut con = client
+                .get_connection_manager_with_config(manager)
+                .await?;
+            redis::cmd("PING").query_async::<()>(&mut con).await?;
+            Ok::<_, redis::RedisError>(con)
+        };
+        let con = match tokio::time::timeout(config.timeout, connect).await {
+            Ok(Ok(con)) => con,
+            Ok(Err(e)) => {
+                return Err(match error::map("connect", e) {
+                    Error::Backend {
+                        temporary, source, ..
+                    } => Error::Connect {
+                        backend: NAME,
+                        endpoints: String::new(),
+                        temporary,
+                        source,
+                    },
+                    other => other,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Connect {
+                    backend: NAME,
+                    endpoints: String::new(),
+                    temporary: true,
+                    source: format!("no answer within {:?}", config.timeout).into(),
+                })
+            }
+        };
+        Ok(RedisBackend {
+            con,
+            client,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The connection the sessions use, for operations fencelock does not cover (such as a
+    /// resource of your own in Redis that checks fencing tokens).
+    pub fn connection(&self) -> ConnectionManager {
+        self.con.clone()
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn min_ttl(&self) -> Duration {
+        MIN_TTL
+    }
+
+    async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
+        Ok(Arc::new(
+            session::RedisSession::open(
+                self.con.clone(),
+                self.client.clone(),
+                self.config.clone(),
+                ttl,
+            )
+            .await?,
+        ))
+    }
+}

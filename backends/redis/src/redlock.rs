@@ -1,0 +1,345 @@
+//! Redlock: a lock on a majority of N independent Redis servers, with a fencing token.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use fencelock::{Error, FencingToken, Result};
+use futures_util::future::join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+use tokio::time::Instant;
+
+use crate::error::{map, NAME};
+use crate::layout::KEY_PREFIX;
+
+/// The longest lock TTL accepted (one day).
+pub const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The shortest lock TTL accepted (10 ms).
+pub const MIN_LOCK_TTL: Duration = Duration::from_millis(10);
+
+/// SET NX PX on the lock key; if set, the server's token counter (0 if none), else -1.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+return -1
+"#,
+    )
+});
+
+/// Raises the token counter to ARGV[1] (never lowers it), only while we hold the lock here.
+static FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if c < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"#,
+    )
+});
+
+/// Deletes the lock key if it is still ours.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"#,
+    )
+});
+
+/// Redlock's timing parameters.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RedlockTiming {
+    /// How long one request to one server may take before that server counts as failed
+    /// (default 50 ms: small next to the TTL, so a slow or paused server does not eat the
+    /// lock's validity).
+    pub request_timeout: Duration,
+    /// The clock drift allowed, as a fraction of the TTL (default 0.01), plus 2 ms.
+    pub drift_factor: f64,
+    /// The first retry delay of [`Redlock::lock_timeout`] (default 50 ms, doubling up to 1 s,
+    /// with jitter so that contenders do not retry in step).
+    pub retry_delay: Duration,
+}
+
+impl Default for RedlockTiming {
+    fn default() -> Self {
+        RedlockTiming {
+            request_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            retry_delay: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Redlock over N independent Redis servers (no replication between them), as the Redis
+/// documentation describes it: a lock is granted when a majority of servers set its key
+/// (`SET NX PX`) within the TTL, and it is valid for `TTL − elapsed − drift`.
+///
+/// ```no_run
+/// # async fn f() -> fencelock::Result<()> {
+/// use std::time::Duration;
+/// use fencelock_redis::Redlock;
+///
+/// let redlock = Redlock::connect(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])?;
+/// if let Some(guard) = redlock.try_lock("reports/daily", Duration::from_secs(10)).await? {
+///     // Pass guard.token() to the resource, and stop before guard.valid_for() runs out.
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # The fencing token, and what it relies on
+///
+/// Each server keeps a counter per lock name. An acquisition reads the counters of the
+/// majority that granted it, takes their maximum plus one as its token, and raises the
+/// counters of a majority to it before it returns. Any two majorities share a server, so an
+/// acquisition that starts after another one returned reads a counter at least as large as
+/// the other's token: **tokens increase across acquisitions that do not overlap in time**,
+/// even when Redlock's exclusion fails (a holder paused past its validity, a clock that
+/// jumped) — which is when a resource needs them.
+///
+/// This relies on no server losing an acknowledged write: a server that restarts without its
+/// data (no persistence, or `appendfsync` other than `always`) can lower a counter, and then
+/// a later token can repeat an earlier one. It does not rely on clocks.
+///
+/// # What Redlock's exclusion relies on
+///
+/// Bounded clock drift between the servers and the client, and no process pause longer than
+/// the validity left: a client paused past its validity still believes it holds the lock while
+/// another is granted it. Check [`RedlockGuard::valid_for`] before each protected action, and
+/// give the resource the token.
+#[derive(Clone)]
+pub struct Redlock {
+    servers: Arc<Vec<ConnectionManager>>,
+    timing: RedlockTiming,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redlock")
+            .field("servers", &self.servers.len())
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+/// A lock held on a majority of servers. Release it with [`release`](Self::release); dropped
+/// without a release, it expires after its TTL.
+#[derive(Debug)]
+#[must_use = "a lock that is not kept is released only when its TTL expires"]
+pub struct RedlockGuard {
+    redlock: Redlock,
+    name: String,
+    value: String,
+    token: FencingToken,
+    valid_until: Instant,
+}
+
+impl RedlockGuard {
+    /// The fencing token of this acquisition.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// How long the lock is still valid by this process's clock (zero once it is not).
+    pub fn valid_for(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Releases the lock on every server that still holds it for us. Returns whether a
+    /// majority still did (`false`: it had expired, and may be someone else's now).
+    pub async fn release(self) -> Result<bool> {
+        let released = self.redlock.release_all(&self.name, &self.value).await;
+        Ok(released >= self.redlock.majority())
+    }
+}
+
+impl Redlock {
+    /// Redlock over the servers at `urls` (`redis://host:port`), with the default timing.
+    /// Connections are made on first use, so a server that is down now does not fail this.
+    pub fn connect<U: AsRef<str>>(urls: impl IntoIterator<Item = U>) -> Result<Self> {
+        Self::with_timing(urls, RedlockTiming::default())
+    }
+
+    /// Redlock with explicit timing.
+    pub fn with_timing<U: AsRef<str>>(
+        urls: impl IntoIterator<Item = U>,
+        timing: RedlockTiming,
+    ) -> Result<Self> {
+        if timing.request_timeout.is_zero() || timing.request_timeout > MAX_LOCK_TTL {
+            return Err(Error::invalid_config(
+                format!("{:?}", timing.request_timeout),
+                "the request timeout must be more than zero and at most a day",
+            ));
+        }
+        if !(0.0..1.0).contains(&timing.drift_factor) {
+            return Err(Error::invalid_config(
+                timing.drift_factor.to_string(),
+                "the drift factor must be in [0, 1)",
+            ));
+        }
+        let mut servers = Vec::new();
+        for url in urls {
+            let url = url.as_ref();
+            let config = crate::RedisConfig::new(url).timeout(timing.request_timeout);
+            let client = config.validate()?;
+            let manager = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timing.request_timeout))
+                .set_response_timeout(Some(timing.request_timeout))
+                .set_number_of_retries(0);
+            let con = ConnectionManager::new_lazy_with_config(client, manager)
+                .map_err(|e| map("connect", e))?;
+            servers.push(con);
+        }
+        if servers.is_empty() {
+            return Err(Error::invalid_config("", "Redlock needs at least one server"));
+        }
+        Ok(Redlock {
+            servers: Arc::new(servers),
+            timing,
+        })
+    }
+
+    fn majority(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    fn keys(name: &str) -> (String, String) {
+        (
+            format!("{KEY_PREFIX}:redlock:{name}"),
+            format!("{KEY_PREFIX}:redlock-token:{name}"),
+        )
+    }
+
+    /// Runs `script` on every server at once, each bounded by the request timeout; `None` for
+    /// a server that failed or did not answer in time.
+    async fn on_all(&self, script: &Script, keys: &[&str], args: &[String]) -> Vec<Option<i64>> {
+        let timeout = self.timing.request_timeout;
+        join_all(self.servers.iter().map(|con| {
+            let mut con = con.clone();
+            let mut inv = script.prepare_invoke();
+            for k in keys {
+                inv.key(*k);
+            }
+            for a in args {
+                inv.arg(a);
+            }
+            async move {
+                match tokio::time::timeout(timeout, inv.invoke_async::<i64>(&mut con)).await {
+                    Ok(Ok(v)) => Some(v),
+                    _ => None,
+                }
+            }
+        }))
+        .await
+    }
+
+    async fn release_all(&self, name: &str, value: &str) -> usize {
+        let (key, _) = Self::keys(name);
+        self.on_all(&RELEASE, &[&key], &[value.to_string()])
+            .await
+            .into_iter()
+            .filter(|r| *r == Some(1))
+            .count()
+    }
+
+    /// One attempt: the lock on a majority within its validity, or `None` (having released
+    /// whatever it set).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a cancelled attempt may leave keys on some servers until `ttl`
+    /// expires (the lock is then unavailable for at most `ttl`; exclusion is not affected).
+    pub async fn try_lock(&self, name: &str, ttl: Duration) -> Result<Option<RedlockGuard>> {
+        fencelock::validate_name(name)?;
+        if !(MIN_LOCK_TTL..=MAX_LOCK_TTL).contains(&ttl) {
+            return Err(Error::invalid_ttl(ttl, "must be between 10 ms and one day"));
+        }
+        let value = uuid::Uuid::new_v4().simple().to_string();
+        let (key, counter) = Self::keys(name);
+        let start = Instant::now();
+        let ttl_ms = ttl.as_millis().to_string();
+        let got = self
+            .on_all(&ACQUIRE, &[&key, &counter], &[value.clone(), ttl_ms])
+            .await;
+        let granted: Vec<i64> = got.iter().flatten().copied().filter(|c| *c >= 0).collect();
+        let drift = ttl.mul_f64(self.timing.drift_factor) + Duration::from_millis(2);
+        let valid_until = start + ttl.saturating_sub(drift);
+        if granted.len() >= self.majority() && Instant::now() < valid_until {
+            // The token: above every counter of this majority, then raised on a majority.
+            let token = granted.iter().max().copied().unwrap_or(0).saturating_add(1);
+            let fenced = self
+                .on_all(&FENCE, &[&key, &counter], &[value.clone(), token.to_string()])
+                .await
+                .into_iter()
+                .filter(|r| *r == Some(1))
+                .count();
+            if fenced >= self.majority() && Instant::now() < valid_until {
+                return Ok(Some(RedlockGuard {
+                    redlock: self.clone(),
+                    name: name.to_string(),
+                    value,
+                    token: FencingToken::new(token as u64),
+                    valid_until,
+                }));
+            }
+        }
+        self.release_all(name, &value).await;
+        if got.iter().all(Option::is_none) {
+            return Err(Error::backend(
+                NAME,
+                "redlock",
+                true,
+                "no Redis server answered",
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Retries [`try_lock`](Self::try_lock) with exponential backoff and jitter until it
+    /// succeeds or `timeout` passes ([`Error::Timeout`]). Temporary errors (no server
+    /// answered) are retried too.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn lock_timeout(
+        &self,
+        name: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<RedlockGuard> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(self.timing.retry_delay)
+            .with_max_delay(Duration::from_secs(1))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        loop {
+            match self.try_lock(name, ttl).await {
+                Ok(Some(guard)) => return Ok(guard),
+                Ok(None) => {}
+                Err(e) if e.is_temporary() => {}
+                Err(e) => return Err(e),
+            }
+            let pause = backoff.next().unwrap_or(Duration::from_secs(1));
+            match deadline {
+                Some(d) if Instant::now() + pause >= d => {
+                    return Err(Error::Timeout {
+                        op: "redlock",
+                        after: timeout,
+                    })
+                }
+                _ => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+}

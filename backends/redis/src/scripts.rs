@@ -1,0 +1,324 @@
+//! Every change fencelock makes in Redis is one Lua script: a crash or a lost connection between
+//! two steps cannot leave a half-made entry, and each operation costs one round trip. The key
+//! layout is in [`crate::layout`].
+//!
+//! The scripts compute the keys they touch from their arguments, which a single Redis server
+//! (with or without replicas) allows and Redis Cluster does not: this backend does not support
+//! Redis Cluster.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Helpers every script starts with.
+const PRELUDE: &str = r#"
+local P = 'fencelock'
+local function skey(sid) return P .. ':s:' .. sid end
+local function okey(sid) return P .. ':o:' .. sid end
+local function qkey(path) return P .. ':q:' .. path end
+local function ekey(name) return P .. ':e:' .. name end
+-- An entry's {session, token, kind, queue} if it is live (its hash is there, and so is its
+-- session's key), else nil.
+local function live(name)
+  local e = redis.call('HMGET', ekey(name), 's', 't', 'k', 'q')
+  if not e[1] then return nil end
+  if redis.call('EXISTS', skey(e[1])) == 0 then return nil end
+  return e
+end
+-- Deletes entry `name` of queue `path`, and wakes whoever waits on it (the one entry behind it,
+-- its owner) and, if it headed the queue, the queue's observers.
+local function drop(path, name)
+  local q = qkey(path)
+  local was_head = redis.call('ZRANK', q, name) == 0
+  redis.call('ZREM', q, name)
+  redis.call('DEL', ekey(name))
+  redis.call('PUBLISH', P .. ':c:' .. name, 'gone')
+  if was_head then redis.call('PUBLISH', P .. ':h:' .. path, 'gone') end
+end
+-- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it.
+local function extend(key, ttl)
+  local left = redis.call('PTTL', key)
+  if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', key, ttl) end
+end
+-- The `nearest` live entries of queue `path` before token `below` (only of kind `want`, unless
+-- it is ''), nearest first, as {name, token, kind, ...}. Dead entries met on the way are dropped.
+-- Reads only as far as it must: its cost depends on `nearest`, not on the queue's length.
+local function ahead(path, below, want, nearest)
+  local q = qkey(path)
+  local out, found = {}, 0
+  local cursor = '(' .. below
+  while found < nearest do
+    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', 0, 16)
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      local name = batch[i]
+      cursor = '(' .. batch[i + 1]
+      local e = live(name)
+      if not e then
+        drop(path, name)
+      elseif want == '' or e[3] == want then
+        out[#out + 1] = name
+        out[#out + 1] = tonumber(e[2])
+        out[#out + 1] = e[3]
+        found = found + 1
+        if found >= nearest then break end
+      end
+    end
+  end
+  return out
+end
+-- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token and
+-- whether it was created.
+local function create(sid, ns, path, name, kind, value, ttl)
+  local q, e = qkey(path), ekey(name)
+  local token = redis.call('ZSCORE', q, name)
+  if token then return tonumber(token), 0 end
+  token = redis.call('INCR', P .. ':t:' .. ns)
+  local now = redis.call('TIME')
+  local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('ZADD', q, token, name)
+  redis.call('HSET', e, 'q', path, 't', token, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
+  redis.call('PEXPIRE', e, ttl)
+  redis.call('SADD', okey(sid), name)
+  extend(okey(sid), ttl)
+  extend(q, ttl)
+  if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', P .. ':h:' .. path, 'new') end
+  return token, 1
+end
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+
+/// ARGV: ttl ms. Returns the new session's id (hex).
+pub(crate) static OPEN: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid = string.format('%x', redis.call('INCR', P .. ':sid'))
+redis.call('SET', skey(sid), ARGV[1], 'PX', ARGV[1])
+return sid
+"#,
+    )
+});
+
+/// ARGV: sid, ttl ms. Extends the session and everything it owns; 0 if the session is gone.
+pub(crate) static KEEP_ALIVE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid, ttl = ARGV[1], tonumber(ARGV[2])
+if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return 0 end
+redis.call('PEXPIRE', okey(sid), ttl)
+for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
+  local e = redis.call('HMGET', ekey(name), 's', 'q')
+  if e[1] == sid then
+    redis.call('PEXPIRE', ekey(name), ttl)
+    extend(qkey(e[2]), ttl)
+  else
+    redis.call('SREM', okey(sid), name)
+  end
+end
+return 1
+"#,
+    )
+});
+
+/// ARGV: sid. Deletes the session and every entry it owns.
+pub(crate) static CLOSE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid = ARGV[1]
+for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
+  local e = redis.call('HMGET', ekey(name), 's', 'q')
+  if e[1] == sid then drop(e[2], name) end
+end
+redis.call('DEL', okey(sid), skey(sid))
+return 1
+"#,
+    )
+});
+
+/// ARGV: sid, namespace, queue path, entry name, kind, value, ttl ms, kind filter, nearest.
+/// Returns {-1} if the session is gone, else {token, created, {ahead…}}.
+pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid, ns, path, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
+local token, created = create(sid, ns, path, name, ARGV[5], ARGV[6], tonumber(ARGV[7]))
+return {token, created, ahead(path, token, ARGV[8], tonumber(ARGV[9]))}
+"#,
+    )
+});
+
+/// ARGV: sid, namespace, ttl ms, then (queue path, entry name, kind, value) per queue.
+/// Creates every entry only if each queue is empty of live entries but ours; returns {-1} if
+/// the session is gone, {0} if a queue is taken, else {1, {token…}}.
+pub(crate) static ENQUEUE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid, ns, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
+for i = 4, #ARGV, 4 do
+  local path, name = ARGV[i], ARGV[i + 1]
+  while true do
+    local first = redis.call('ZRANGE', qkey(path), 0, 0)[1]
+    if not first or first == name then break end
+    if live(first) then return {0} end
+    drop(path, first)
+  end
+end
+local tokens = {}
+for i = 4, #ARGV, 4 do
+  local token = create(sid, ns, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
+  tokens[#tokens + 1] = token
+end
+return {1, tokens}
+"#,
+    )
+});
+
+/// ARGV: queue path, entry name, token, kind filter, nearest. Returns {0} if the entry is gone,
+/// else {1, {ahead…}}.
+pub(crate) static STILL_AHEAD: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local e = live(ARGV[2])
+if not e or tonumber(e[2]) ~= tonumber(ARGV[3]) then return {0} end
+return {1, ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))}
+"#,
+    )
+});
+
+/// ARGV: own name, own token, target name, target token. Returns {0} if our entry is gone,
+/// {1, 0} if the target is gone (dropping it if its session is), else {1, 1, the target
+/// session's remaining ms}.
+pub(crate) static CHECK_WAIT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local own = live(ARGV[1])
+if not own or tonumber(own[2]) ~= tonumber(ARGV[2]) then return {0} end
+local path = own[4]
+local score = redis.call('ZSCORE', qkey(path), ARGV[3])
+if not score or tonumber(score) ~= tonumber(ARGV[4]) then return {1, 0} end
+local t = live(ARGV[3])
+if not t then
+  drop(path, ARGV[3])
+  return {1, 0}
+end
+return {1, 1, redis.call('PTTL', skey(t[1]))}
+"#,
+    )
+});
+
+/// ARGV: entry name, token, whether to return the value ('1'). Returns {0} if the entry is
+/// gone, else {1} or {1, value}.
+pub(crate) static READ_OWN: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local e = live(ARGV[1])
+if not e or tonumber(e[2]) ~= tonumber(ARGV[2]) then return {0} end
+if ARGV[3] ~= '1' then return {1} end
+return {1, redis.call('HGET', ekey(ARGV[1]), 'v')}
+"#,
+    )
+});
+
+/// ARGV: entry name, sid. Deletes the entry if session `sid` owns it, whatever its token (the
+/// caller does not know whether its create happened).
+pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local e = redis.call('HMGET', ekey(ARGV[1]), 's', 'q')
+if e[1] == ARGV[2] then
+  drop(e[2], ARGV[1])
+  redis.call('SREM', okey(ARGV[2]), ARGV[1])
+end
+return 1
+"#,
+    )
+});
+
+/// ARGV: entry name, token. Deletes the entry if it is still the one with that token; 1 if it
+/// did.
+pub(crate) static REMOVE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
+if not e[1] or tonumber(e[1]) ~= tonumber(ARGV[2]) then return 0 end
+drop(e[2], ARGV[1])
+redis.call('SREM', okey(e[3]), ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// ARGV: entry name, token, value. Replaces the value of the live entry with that token; 1 if
+/// it did.
+pub(crate) static SET_VALUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local e = live(ARGV[1])
+if not e or tonumber(e[2]) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', ekey(ARGV[1]), 'v', ARGV[3])
+redis.call('PUBLISH', P .. ':c:' .. ARGV[1], 'value')
+if redis.call('ZRANK', qkey(e[4]), ARGV[1]) == 0 then
+  redis.call('PUBLISH', P .. ':h:' .. e[4], 'value')
+end
+return 1
+"#,
+    )
+});
+
+/// ARGV: queue path. Returns {} for an empty queue, else {name, token, kind, value, the head
+/// session's remaining ms}; dead heads are dropped on the way.
+pub(crate) static HEAD: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local path = ARGV[1]
+while true do
+  local first = redis.call('ZRANGE', qkey(path), 0, 0)[1]
+  if not first then return {} end
+  local e = live(first)
+  if e then
+    return {first, tonumber(e[2]), e[3], redis.call('HGET', ekey(first), 'v'), redis.call('PTTL', skey(e[1]))}
+  end
+  drop(path, first)
+end
+"#,
+    )
+});
+
+/// ARGV: queue path. Returns every live entry in order as {name, token, kind, session,
+/// created ms, value}; dead ones are dropped.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local path = ARGV[1]
+local out = {}
+for _, name in ipairs(redis.call('ZRANGE', qkey(path), 0, -1)) do
+  local e = live(name)
+  if e then
+    local f = redis.call('HMGET', ekey(name), 'c', 'v')
+    out[#out + 1] = {name, tonumber(e[2]), e[3], e[1], f[1], f[2]}
+  else
+    drop(path, name)
+  end
+end
+return out
+"#,
+    )
+});
+
+/// ARGV: entry names. Returns those that are live.
+pub(crate) static LIVE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local out = {}
+for _, name in ipairs(ARGV) do
+  if live(name) then out[#out + 1] = name end
+end
+return out
+"#,
+    )
+});

@@ -1,0 +1,543 @@
+//! One Redis session: a session key with a TTL and the queue operations, each one script.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use fencelock::backend::{
+    BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
+    REVOKE_MARKER,
+};
+use fencelock::{Error, FencingToken, Result, SessionEnd};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use uuid::Uuid;
+
+use crate::config::RedisConfig;
+use crate::error::{map, temporary, unexpected};
+use crate::layout::{entries_glob, entry_name, filter_code, kind_code, kind_of, KEY_PREFIX};
+use crate::notify::Notifier;
+use crate::scripts;
+
+/// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
+/// a key when it is read at or after its deadline, so a little slack is enough.
+const EXPIRY_SLACK: Duration = Duration::from_millis(20);
+
+/// How many entry names one `LIVE` check takes.
+const LIST_CHUNK: usize = 1000;
+
+pub(crate) struct RedisSession {
+    con: ConnectionManager,
+    sid: String,
+    ttl: Duration,
+    notifier: Notifier,
+    config: Arc<RedisConfig>,
+}
+
+impl std::fmt::Debug for RedisSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSession")
+            .field("sid", &self.sid)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+/// A script call's arguments.
+type Args = Vec<Vec<u8>>;
+
+fn arg(v: impl ToString) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis().max(1)
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.clone().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+fn array(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(a) => Some(a),
+        Value::Nil => Some(&[]),
+        _ => None,
+    }
+}
+
+fn chan_entry(name: &str) -> String {
+    format!("{KEY_PREFIX}:c:{name}")
+}
+
+fn chan_head(queue: &QueueId) -> String {
+    format!("{KEY_PREFIX}:h:{}", queue.path())
+}
+
+fn entry(key: String, kind: EntryKind, token: u64) -> Entry {
+    Entry {
+        key,
+        token: FencingToken::new(token),
+        order: token,
+        kind,
+    }
+}
+
+/// The `{name, token, kind, …}` list of the scripts, nearest first, in queue order.
+fn peers(v: &Value) -> Option<Vec<Peer>> {
+    let flat = array(v)?;
+    let mut out = Vec::with_capacity(flat.len() / 3);
+    for t in flat.chunks(3) {
+        let [name, token, kind] = t else { return None };
+        out.push(Peer {
+            key: text(name)?,
+            order: u64::try_from(int(token)?).ok()?,
+            kind: kind_of(&text(kind)?),
+        });
+    }
+    out.reverse();
+    Some(out)
+}
+
+impl RedisSession {
+    pub(crate) async fn open(
+        con: ConnectionManager,
+        client: redis::Client,
+        config: Arc<RedisConfig>,
+        ttl: Duration,
+    ) -> Result<Self> {
+        let mut session = RedisSession {
+            con,
+            sid: String::new(),
+            ttl,
+            notifier: Notifier::new(client, config.timeout),
+            config,
+        };
+        let reply = session
+            .call("open session", &scripts::OPEN, vec![arg(ms(ttl))])
+            .await?;
+        session.sid = text(&reply).ok_or_else(|| unexpected("open session"))?;
+        Ok(session)
+    }
+
+    async fn call(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
+        let mut inv = script.prepare_invoke();
+        for a in args {
+            inv.arg(a);
+        }
+        let mut con = self.con.clone();
+        inv.invoke_async(&mut con).await.map_err(|e| map(op, e))
+    }
+
+    /// Waits until the configured replicas acknowledged what this connection wrote.
+    async fn replicated(&self, op: &'static str) -> Result<()> {
+        let Some((n, timeout)) = self.config.replicas else {
+            return Ok(());
+        };
+        let mut con = self.con.clone();
+        let acked: usize = redis::cmd("WAIT")
+            .arg(n)
+            .arg(ms(timeout) as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| map(op, e))?;
+        if acked < n {
+            return Err(temporary(op, "fewer replicas than required acknowledged"));
+        }
+        Ok(())
+    }
+
+    fn vanished(own: &Entry) -> Error {
+        Error::EntryVanished {
+            key: own.key.clone(),
+        }
+    }
+
+    /// Whether `own` is live, and its value if `value`.
+    async fn read_own(&self, own: &Entry, value: bool) -> Result<Option<Vec<u8>>> {
+        let reply = self
+            .call(
+                "read entry",
+                &scripts::READ_OWN,
+                vec![
+                    arg(&own.key),
+                    arg(own.token.get()),
+                    arg(if value { "1" } else { "0" }),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("read entry"))?;
+        match a.first().and_then(int) {
+            Some(1) => Ok(Some(a.get(1).map(bytes).unwrap_or_default())),
+            Some(0) => Ok(None),
+            _ => Err(unexpected("read entry")),
+        }
+    }
+
+    /// The head of `queue`, its value, and how long its session has left.
+    async fn head_with_ttl(
+        &self,
+        queue: &QueueId,
+    ) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
+        let reply = self
+            .call("leader", &scripts::HEAD, vec![arg(queue.path())])
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("leader"))?;
+        if a.is_empty() {
+            return Ok(None);
+        }
+        let parse = || -> Option<_> {
+            let key = text(a.first()?)?;
+            let token = u64::try_from(int(a.get(1)?)?).ok()?;
+            let kind = kind_of(&text(a.get(2)?)?);
+            let value = bytes(a.get(3)?);
+            let left = Duration::from_millis(u64::try_from(int(a.get(4)?)?).unwrap_or(0));
+            Some(((entry(key, kind, token), value), left))
+        };
+        parse().map(Some).ok_or_else(|| unexpected("leader"))
+    }
+}
+
+#[async_trait]
+impl BackendSession for RedisSession {
+    fn id(&self) -> String {
+        self.sid.clone()
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    async fn keep_alive(&self) -> Result<()> {
+        let reply = self
+            .call(
+                "keep-alive",
+                &scripts::KEEP_ALIVE,
+                vec![arg(&self.sid), arg(ms(self.ttl))],
+            )
+            .await?;
+        match int(&reply) {
+            Some(1) => Ok(()),
+            Some(0) => Err(Error::SessionLost(SessionEnd::Expired)),
+            _ => Err(unexpected("keep-alive")),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.notifier.shutdown().await;
+        self.call("close", &scripts::CLOSE, vec![arg(&self.sid)])
+            .await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+        if req.value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
+            return Err(Error::InvalidValue(fencelock::InvalidInput::new(
+                format!("{} bytes", req.value.len()),
+                "longer than the largest value accepted",
+            )));
+        }
+        let name = entry_name(req.queue, &self.sid, req.kind, req.attempt);
+        let args = vec![
+            arg(&self.sid),
+            arg(&req.queue.namespace),
+            arg(req.queue.path()),
+            arg(&name),
+            arg(kind_code(req.kind)),
+            req.value.to_vec(),
+            arg(ms(self.ttl)),
+            arg(filter_code(req.ahead.kind)),
+            arg(req.ahead.nearest),
+        ];
+        let reply = self.call("enqueue", &scripts::ENQUEUE, args).await?;
+        let a = array(&reply).ok_or_else(|| unexpected("enqueue"))?;
+        let token = a.first().and_then(int).ok_or_else(|| unexpected("enqueue"))?;
+        if token < 0 {
+            return Err(Error::SessionLost(SessionEnd::Expired));
+        }
+        let ahead = a.get(2).and_then(peers).ok_or_else(|| unexpected("enqueue"))?;
+        self.replicated("enqueue").await?;
+        Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
+    }
+
+    async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
+        let Some(first) = reqs.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let mut args = vec![
+            arg(&self.sid),
+            arg(&first.queue.namespace),
+            arg(ms(self.ttl)),
+        ];
+        let mut names = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let name = entry_name(r.queue, &self.sid, r.kind, r.attempt);
+            args.extend([
+                arg(r.queue.path()),
+                arg(&name),
+                arg(kind_code(r.kind)),
+                r.value.to_vec(),
+            ]);
+            names.push(name);
+        }
+        let reply = self.call("enqueue all", &scripts::ENQUEUE_ALL, args).await?;
+        let a = array(&reply).ok_or_else(|| unexpected("enqueue all"))?;
+        match a.first().and_then(int) {
+            Some(-1) => Err(Error::SessionLost(SessionEnd::Expired)),
+            Some(0) => Ok(None),
+            Some(1) => {
+                let tokens = a.get(1).and_then(array).ok_or_else(|| unexpected("enqueue all"))?;
+                let entries = names
+                    .into_iter()
+                    .zip(reqs)
+                    .zip(tokens)
+                    .map(|((name, r), t)| {
+                        let t = int(t).and_then(|t| u64::try_from(t).ok());
+                        t.map(|t| entry(name, r.kind, t))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| unexpected("enqueue all"))?;
+                self.replicated("enqueue all").await?;
+                Ok(Some(entries))
+            }
+            _ => Err(unexpected("enqueue all")),
+        }
+    }
+
+    async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
+        // Subscribed before the read: a deletion between the two is not missed.
+        let reg = self.notifier.register(chan_entry(&target.key)).await?;
+        loop {
+            let reply = self
+                .call(
+                    "wait",
+                    &scripts::CHECK_WAIT,
+                    vec![
+                        arg(&own.key),
+                        arg(own.token.get()),
+                        arg(&target.key),
+                        arg(target.order),
+                    ],
+                )
+                .await?;
+            let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
+            let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
+                (Some(0), _) => return Err(Self::vanished(own)),
+                (Some(1), Some(0)) => return Ok(()),
+                (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
+                _ => return Err(unexpected("wait")),
+            };
+            // The predecessor's session expires without a message: check again when it would.
+            let left = u64::try_from(left).map_or(self.ttl, Duration::from_millis);
+            tokio::select! {
+                r = reg.notified() => r?,
+                _ = tokio::time::sleep(left + EXPIRY_SLACK) => {}
+            }
+        }
+    }
+
+    async fn exists(&self, own: &Entry) -> Result<bool> {
+        Ok(self.read_own(own, false).await?.is_some())
+    }
+
+    async fn still_ahead(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<Vec<Peer>> {
+        let reply = self
+            .call(
+                "read queue",
+                &scripts::STILL_AHEAD,
+                vec![
+                    arg(queue.path()),
+                    arg(&own.key),
+                    arg(own.token.get()),
+                    arg(filter_code(kind)),
+                    arg(nearest),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("read queue"))?;
+        match a.first().and_then(int) {
+            Some(0) => Err(Self::vanished(own)),
+            Some(1) => a.get(1).and_then(peers).ok_or_else(|| unexpected("read queue")),
+            _ => Err(unexpected("read queue")),
+        }
+    }
+
+    async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
+        let reg = self.notifier.register(chan_entry(&own.key)).await?;
+        while self.read_own(own, false).await?.is_some() {
+            reg.notified().await?;
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let reply = self
+            .call(
+                "release",
+                &scripts::REMOVE,
+                vec![arg(&entry.key), arg(entry.token.get())],
+            )
+            .await?;
+        Ok(int(&reply) == Some(1))
+    }
+
+    async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
+        let name = entry_name(queue, &self.sid, kind, attempt);
+        self.call("abandon", &scripts::ABANDON, vec![arg(name), arg(&self.sid)])
+            .await?;
+        Ok(())
+    }
+
+    async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        if value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
+            return Err(Error::InvalidValue(fencelock::InvalidInput::new(
+                format!("{} bytes", value.len()),
+                "longer than the largest value accepted",
+            )));
+        }
+        let reply = self
+            .call(
+                "proclaim",
+                &scripts::SET_VALUE,
+                vec![arg(&entry.key), arg(entry.token.get()), value.to_vec()],
+            )
+            .await?;
+        Ok(int(&reply) == Some(1))
+    }
+
+    async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+        Ok(self.head_with_ttl(queue).await?.map(|(head, _)| head))
+    }
+
+    async fn wait_queue_change(
+        &self,
+        queue: &QueueId,
+        seen: Option<&(Entry, Vec<u8>)>,
+    ) -> Result<()> {
+        let reg = self.notifier.register(chan_head(queue)).await?;
+        let now = self.head_with_ttl(queue).await?;
+        if now.as_ref().map(|(h, _)| h) != seen {
+            return Ok(());
+        }
+        match now {
+            // The head's session expires without a message: look again when it would.
+            Some((_, left)) => tokio::select! {
+                r = reg.notified() => r,
+                _ = tokio::time::sleep(left + EXPIRY_SLACK) => Ok(()),
+            },
+            None => reg.notified().await,
+        }
+    }
+
+    async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        let reply = self
+            .call("inspect", &scripts::INSPECT, vec![arg(queue.path())])
+            .await?;
+        let rows = array(&reply).ok_or_else(|| unexpected("inspect"))?;
+        rows.iter()
+            .map(|row| {
+                let r = array(row)?;
+                let created = r
+                    .get(4)
+                    .and_then(int)
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+                Some(EntryInfo::new(
+                    text(r.first()?)?,
+                    FencingToken::new(u64::try_from(int(r.get(1)?)?).ok()?),
+                    kind_of(&text(r.get(2)?)?),
+                    text(r.get(3)?)?,
+                    r.get(5).map(bytes).unwrap_or_default(),
+                    created,
+                ))
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| unexpected("inspect"))
+    }
+
+    async fn list(&self, namespace: &str) -> Result<Vec<String>> {
+        let mut con = self.con.clone();
+        let glob = entries_glob(namespace);
+        let strip = format!("{KEY_PREFIX}:e:");
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&glob)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut con)
+                .await
+                .map_err(|e| map("list", e))?;
+            names.extend(
+                keys.into_iter()
+                    .filter_map(|k| k.strip_prefix(&strip).map(str::to_string)),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut live = Vec::with_capacity(names.len());
+        for chunk in names.chunks(LIST_CHUNK) {
+            let reply = self
+                .call("list", &scripts::LIVE, chunk.iter().map(arg).collect())
+                .await?;
+            let a = array(&reply).ok_or_else(|| unexpected("list"))?;
+            live.extend(a.iter().filter_map(text));
+        }
+        live.sort();
+        live.dedup();
+        Ok(live)
+    }
+
+    async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
+        let reply = self
+            .call(
+                "request revoke",
+                &scripts::SET_VALUE,
+                vec![arg(key), arg(token.get()), REVOKE_MARKER.to_vec()],
+            )
+            .await?;
+        Ok(int(&reply) == Some(1))
+    }
+
+    async fn wait_revoke(&self, own: &Entry) -> Result<()> {
+        let reg = self.notifier.register(chan_entry(&own.key)).await?;
+        loop {
+            match self.read_own(own, true).await? {
+                None => return Err(Self::vanished(own)),
+                Some(v) if v == REVOKE_MARKER => return Ok(()),
+                Some(_) => reg.notified().await?,
+            }
+        }
+    }
+}

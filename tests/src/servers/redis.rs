@@ -1,0 +1,271 @@
+//! Redis servers for the tests: Debian's `redis-server` on free loopback ports with temporary
+//! data dirs, alone or as a replica of another, stopped (by PID) when dropped.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::Factory;
+use fencelock::Result;
+use fencelock_redis::RedisBackend;
+
+use crate::in_ci;
+use crate::process::ManagedChild;
+
+/// What is missing to run Redis, if anything.
+pub fn missing() -> Option<String> {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (!found).then(|| "redis-server is not installed (Debian package `redis-server`)".into())
+}
+
+/// Whether Redis can run: panics in CI if not, else prints a skip message.
+pub fn available() -> bool {
+    match missing() {
+        None => true,
+        Some(m) if in_ci() => panic!("{m}: required in CI"),
+        Some(m) => {
+            eprintln!("skipped: {m}");
+            false
+        }
+    }
+}
+
+/// How a server keeps its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// No persistence at all (a restart starts empty).
+    None,
+    /// `appendonly yes`, `appendfsync always`: no acknowledged write is lost.
+    FsyncAlways,
+}
+
+/// A running `redis-server`; killed (by PID) when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Mutex<ManagedChild>,
+    port: u16,
+    dir: tempfile::TempDir,
+    durability: Durability,
+}
+
+impl RedisServer {
+    /// Starts a server and waits (bounded) until it answers. Blocking.
+    pub fn start(durability: Durability) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-redis-")
+            .tempdir()
+            .expect("temp dir");
+        let port = crate::free_port();
+        let child = spawn(port, &dir, durability, None);
+        let server = RedisServer {
+            child: Mutex::new(child),
+            port,
+            dir,
+            durability,
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// Starts a replica of `primary` (asynchronous replication, as Redis does by default).
+    pub fn replica_of(primary: &RedisServer) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-redis-")
+            .tempdir()
+            .expect("temp dir");
+        let port = crate::free_port();
+        let child = spawn(port, &dir, Durability::None, Some(primary.port));
+        let server = RedisServer {
+            child: Mutex::new(child),
+            port,
+            dir,
+            durability: Durability::None,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            if let Ok(out) = self.cli(&["PING"]) {
+                if out.trim() == "PONG" {
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "redis-server did not answer within 30 s: {}",
+                self.child().log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, ManagedChild> {
+        self.child.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs a command through `redis-cli` (blocking) and returns its output.
+    pub fn cli(&self, args: &[&str]) -> std::io::Result<String> {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&self) {
+        self.child().kill();
+    }
+
+    /// Restarts a killed server on its data dir (what it persisted), as a primary.
+    pub fn restart(&self) {
+        let child = spawn(self.port, &self.dir, self.durability, None);
+        *self.child() = child;
+        self.wait_ready();
+    }
+
+    /// Pauses the server (SIGSTOP).
+    pub fn pause(&self) {
+        self.child().pause();
+    }
+
+    /// Resumes the server (SIGCONT).
+    pub fn resume(&self) {
+        self.child().resume();
+    }
+
+    /// Promotes a replica: `REPLICAOF NO ONE`.
+    pub fn promote(&self) {
+        let out = self.cli(&["REPLICAOF", "NO", "ONE"]).expect("redis-cli");
+        assert_eq!(out.trim(), "OK", "REPLICAOF NO ONE: {out}");
+    }
+
+    /// A backend connected to this server.
+    pub async fn backend(&self) -> RedisBackend {
+        RedisBackend::connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to redis at {}: {e:?}", self.url()))
+    }
+}
+
+fn spawn(
+    port: u16,
+    dir: &tempfile::TempDir,
+    durability: Durability,
+    primary: Option<u16>,
+) -> ManagedChild {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--daemonize", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir.path());
+    match durability {
+        Durability::None => cmd.args(["--appendonly", "no"]),
+        Durability::FsyncAlways => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
+    };
+    if let Some(p) = primary {
+        cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
+    }
+    ManagedChild::spawn(
+        format!("redis-{port}"),
+        cmd,
+        &dir.path().join("redis.log"),
+    )
+    .expect("start redis-server")
+}
+
+static SHARED: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
+
+/// The server shared by the tests of one binary; `None` if Redis is missing outside CI.
+pub fn shared() -> Option<Arc<RedisServer>> {
+    if !available() {
+        return None;
+    }
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = slot.upgrade() {
+        return Some(s);
+    }
+    let s = Arc::new(RedisServer::start(Durability::None));
+    *slot = Arc::downgrade(&s);
+    Some(s)
+}
+
+/// The conformance factory over a Redis server.
+#[derive(Debug, Clone)]
+pub struct RedisFactory {
+    backend: RedisBackend,
+    /// Keeps the server running while the test runs.
+    pub server: Arc<RedisServer>,
+}
+
+impl RedisFactory {
+    /// A factory over the shared server; `None` if Redis is missing outside CI.
+    pub async fn shared() -> Option<RedisFactory> {
+        let server = shared()?;
+        Some(RedisFactory {
+            backend: server.backend().await,
+            server,
+        })
+    }
+
+    /// The connected backend.
+    pub fn redis(&self) -> &RedisBackend {
+        &self.backend
+    }
+}
+
+/// What an operator runs to delete an entry by hand: the entry's hash, its place in the
+/// queue, and the messages that wake whoever waits on it.
+const ADMIN_DELETE: &str = r#"
+local e = 'fencelock:e:' .. ARGV[1]
+local path = redis.call('HGET', e, 'q')
+if not path then return 0 end
+redis.call('ZREM', 'fencelock:q:' .. path, ARGV[1])
+redis.call('DEL', e)
+redis.call('PUBLISH', 'fencelock:c:' .. ARGV[1], 'gone')
+redis.call('PUBLISH', 'fencelock:h:' .. path, 'gone')
+return 1
+"#;
+
+#[async_trait::async_trait]
+impl Factory for RedisFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(1500)
+    }
+
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        let mut con = self.backend.connection();
+        redis::Script::new(ADMIN_DELETE)
+            .arg(key)
+            .invoke_async::<i64>(&mut con)
+            .await
+            .map(drop)
+            .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
+    }
+}

@@ -1,0 +1,79 @@
+//! The conformance suite and Redis-specific behaviour against a real `redis-server` started by
+//! the harness.
+
+use std::time::Duration;
+
+use fencelock::{Error, Session};
+use fencelock_integration::servers::redis::RedisFactory;
+use fencelock_redis::{RedisBackend, RedisConfig};
+
+fencelock::conformance_tests!(RedisFactory::shared());
+
+/// Entries follow the etcd layout's names; the token is the namespace counter, and the entry
+/// lives in the queue's sorted set with the token as its score.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_and_counter_token() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let s = Session::builder(f.redis().clone())
+        .namespace("layout")
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("jobs/reindex").unwrap().lock().await.unwrap();
+    assert_eq!(g.key(), format!("layout/jobs/reindex/{}", s.id()));
+    let mut con = f.redis().connection();
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg("fencelock:q:layout/jobs/reindex")
+        .arg(g.key())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(score as u64, g.token().get());
+    let counter: u64 = redis::cmd("GET")
+        .arg("fencelock:t:layout")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(counter >= g.token().get());
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(format!("fencelock:s:{}", s.id()))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(pttl > 0, "the session key has a TTL: {pttl}");
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// An unreachable server fails with a temporary `Error::Connect` within the timeout; bad
+/// settings are configuration errors.
+#[tokio::test]
+async fn unreachable_and_bad_settings() {
+    let port = fencelock_integration::free_port();
+    let start = std::time::Instant::now();
+    let r = RedisConfig::new(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    assert!(
+        matches!(r, Err(Error::Connect { temporary: true, .. })),
+        "{r:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    for bad in ["redis://[::1", "rediss://127.0.0.1:1", "http://x"] {
+        let r = RedisBackend::connect(bad).await;
+        assert!(matches!(r, Err(Error::InvalidConfig(_))), "{bad}: {r:?}");
+    }
+    let r = RedisConfig::new("127.0.0.1:1")
+        .timeout(Duration::MAX)
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    let r = RedisConfig::new("127.0.0.1:1")
+        .wait_for_replicas(0, Duration::from_secs(1))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+}
