@@ -7,10 +7,12 @@
 //! ```text
 //! cargo run -p fencelock-examples --example leader_state -- --etcd 127.0.0.1:2379 --name node-a
 //! cargo run -p fencelock-examples --example leader_state -- --zookeeper 127.0.0.1:2181 --name node-b
+//! cargo run -p fencelock-examples --example leader_state -- --redis redis://127.0.0.1:6379 --name node-c
 //! ```
 //!
-//! The state lives at `{namespace}/state/{election}` (etcd key) or
-//! `/{namespace}-state/{election}` (ZooKeeper node). Each tick the leader writes
+//! The state lives at `{namespace}/state/{election}` (etcd key, Redis key; Redis checks the
+//! leadership in a script, `fencelock_redis::guarded_set`) or `/{namespace}-state/{election}`
+//! (ZooKeeper node). Each tick the leader writes
 //! `{name} epoch {epoch} #{n}` and prints `PUBLISHED …`, or `REFUSED …` when the store refuses
 //! (then it campaigns again). Without a cluster it prints what it would do and exits.
 
@@ -22,7 +24,7 @@ use fencelock_examples::{shutdown_signal, BackendArgs};
 use zookeeper_client as zk;
 
 #[derive(Parser, Debug)]
-#[command(about = "A leader publishing state into etcd or ZooKeeper, guarded by the store")]
+#[command(about = "A leader publishing state into etcd, ZooKeeper or Redis, guarded by the store")]
 struct Args {
     #[command(flatten)]
     backend: BackendArgs,
@@ -47,6 +49,7 @@ struct Args {
 enum Store {
     Etcd(Box<etcd_client::Client>, String),
     ZooKeeper(zk::Client, String),
+    Redis(redis::aio::ConnectionManager, String),
 }
 
 impl Store {
@@ -56,6 +59,11 @@ impl Store {
                 etcd_client::Client::connect(eps.split(',').collect::<Vec<_>>(), None).await?;
             let key = format!("{}/state/{}", args.namespace, args.election);
             return Ok(Store::Etcd(Box::new(client), key));
+        }
+        if let Some(url) = &args.backend.redis {
+            let backend = fencelock_redis::RedisBackend::connect(url.as_str()).await?;
+            let key = format!("{}/state/{}", args.namespace, args.election);
+            return Ok(Store::Redis(backend.connection(), key));
         }
         let servers = args.backend.zookeeper.as_deref().unwrap_or_default();
         let client = zk::Client::connect(servers).await?;
@@ -100,6 +108,13 @@ impl Store {
                     Err(e) => Err(e.into()),
                 }
             }
+            Store::Redis(con, key) => Ok(fencelock_redis::guarded_set(
+                &mut con.clone(),
+                leader,
+                key,
+                value.as_bytes(),
+            )
+            .await?),
         }
     }
 }
@@ -152,7 +167,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if !args.backend.is_remote() {
         println!(
-            "pass --etcd HOST:PORT or --zookeeper HOST:PORT: the state is written into the store"
+            "pass --etcd HOST:PORT, --zookeeper HOST:PORT or --redis URL: the state is written into the store"
         );
         return Ok(());
     }

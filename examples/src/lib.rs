@@ -14,11 +14,14 @@ use fencelock::MemoryBackend;
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArgs {
     /// etcd endpoints, comma-separated (`127.0.0.1:2379`).
-    #[arg(long, conflicts_with = "zookeeper")]
+    #[arg(long, conflicts_with_all = ["zookeeper", "redis"])]
     pub etcd: Option<String>,
     /// A ZooKeeper connect string (`127.0.0.1:2181[/chroot]`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "redis")]
     pub zookeeper: Option<String>,
+    /// A Redis URL (`redis://127.0.0.1:6379`): efficiency locks, see `fencelock-redis`.
+    #[arg(long)]
+    pub redis: Option<String>,
 }
 
 impl BackendArgs {
@@ -33,6 +36,10 @@ impl BackendArgs {
             let b = fencelock_zookeeper::ZooKeeperBackend::connect(zk).await?;
             return Ok((Arc::new(b), format!("ZooKeeper at {zk}")));
         }
+        if let Some(url) = &self.redis {
+            let b = fencelock_redis::RedisBackend::connect(url.as_str()).await?;
+            return Ok((Arc::new(b), format!("Redis at {url}")));
+        }
         Ok((
             Arc::new(MemoryBackend::new()),
             "the in-memory backend".into(),
@@ -41,7 +48,7 @@ impl BackendArgs {
 
     /// Whether a real cluster was named.
     pub fn is_remote(&self) -> bool {
-        self.etcd.is_some() || self.zookeeper.is_some()
+        self.etcd.is_some() || self.zookeeper.is_some() || self.redis.is_some()
     }
 }
 

@@ -28,6 +28,7 @@ pub struct Resource {
 enum Store {
     Etcd(Box<etcd_client::Client>),
     ZooKeeper(zk::Client),
+    Redis(redis::aio::ConnectionManager),
 }
 
 impl std::fmt::Debug for Resource {
@@ -74,6 +75,15 @@ impl Resource {
                     path,
                 }
             }
+            Kind::Redis => {
+                let backend = fencelock_redis::RedisBackend::connect(first)
+                    .await
+                    .expect("redis");
+                Resource {
+                    store: Store::Redis(backend.connection()),
+                    path: format!("fencelock-test-resources/{id}"),
+                }
+            }
         }
     }
 
@@ -105,6 +115,11 @@ impl Resource {
                     Err(e) => panic!("multi: {e}"),
                 }
             }
+            Store::Redis(con) => {
+                fencelock_redis::guarded_set(&mut con.clone(), grant, &self.path, value.as_bytes())
+                    .await
+                    .expect("guarded set")
+            }
         }
     }
 
@@ -121,6 +136,12 @@ impl Resource {
                 .map(|kv| kv.value().to_vec())
                 .unwrap_or_default(),
             Store::ZooKeeper(client) => client.get_data(&self.path).await.expect("get").0,
+            Store::Redis(con) => redis::cmd("GET")
+                .arg(&self.path)
+                .query_async::<Option<Vec<u8>>>(&mut con.clone())
+                .await
+                .expect("get")
+                .unwrap_or_default(),
         };
         String::from_utf8(bytes).expect("utf-8")
     }

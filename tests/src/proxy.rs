@@ -2,7 +2,7 @@
 //! pass traffic, delay it, black-hole it (connections stay open, nothing flows) or reset every
 //! connection.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +28,10 @@ pub struct Proxy {
     port: u16,
     mode: Arc<watch::Sender<Mode>>,
     task: tokio::task::JoinHandle<()>,
+    /// Where new connections go.
+    upstream: Arc<Mutex<String>>,
+    /// The connections made so far (ended by [`Proxy::retarget`]).
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 impl Proxy {
@@ -37,8 +41,10 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let (tx, _) = watch::channel(Mode::Pass);
         let mode = Arc::new(tx);
-        let upstream = upstream.to_string();
+        let upstream = Arc::new(Mutex::new(upstream.to_string()));
+        let conns = Arc::new(Mutex::new(Vec::<tokio::task::AbortHandle>::new()));
         let m = mode.clone();
+        let (target, made) = (upstream.clone(), conns.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -48,8 +54,9 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                let (upstream, rx) = (upstream.clone(), m.subscribe());
-                tokio::spawn(async move {
+                let upstream = target.lock().unwrap().clone();
+                let rx = m.subscribe();
+                let conn = tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
                         let _ = client.set_nodelay(true);
                         let _ = server.set_nodelay(true);
@@ -61,9 +68,27 @@ impl Proxy {
                         }
                     }
                 });
+                let mut made = made.lock().unwrap();
+                made.retain(|c| !c.is_finished());
+                made.push(conn.abort_handle());
             }
         });
-        Proxy { port, mode, task }
+        Proxy {
+            port,
+            mode,
+            task,
+            upstream,
+            conns,
+        }
+    }
+
+    /// Sends new connections to `upstream` and closes the current ones, as a virtual IP that
+    /// moves to a promoted replica does.
+    pub fn retarget(&self, upstream: &str) {
+        *self.upstream.lock().unwrap() = upstream.to_string();
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
     }
 
     /// The address clients connect to, `127.0.0.1:PORT`.

@@ -13,6 +13,8 @@ pub enum Kind {
     Etcd,
     /// ZooKeeper (connect string `host:port,...`).
     ZooKeeper,
+    /// Redis (one `host:port`: the primary, or an address that follows it).
+    Redis,
 }
 
 impl Kind {
@@ -21,6 +23,7 @@ impl Kind {
         match self {
             Kind::Etcd => "etcd",
             Kind::ZooKeeper => "zookeeper",
+            Kind::Redis => "redis",
         }
     }
 
@@ -29,6 +32,7 @@ impl Kind {
         match arg {
             "etcd" => Some(Kind::Etcd),
             "zookeeper" => Some(Kind::ZooKeeper),
+            "redis" => Some(Kind::Redis),
             _ => None,
         }
     }
@@ -65,6 +69,7 @@ impl Target {
             Kind::ZooKeeper => {
                 Arc::new(fencelock_zookeeper::ZooKeeperBackend::connect(addr).await?)
             }
+            Kind::Redis => Arc::new(fencelock_redis::RedisBackend::connect(addr).await?),
         })
     }
 

@@ -16,7 +16,7 @@ use fencelock::Session;
 use fencelock_examples::sql::Db;
 use fencelock_integration::example::Program;
 use fencelock_integration::servers::postgres::{self, PgServer};
-use fencelock_integration::servers::{etcd, zookeeper, Cluster};
+use fencelock_integration::servers::{etcd, redis, zookeeper, Cluster};
 use fencelock_integration::target::{Kind, Target};
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -35,6 +35,11 @@ fn backend(kind: Kind) -> Option<(Box<dyn std::any::Any + Send + Sync>, Target, 
             let c = zookeeper::shared()?;
             let t = Target::new(kind, c.connect_string());
             Some((Box::new(c), t, "--zookeeper"))
+        }
+        Kind::Redis => {
+            let s = redis::shared()?;
+            let t = Target::new(kind, s.addr());
+            Some((Box::new(s), t, "--redis"))
         }
     }
 }
@@ -340,4 +345,29 @@ fn metrics_example_prints_a_scrape() {
     );
     assert!(line.ends_with(" 80"), "4 sessions × 20 rounds: {line}");
     p.wait_for("fencelock_wait_seconds", WITHIN);
+}
+
+// The same examples on Redis: the programs change nothing but the backend flag.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_sql_sqlite_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("accounts.db").display().to_string();
+    let db = Db::sqlite(&path).unwrap();
+    fenced_sql(Kind::Redis, "--sqlite", &path, db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_redis() {
+    cron(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_redis() {
+    orders(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_state_redis() {
+    leader_state(Kind::Redis).await;
 }

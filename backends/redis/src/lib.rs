@@ -72,6 +72,7 @@
 
 mod config;
 mod error;
+mod guarded;
 pub mod layout;
 mod notify;
 mod redlock;
@@ -86,6 +87,7 @@ use fencelock::backend::{Backend, BackendSession};
 use fencelock::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+pub use guarded::guarded_set;
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
 pub use redlock::{Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MIN_LOCK_TTL};
 

@@ -74,6 +74,7 @@ async fn watches(kind: Kind, endpoint: &str, zk_port: Option<u16>) -> Option<u64
             let mntr = fourlw::ask_async(zk_port?, "mntr").await?;
             fourlw::mntr_value(&mntr, "zk_watch_count")
         }
+        Kind::Redis => None,
     }
 }
 

@@ -65,6 +65,7 @@ pub fn available(kind: Kind) -> bool {
     let missing = match kind {
         Kind::Etcd => etcd::missing(),
         Kind::ZooKeeper => zookeeper::missing(),
+        Kind::Redis => redis::missing(),
     };
     let Some(missing) = missing else {
         return true;
