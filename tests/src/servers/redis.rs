@@ -71,19 +71,25 @@ impl RedisServer {
         server
     }
 
-    /// Starts a replica of `primary` (asynchronous replication, as Redis does by default).
+    /// Starts a replica of `primary` (asynchronous replication, as Redis does by default),
+    /// keeping its data as `durability` says.
     pub fn replica_of(primary: &RedisServer) -> RedisServer {
+        Self::replica_with(primary, Durability::None)
+    }
+
+    /// A replica of `primary` that keeps its data as `durability` says.
+    pub fn replica_with(primary: &RedisServer, durability: Durability) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-redis-")
             .tempdir()
             .expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, Durability::None, Some(primary.port));
+        let child = spawn(port, &dir, durability, Some(primary.port));
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
-            durability: Durability::None,
+            durability,
         };
         server.wait_ready();
         server
@@ -141,7 +147,13 @@ impl RedisServer {
 
     /// Restarts a killed server on its data dir (what it persisted), as a primary.
     pub fn restart(&self) {
-        let child = spawn(self.port, &self.dir, self.durability, None);
+        self.restart_as(None);
+    }
+
+    /// Restarts a killed server on its data dir, as a replica of the server on port `primary`
+    /// if given (it then resynchronizes from it), else as a primary.
+    pub fn restart_as(&self, primary: Option<u16>) {
+        let child = spawn(self.port, &self.dir, self.durability, primary);
         *self.child() = child;
         self.wait_ready();
     }
@@ -194,6 +206,126 @@ fn spawn(
         &dir.path().join("redis.log"),
     )
     .expect("start redis-server")
+}
+
+/// A primary and its replica behind one address (a proxy, as a virtual IP or a Sentinel-aware
+/// client would be), for the adversity suite. Killing the primary fails over the way an
+/// operator or Sentinel does: the replica is promoted (`REPLICAOF NO ONE`) and the address
+/// moves to it. Replication is asynchronous: the replica is paused for [`RedisPair::lag`]
+/// before the primary dies, so that the failover loses the primary's last writes, as a lagging
+/// replica does.
+#[derive(Debug)]
+pub struct RedisPair {
+    members: [RedisServer; 2],
+    primary: std::sync::atomic::AtomicUsize,
+    front: crate::proxy::Proxy,
+    /// How far the replica lags behind when the primary dies.
+    pub lag: Duration,
+}
+
+impl RedisPair {
+    /// Starts a primary (AOF, `appendfsync always`), its replica (likewise, once promoted) and
+    /// the proxy in front.
+    pub async fn start(lag: Duration) -> RedisPair {
+        let members = tokio::task::spawn_blocking(|| {
+            let primary = RedisServer::start(Durability::FsyncAlways);
+            let replica = RedisServer::replica_with(&primary, Durability::FsyncAlways);
+            [primary, replica]
+        })
+        .await
+        .expect("start redis");
+        let front = crate::proxy::Proxy::start(&members[0].addr()).await;
+        RedisPair {
+            members,
+            primary: std::sync::atomic::AtomicUsize::new(0),
+            front,
+            lag,
+        }
+    }
+
+    fn primary(&self) -> usize {
+        self.primary.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::servers::Cluster for RedisPair {
+    fn kind(&self) -> crate::target::Kind {
+        crate::target::Kind::Redis
+    }
+
+    fn size(&self) -> usize {
+        2
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        self.members[i].addr()
+    }
+
+    /// Clients connect to the front proxy, which follows the primary.
+    fn target(&self) -> crate::target::Target {
+        crate::target::Target::new(crate::target::Kind::Redis, self.front.addr())
+    }
+
+    /// The current primary.
+    async fn leader(&self) -> usize {
+        self.primary()
+    }
+
+    /// Killing the primary fails over to the replica (after letting it lag); killing the
+    /// replica only kills it.
+    fn kill(&self, i: usize) {
+        let p = self.primary();
+        if i != p {
+            self.members[i].kill();
+            return;
+        }
+        let r = 1 - p;
+        if self.members[r].cli(&["PING"]).map_or(true, |o| o.trim() != "PONG") {
+            // No replica to fail over to.
+            self.members[p].kill();
+            return;
+        }
+        tokio::task::block_in_place(|| {
+            self.members[r].pause();
+            std::thread::sleep(self.lag);
+            self.members[p].kill();
+            self.members[r].resume();
+            self.members[r].promote();
+        });
+        self.primary.store(r, std::sync::atomic::Ordering::SeqCst);
+        self.front.retarget(&self.members[r].addr());
+    }
+
+    /// Restarts member `i` as a replica of the primary (or as the primary, if the primary is
+    /// down too: a whole-cluster restart).
+    fn restart(&self, i: usize) {
+        let p = self.primary();
+        tokio::task::block_in_place(|| {
+            if i == p || self.members[p].cli(&["PING"]).map_or(true, |o| o.trim() != "PONG") {
+                self.members[i].restart_as(None);
+                self.primary.store(i, std::sync::atomic::Ordering::SeqCst);
+                self.front.retarget(&self.members[i].addr());
+            } else {
+                self.members[i].restart_as(Some(self.members[p].port()));
+            }
+        });
+    }
+
+    fn pause(&self, i: usize) {
+        self.members[i].pause();
+    }
+
+    fn resume(&self, i: usize) {
+        self.members[i].resume();
+    }
+
+    async fn dump(&self, namespace: &str) -> String {
+        let p = self.primary();
+        self.members[p]
+            .cli(&["--scan", "--pattern", &format!("fencelock:*{namespace}*")])
+            .unwrap_or_default()
+    }
 }
 
 static SHARED: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
