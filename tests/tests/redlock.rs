@@ -1,0 +1,177 @@
+//! Redlock on five independent `redis-server`s: a majority grants, one killed and one paused
+//! server do not stop it, no majority does; exclusion between clients; tokens increase across
+//! acquisitions made on different majorities.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::Error;
+use fencelock_integration::servers::redis::{self, Durability, RedisServer};
+use fencelock_redis::Redlock;
+
+const TTL: Duration = Duration::from_secs(5);
+
+async fn five() -> Option<Vec<RedisServer>> {
+    if !redis::available() {
+        return None;
+    }
+    Some(
+        tokio::task::spawn_blocking(|| {
+            (0..5)
+                .map(|_| RedisServer::start(Durability::None))
+                .collect()
+        })
+        .await
+        .unwrap(),
+    )
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_despite_a_killed_and_a_paused_server() {
+    let Some(servers) = five().await else { return };
+    servers[0].kill();
+    servers[1].pause();
+    let a = Redlock::connect(urls(&servers)).unwrap();
+    let b = Redlock::connect(urls(&servers)).unwrap();
+    let start = std::time::Instant::now();
+    let held = a
+        .try_lock("jobs/report", TTL)
+        .await
+        .unwrap()
+        .expect("three of five servers grant");
+    println!("granted on 3 of 5 in {:?}", start.elapsed());
+    assert!(held.valid_for() > TTL / 2);
+    assert!(b.try_lock("jobs/report", TTL).await.unwrap().is_none());
+    let r = b
+        .lock_timeout("jobs/report", TTL, Duration::from_millis(300))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    let first = held.token();
+    assert!(held.release().await.unwrap(), "released on a majority");
+    let next = b
+        .lock_timeout("jobs/report", TTL, Duration::from_secs(5))
+        .await
+        .expect("granted once released");
+    assert!(next.token() > first);
+    next.release().await.unwrap();
+    servers[1].resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_majority_no_lock() {
+    let Some(servers) = five().await else { return };
+    for s in &servers[..3] {
+        s.kill();
+    }
+    let a = Redlock::connect(urls(&servers)).unwrap();
+    assert!(a.try_lock("m", TTL).await.unwrap().is_none());
+    let r = a.lock_timeout("m", TTL, Duration::from_millis(300)).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    // A failed attempt releases what it set on the minority.
+    for s in &servers[3..] {
+        let left = s.cli(&["EXISTS", "fencelock:redlock:m"]).unwrap();
+        assert_eq!(left.trim(), "0", "a failed attempt left its key");
+    }
+    for s in &servers[3..] {
+        s.kill();
+    }
+    let r = a.try_lock("m", TTL).await;
+    assert!(
+        matches!(&r, Err(e) if e.is_temporary()),
+        "no server answered: {r:?}"
+    );
+}
+
+/// Acquisitions on different majorities (two servers paused each time, never the same two):
+/// every token is larger than the one before, because each majority shares a server with the
+/// majority that raised the previous token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_different_majorities() {
+    let Some(servers) = five().await else { return };
+    let lock = Redlock::connect(urls(&servers)).unwrap();
+    let mut last = 0;
+    for round in 0..10 {
+        let down = [round % 5, (round + 2) % 5];
+        for &i in &down {
+            servers[i].pause();
+        }
+        let g = lock
+            .lock_timeout("epoch", TTL, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            g.token().get() > last,
+            "round {round}: token {} after {last}",
+            g.token()
+        );
+        last = g.token().get();
+        g.release().await.unwrap();
+        for &i in &down {
+            servers[i].resume();
+        }
+    }
+}
+
+/// Four clients, 15 acquisitions each: never two holders at once, tokens increasing in grant
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_between_clients() {
+    let Some(servers) = five().await else { return };
+    let held = Arc::new(AtomicBool::new(false));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = Redlock::connect(urls(&servers)).unwrap();
+        let (held, tokens) = (held.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let g = lock
+                    .lock_timeout("counter", TTL, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert!(!held.swap(true, Ordering::SeqCst), "two holders at once");
+                tokens.lock().unwrap().push(g.token().get());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                held.store(false, Ordering::SeqCst);
+                assert!(g.release().await.unwrap());
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("the clients finish")
+            .unwrap();
+    }
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 60);
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+}
+
+#[tokio::test]
+async fn bad_input_is_refused() {
+    assert!(matches!(
+        Redlock::connect(Vec::<String>::new()),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        Redlock::connect(["rediss://127.0.0.1:1"]),
+        Err(Error::InvalidConfig(_))
+    ));
+    let lock = Redlock::connect(["redis://127.0.0.1:1"]).unwrap();
+    for ttl in [Duration::ZERO, Duration::MAX] {
+        let r = lock.try_lock("x", ttl).await;
+        assert!(matches!(r, Err(Error::InvalidTtl(_))), "{ttl:?}: {r:?}");
+    }
+    for name in ["", "a//b", "\u{0}"] {
+        let r = lock.try_lock(name, TTL).await;
+        assert!(matches!(r, Err(Error::InvalidName(_))), "{name:?}: {r:?}");
+    }
+    let r = lock.lock_timeout("x", TTL, Duration::from_millis(200)).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+}
