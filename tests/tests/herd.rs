@@ -1,6 +1,7 @@
 //! No thundering herd, counted by the servers themselves: contended acquisitions of a mutex, a
 //! read-write lock and a semaphore, each release waking one waiter (at most one watch
-//! notification per acquisition, whatever the number of waiters). Each backend gets a server of
+//! notification per acquisition, whatever the number of waiters; on Redis, requests per
+//! acquisition that do not grow with the waiters). Each backend gets a server of
 //! its own, so that no other test's notifications are counted.
 
 use std::time::Duration;
@@ -92,4 +93,68 @@ async fn zookeeper_release_wakes_one_waiter() {
         sessions.push(Session::builder(b).namespace("herd").start().await.unwrap());
     }
     check_loads(sessions, &Notifications::ZooKeeper(server.port(0)), 1.3).await;
+}
+
+/// Redis keeps no count of pub/sub deliveries, but every waiter woken runs a check script: a
+/// herd shows as requests per acquisition growing with the number of waiters. Counted by the
+/// server (`INFO commandstats`: script calls), with 2 and with 6 sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_release_wakes_one_waiter() {
+    use fencelock_integration::servers::redis::{Durability, RedisServer};
+    if !available(Kind::Redis) {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
+        .await
+        .unwrap();
+    let calls = || -> f64 {
+        let stats = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    for (i, load) in [Load::Mutex, Load::ReadHeavy, Load::Semaphore(2)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut per = Vec::new();
+        for n in [2, SESSIONS] {
+            let mut sessions = Vec::new();
+            for _ in 0..n {
+                let b = server.backend().await;
+                sessions.push(Session::builder(b).namespace("herd").start().await.unwrap());
+            }
+            let name = format!("herd-{i}-{n}");
+            let before = calls();
+            let mut tasks = Vec::new();
+            for s in &sessions {
+                let mut op = our_op(s.clone(), load, &name);
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        op().await;
+                    }
+                }));
+            }
+            for t in tasks {
+                tokio::time::timeout(Duration::from_secs(120), t)
+                    .await
+                    .expect("the workload finishes")
+                    .unwrap();
+            }
+            per.push((calls() - before) / (n * ROUNDS) as f64);
+            for s in sessions {
+                s.close().await.unwrap();
+            }
+        }
+        println!(
+            "{load:?}: {:.2} requests per acquisition with 2 sessions, {:.2} with {SESSIONS}",
+            per[0], per[1]
+        );
+        assert!(
+            per[1] <= per[0] * 1.4,
+            "{load:?}: requests per acquisition grow with the waiters (a herd?): {per:?}"
+        );
+    }
 }
