@@ -108,13 +108,12 @@ impl Store {
                     Err(e) => Err(e.into()),
                 }
             }
-            Store::Redis(con, key) => Ok(fencelock_redis::guarded_set(
-                &mut con.clone(),
-                leader,
-                key,
-                value.as_bytes(),
-            )
-            .await?),
+            Store::Redis(con, key) => {
+                Ok(
+                    fencelock_redis::guarded_set(&mut con.clone(), leader, key, value.as_bytes())
+                        .await?,
+                )
+            }
         }
     }
 }

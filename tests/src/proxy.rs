@@ -91,6 +91,11 @@ impl Proxy {
         }
     }
 
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The address clients connect to, `127.0.0.1:PORT`.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)

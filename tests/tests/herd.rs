@@ -112,7 +112,14 @@ async fn redis_release_wakes_one_waiter() {
         stats
             .lines()
             .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok())
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
             .sum()
     };
     for (i, load) in [Load::Mutex, Load::ReadHeavy, Load::Semaphore(2)]

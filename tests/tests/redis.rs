@@ -58,7 +58,13 @@ async fn unreachable_and_bad_settings() {
         .connect()
         .await;
     assert!(
-        matches!(r, Err(Error::Connect { temporary: true, .. })),
+        matches!(
+            r,
+            Err(Error::Connect {
+                temporary: true,
+                ..
+            })
+        ),
         "{r:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(5));

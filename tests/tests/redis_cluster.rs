@@ -74,7 +74,9 @@ async fn adversity_redis_pair() {
         let progress: Vec<&String> = s
             .violations
             .iter()
-            .filter(|v| v.contains("grants before") || v.contains("grants after") || v.contains("worker"))
+            .filter(|v| {
+                v.contains("grants before") || v.contains("grants after") || v.contains("worker")
+            })
             .collect();
         if !fails_over(scenario) && !s.violations.is_empty() {
             failed.push(format!("{}: {:?}", s.scenario, s.violations));

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use fencelock::{Error, Fence, Session};
-use fencelock_integration::proxy::Proxy;
+use fencelock_integration::proxy::{Mode, Proxy};
 use fencelock_integration::servers::redis::{self, RedisServer};
 use fencelock_redis::{RedisBackend, RedisConfig};
 
@@ -15,6 +15,9 @@ const WITHIN: Duration = Duration::from_secs(20);
 struct Pair {
     primary: RedisServer,
     replica: RedisServer,
+    /// The replication link (replica → primary), which the tests cut.
+    link: Proxy,
+    /// Where clients connect: follows the primary.
     front: Proxy,
 }
 
@@ -22,41 +25,43 @@ async fn pair() -> Option<Pair> {
     if !redis::available() {
         return None;
     }
-    let (primary, replica) = tokio::task::spawn_blocking(|| {
-        let p = RedisServer::start(redis::Durability::None);
-        let r = RedisServer::replica_of(&p);
-        (p, r)
+    let primary = tokio::task::spawn_blocking(|| RedisServer::start(redis::Durability::None))
+        .await
+        .unwrap();
+    let link = Proxy::start(&primary.addr()).await;
+    let port = link.port();
+    let replica = tokio::task::spawn_blocking(move || {
+        let r = RedisServer::replica_via(port, redis::Durability::None);
+        r.wait_in_sync();
+        r
     })
     .await
     .unwrap();
-    wait_in_sync(&replica).await;
     let front = Proxy::start(&primary.addr()).await;
     Some(Pair {
         primary,
         replica,
+        link,
         front,
     })
 }
 
-/// Waits (bounded) until `replica` is in sync with its primary.
-async fn wait_in_sync(replica: &RedisServer) {
-    let start = std::time::Instant::now();
-    while !replica
-        .cli(&["INFO", "replication"])
-        .unwrap_or_default()
-        .contains("master_link_status:up")
-    {
-        assert!(start.elapsed() < WITHIN, "the replica did not sync");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 impl Pair {
-    /// Kills the primary, promotes the replica, and moves the address to it.
+    /// The replica stops receiving the primary's writes (they wait in the link).
+    fn lag(&self) {
+        self.link.set(Mode::BlackHole);
+    }
+
+    /// The replica receives what it missed.
+    fn catch_up(&self) {
+        self.link.set(Mode::Pass);
+    }
+
+    /// Kills the primary, promotes the replica (with whatever it has), and moves the address
+    /// to it.
     fn fail_over(&self) {
         tokio::task::block_in_place(|| {
             self.primary.kill();
-            self.replica.resume();
             self.replica.promote();
         });
         self.front.retarget(&self.replica.addr());
@@ -67,7 +72,7 @@ async fn session(backend: RedisBackend) -> Session {
     Session::builder(backend).ttl(TTL).start().await.unwrap()
 }
 
-/// The replica lags (paused) while a holder is granted on the primary; the primary dies and
+/// The replica lags (its link cut) while a holder is granted on the primary; the primary dies and
 /// the replica is promoted without the holder's entry and without the last counter increments:
 /// a second client is granted the lock while the first still holds it (a double grant), with a
 /// *smaller* token, so a fenced resource refuses the new holder and keeps accepting the old one.
@@ -77,7 +82,7 @@ async fn async_failover_grants_twice_and_inverts_the_tokens() {
     let backend = RedisBackend::connect(p.front.addr()).await.unwrap();
     let a = session(backend.clone()).await;
     let m = a.mutex("failover").unwrap();
-    tokio::task::block_in_place(|| p.replica.pause());
+    p.lag();
     for _ in 0..5 {
         m.lock().await.unwrap().release().await.unwrap();
     }
@@ -133,24 +138,26 @@ async fn replicated_grants_survive_failover() {
         .unwrap();
     let a = session(backend.clone()).await;
     let m = a.mutex("failover").unwrap();
-    tokio::task::block_in_place(|| p.replica.pause());
+    p.lag();
     let r = m.lock_timeout(Duration::from_secs(1)).await;
     assert!(
         matches!(r, Err(Error::Timeout { .. })),
         "no grant without the replica's acknowledgement: {r:?}"
     );
-    tokio::task::block_in_place(|| p.replica.resume());
+    p.catch_up();
     let held_by_a = tokio::time::timeout(WITHIN, m.lock())
         .await
         .expect("granted once the replica acknowledges")
         .unwrap();
 
-    tokio::task::block_in_place(|| p.replica.pause());
+    p.lag();
     p.fail_over();
     // The old primary comes back as the new primary's replica, so that grants can be
     // acknowledged again.
-    tokio::task::block_in_place(|| p.primary.restart_as(Some(p.replica.port())));
-    wait_in_sync(&p.primary).await;
+    tokio::task::block_in_place(|| {
+        p.primary.restart_as(Some(p.replica.port()));
+        p.primary.wait_in_sync();
+    });
 
     let b = session(backend.clone()).await;
     let mb = b.mutex("failover").unwrap();
@@ -171,6 +178,42 @@ async fn replicated_grants_survive_failover() {
         .unwrap();
     assert!(held_by_b.token() > token_a, "tokens keep increasing");
     held_by_b.release().await.unwrap();
+    let _ = a.close().await;
+    let _ = b.close().await;
+}
+
+/// A release lost in the failover brings the released entry back on the promoted replica, owned
+/// by a session that is still alive: its heartbeat finds that the server went back in time,
+/// and deletes what it does not own any more, so that the lock does not stay blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_entry_that_came_back_is_deleted() {
+    let Some(p) = pair().await else { return };
+    let backend = RedisBackend::connect(p.front.addr()).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let a = Session::builder(backend.clone())
+        .ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let m = a.mutex("ghost").unwrap();
+    let held = m.lock().await.unwrap();
+    // Replicated: the replica has A's entry.
+    tokio::task::block_in_place(|| p.replica.wait_in_sync());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.lag();
+    held.release().await.unwrap();
+    p.fail_over();
+
+    let b = session(backend.clone()).await;
+    let start = std::time::Instant::now();
+    let g = b
+        .mutex("ghost")
+        .unwrap()
+        .lock_timeout(ttl * 3)
+        .await
+        .expect("the entry A released is deleted by A's session once it sees the failover");
+    println!("granted {:?} after the failover", start.elapsed());
+    g.release().await.unwrap();
     let _ = a.close().await;
     let _ = b.close().await;
 }

@@ -172,6 +172,8 @@ async fn bad_input_is_refused() {
         let r = lock.try_lock(name, TTL).await;
         assert!(matches!(r, Err(Error::InvalidName(_))), "{name:?}: {r:?}");
     }
-    let r = lock.lock_timeout("x", TTL, Duration::from_millis(200)).await;
+    let r = lock
+        .lock_timeout("x", TTL, Duration::from_millis(200))
+        .await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
 }

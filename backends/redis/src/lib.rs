@@ -87,8 +87,8 @@ use fencelock::backend::{Backend, BackendSession};
 use fencelock::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-pub use guarded::guarded_set;
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
+pub use guarded::guarded_set;
 pub use redlock::{Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MIN_LOCK_TTL};
 
 use error::NAME;
@@ -130,9 +130,7 @@ impl RedisBackend {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
         let connect = async {
-            let mut con = client
-                .get_connection_manager_with_config(manager)
-                .await?;
+            let mut con = client.get_connection_manager_with_config(manager).await?;
             redis::cmd("PING").query_async::<()>(&mut con).await?;
             Ok::<_, redis::RedisError>(con)
         };

@@ -61,6 +61,8 @@ fn break_all(regs: &StdMutex<Regs>) {
 struct Signal {
     notify: Notify,
     broken: AtomicBool,
+    /// Whether a `gone` message (the entry was deleted) arrived since the last wait.
+    gone: AtomicBool,
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -73,19 +75,20 @@ pub(crate) struct Registration {
 
 impl Registration {
     /// Waits for the next message on the channel since the registration (or since the last
-    /// call). Fails with a temporary error if the connection broke meanwhile.
+    /// call); returns whether one of them said the entry was deleted (`gone`). Fails with a
+    /// temporary error if the connection broke meanwhile.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a message that arrives meanwhile is kept for the next call.
-    pub(crate) async fn notified(&self) -> Result<()> {
+    pub(crate) async fn notified(&self) -> Result<bool> {
         if !self.signal.broken.load(Ordering::SeqCst) {
             self.signal.notify.notified().await;
         }
         if self.signal.broken.load(Ordering::SeqCst) {
             return Err(temporary("wait", "the pub/sub connection broke"));
         }
-        Ok(())
+        Ok(self.signal.gone.swap(false, Ordering::SeqCst))
     }
 }
 
@@ -193,7 +196,11 @@ impl Notifier {
             while let Some(msg) = stream.next().await {
                 let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(list) = regs.by_channel.get(msg.get_channel_name()) {
+                    let gone = msg.get_payload_bytes() == b"gone";
                     for (_, signal) in list {
+                        if gone {
+                            signal.gone.store(true, Ordering::SeqCst);
+                        }
                         signal.notify.notify_one();
                     }
                 }

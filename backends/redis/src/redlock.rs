@@ -199,7 +199,10 @@ impl Redlock {
             servers.push(con);
         }
         if servers.is_empty() {
-            return Err(Error::invalid_config("", "Redlock needs at least one server"));
+            return Err(Error::invalid_config(
+                "",
+                "Redlock needs at least one server",
+            ));
         }
         Ok(Redlock {
             servers: Arc::new(servers),
@@ -276,7 +279,11 @@ impl Redlock {
             // The token: above every counter of this majority, then raised on a majority.
             let token = granted.iter().max().copied().unwrap_or(0).saturating_add(1);
             let fenced = self
-                .on_all(&FENCE, &[&key, &counter], &[value.clone(), token.to_string()])
+                .on_all(
+                    &FENCE,
+                    &[&key, &counter],
+                    &[value.clone(), token.to_string()],
+                )
                 .await
                 .into_iter()
                 .filter(|r| *r == Some(1))

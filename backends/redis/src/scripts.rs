@@ -35,6 +35,8 @@ local function drop(path, name)
   redis.call('PUBLISH', P .. ':c:' .. name, 'gone')
   if was_head then redis.call('PUBLISH', P .. ':h:' .. path, 'gone') end
 end
+-- The version of what session `sid` owns.
+local function version(sid) return tonumber(redis.call('HGET', skey(sid), 'v') or '0') end
 -- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it.
 local function extend(key, ttl)
   local left = redis.call('PTTL', key)
@@ -68,7 +70,8 @@ local function ahead(path, below, want, nearest)
   return out
 end
 -- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token and
--- whether it was created.
+-- whether it was created. Every change of what a session owns bumps its version (`v` of its key),
+-- which the client follows: a version that goes back tells it that a failover lost changes.
 local function create(sid, ns, path, name, kind, value, ttl)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('ZSCORE', q, name)
@@ -80,6 +83,7 @@ local function create(sid, ns, path, name, kind, value, ttl)
   redis.call('HSET', e, 'q', path, 't', token, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
   redis.call('PEXPIRE', e, ttl)
   redis.call('SADD', okey(sid), name)
+  redis.call('HINCRBY', skey(sid), 'v', 1)
   extend(okey(sid), ttl)
   extend(q, ttl)
   if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', P .. ':h:' .. path, 'new') end
@@ -96,18 +100,20 @@ pub(crate) static OPEN: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid = string.format('%x', redis.call('INCR', P .. ':sid'))
-redis.call('SET', skey(sid), ARGV[1], 'PX', ARGV[1])
+redis.call('HSET', skey(sid), 'v', 0)
+redis.call('PEXPIRE', skey(sid), ARGV[1])
 return sid
 "#,
     )
 });
 
-/// ARGV: sid, ttl ms. Extends the session and everything it owns; 0 if the session is gone.
+/// ARGV: sid, ttl ms. Extends the session and everything it owns; returns the session's
+/// version, or -1 if the session is gone.
 pub(crate) static KEEP_ALIVE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ttl = ARGV[1], tonumber(ARGV[2])
-if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return 0 end
+if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return -1 end
 redis.call('PEXPIRE', okey(sid), ttl)
 for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
   local e = redis.call('HMGET', ekey(name), 's', 'q')
@@ -118,7 +124,32 @@ for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
     redis.call('SREM', okey(sid), name)
   end
 end
-return 1
+return version(sid)
+"#,
+    )
+});
+
+/// ARGV: sid, the version the client knows, then the names of every entry the client
+/// believes the session owns (or is creating). Deletes the session's other entries (released
+/// ones that came back with a failover), raises the version above both, and returns it; -1 if
+/// the session is gone.
+pub(crate) static RECONCILE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local sid = ARGV[1]
+if redis.call('EXISTS', skey(sid)) == 0 then return -1 end
+local keep = {}
+for i = 3, #ARGV do keep[ARGV[i]] = true end
+for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
+  if not keep[name] then
+    local e = redis.call('HMGET', ekey(name), 's', 'q')
+    if e[1] == sid then drop(e[2], name) end
+    redis.call('SREM', okey(sid), name)
+  end
+end
+local v = math.max(version(sid), tonumber(ARGV[2])) + 1
+redis.call('HSET', skey(sid), 'v', v)
+return v
 "#,
     )
 });
@@ -139,21 +170,22 @@ return 1
 });
 
 /// ARGV: sid, namespace, queue path, entry name, kind, value, ttl ms, kind filter, nearest.
-/// Returns {-1} if the session is gone, else {token, created, {ahead…}}.
+/// Returns {-1} if the session is gone, else {token, created, {ahead…}, version}.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ns, path, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
 local token, created = create(sid, ns, path, name, ARGV[5], ARGV[6], tonumber(ARGV[7]))
-return {token, created, ahead(path, token, ARGV[8], tonumber(ARGV[9]))}
+local out = ahead(path, token, ARGV[8], tonumber(ARGV[9]))
+return {token, created, out, version(sid)}
 "#,
     )
 });
 
 /// ARGV: sid, namespace, ttl ms, then (queue path, entry name, kind, value) per queue.
 /// Creates every entry only if each queue is empty of live entries but ours; returns {-1} if
-/// the session is gone, {0} if a queue is taken, else {1, {token…}}.
+/// the session is gone, {0} if a queue is taken, else {1, {token…}, version}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -173,7 +205,7 @@ for i = 4, #ARGV, 4 do
   local token = create(sid, ns, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
   tokens[#tokens + 1] = token
 end
-return {1, tokens}
+return {1, tokens, version(sid)}
 "#,
     )
 });
@@ -225,30 +257,36 @@ return {1, redis.call('HGET', ekey(ARGV[1]), 'v')}
 });
 
 /// ARGV: entry name, sid. Deletes the entry if session `sid` owns it, whatever its token (the
-/// caller does not know whether its create happened).
+/// caller does not know whether its create happened). Returns the session's version (-1 if the
+/// session is gone).
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
+local sid = ARGV[2]
 local e = redis.call('HMGET', ekey(ARGV[1]), 's', 'q')
-if e[1] == ARGV[2] then
+if e[1] == sid then
   drop(e[2], ARGV[1])
-  redis.call('SREM', okey(ARGV[2]), ARGV[1])
+  redis.call('SREM', okey(sid), ARGV[1])
 end
-return 1
+if redis.call('EXISTS', skey(sid)) == 0 then return -1 end
+if e[1] == sid then redis.call('HINCRBY', skey(sid), 'v', 1) end
+return version(sid)
 "#,
     )
 });
 
-/// ARGV: entry name, token. Deletes the entry if it is still the one with that token; 1 if it
-/// did.
+/// ARGV: entry name, token. Deletes the entry if it is still the one with that token. Returns
+/// {0} if it did not, else {1, the owner's version} (-1 if the owner's session is gone).
 pub(crate) static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
-if not e[1] or tonumber(e[1]) ~= tonumber(ARGV[2]) then return 0 end
+if not e[1] or tonumber(e[1]) ~= tonumber(ARGV[2]) then return {0} end
 drop(e[2], ARGV[1])
 redis.call('SREM', okey(e[3]), ARGV[1])
-return 1
+if redis.call('EXISTS', skey(e[3])) == 0 then return {1, -1} end
+redis.call('HINCRBY', skey(e[3]), 'v', 1)
+return {1, version(e[3])}
 "#,
     )
 });

@@ -1,6 +1,7 @@
 //! One Redis session: a session key with a TTL and the queue operations, each one script.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -32,6 +33,44 @@ pub(crate) struct RedisSession {
     ttl: Duration,
     notifier: Notifier,
     config: Arc<RedisConfig>,
+    owned: StdMutex<Owned>,
+}
+
+/// What this session believes it owns on the server, to find out when a failover to a replica
+/// lost some of its changes: a release lost that way brings the entry back, and the session's
+/// own heartbeat would keep it alive for ever, blocking the lock.
+#[derive(Default)]
+struct Owned {
+    /// The highest version of the session's entries the server reported.
+    version: i64,
+    /// The server reported a lower one: it lost changes.
+    diverged: bool,
+    /// The names of the entries created or being created, with how many times (a name repeats
+    /// when a session re-queues on a lock before the release of its previous entry finished).
+    names: HashMap<String, usize>,
+}
+
+impl Owned {
+    fn saw(&mut self, version: i64) {
+        if version < self.version {
+            self.diverged = true;
+        } else {
+            self.version = version;
+        }
+    }
+
+    fn track(&mut self, name: &str) {
+        *self.names.entry(name.to_string()).or_default() += 1;
+    }
+
+    fn untrack(&mut self, name: &str) {
+        if let Some(n) = self.names.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                self.names.remove(name);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisSession {
@@ -132,6 +171,7 @@ impl RedisSession {
             ttl,
             notifier: Notifier::new(client, config.timeout),
             config,
+            owned: StdMutex::default(),
         };
         let reply = session
             .call("open session", &scripts::OPEN, vec![arg(ms(ttl))])
@@ -167,6 +207,32 @@ impl RedisSession {
         Ok(())
     }
 
+    fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a failover lost some of this session's changes: deletes the entries the session
+    /// does not believe it owns (released ones that came back) and moves the version past both.
+    async fn reconcile(&self) -> Result<()> {
+        let (known, names) = {
+            let o = self.owned();
+            (o.version, o.names.keys().cloned().collect::<Vec<_>>())
+        };
+        let mut args = vec![arg(&self.sid), arg(known)];
+        args.extend(names.iter().map(arg));
+        let reply = self.call("reconcile", &scripts::RECONCILE, args).await?;
+        match int(&reply) {
+            Some(v) if v >= 0 => {
+                let mut o = self.owned();
+                o.version = v;
+                o.diverged = false;
+                Ok(())
+            }
+            Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
+            None => Err(unexpected("reconcile")),
+        }
+    }
+
     fn vanished(own: &Entry) -> Error {
         Error::EntryVanished {
             key: own.key.clone(),
@@ -195,10 +261,7 @@ impl RedisSession {
     }
 
     /// The head of `queue`, its value, and how long its session has left.
-    async fn head_with_ttl(
-        &self,
-        queue: &QueueId,
-    ) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
+    async fn head_with_ttl(&self, queue: &QueueId) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
         let reply = self
             .call("leader", &scripts::HEAD, vec![arg(queue.path())])
             .await?;
@@ -236,11 +299,25 @@ impl BackendSession for RedisSession {
                 vec![arg(&self.sid), arg(ms(self.ttl))],
             )
             .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            Some(0) => Err(Error::SessionLost(SessionEnd::Expired)),
-            _ => Err(unexpected("keep-alive")),
+        let version = match int(&reply) {
+            Some(v) if v >= 0 => v,
+            Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
+            None => return Err(unexpected("keep-alive")),
+        };
+        let diverged = {
+            let mut o = self.owned();
+            o.saw(version);
+            o.diverged
+        };
+        if diverged {
+            tracing::warn!(
+                session = %self.sid,
+                "the Redis server lost changes of this session (a failover to a replica that \
+                 lagged): deleting the entries it released that came back"
+            );
+            self.reconcile().await?;
         }
+        Ok(())
     }
 
     async fn close(&self) -> Result<()> {
@@ -269,13 +346,35 @@ impl BackendSession for RedisSession {
             arg(filter_code(req.ahead.kind)),
             arg(req.ahead.nearest),
         ];
-        let reply = self.call("enqueue", &scripts::ENQUEUE, args).await?;
+        // Counted once per attempt: a retry may find what the first try created.
+        if !req.retry {
+            self.owned().track(&name);
+        }
+        let reply = match self.call("enqueue", &scripts::ENQUEUE, args).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                // A temporary error may hide a create: the core abandons the attempt.
+                if !e.is_temporary() {
+                    self.owned().untrack(&name);
+                }
+                return Err(e);
+            }
+        };
         let a = array(&reply).ok_or_else(|| unexpected("enqueue"))?;
-        let token = a.first().and_then(int).ok_or_else(|| unexpected("enqueue"))?;
+        let token = a
+            .first()
+            .and_then(int)
+            .ok_or_else(|| unexpected("enqueue"))?;
         if token < 0 {
             return Err(Error::SessionLost(SessionEnd::Expired));
         }
-        let ahead = a.get(2).and_then(peers).ok_or_else(|| unexpected("enqueue"))?;
+        let ahead = a
+            .get(2)
+            .and_then(peers)
+            .ok_or_else(|| unexpected("enqueue"))?;
+        if let Some(v) = a.get(3).and_then(int) {
+            self.owned().saw(v);
+        }
         self.replicated("enqueue").await?;
         Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
     }
@@ -300,13 +399,41 @@ impl BackendSession for RedisSession {
             ]);
             names.push(name);
         }
-        let reply = self.call("enqueue all", &scripts::ENQUEUE_ALL, args).await?;
+        if !first.retry {
+            for name in &names {
+                self.owned().track(name);
+            }
+        }
+        let untrack = |names: &[String]| {
+            let mut o = self.owned();
+            for name in names {
+                o.untrack(name);
+            }
+        };
+        let reply = match self.call("enqueue all", &scripts::ENQUEUE_ALL, args).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                if !e.is_temporary() {
+                    untrack(&names);
+                }
+                return Err(e);
+            }
+        };
         let a = array(&reply).ok_or_else(|| unexpected("enqueue all"))?;
         match a.first().and_then(int) {
             Some(-1) => Err(Error::SessionLost(SessionEnd::Expired)),
-            Some(0) => Ok(None),
+            Some(0) => {
+                untrack(&names);
+                Ok(None)
+            }
             Some(1) => {
-                let tokens = a.get(1).and_then(array).ok_or_else(|| unexpected("enqueue all"))?;
+                if let Some(v) = a.get(2).and_then(int) {
+                    self.owned().saw(v);
+                }
+                let tokens = a
+                    .get(1)
+                    .and_then(array)
+                    .ok_or_else(|| unexpected("enqueue all"))?;
                 let entries = names
                     .into_iter()
                     .zip(reqs)
@@ -350,7 +477,13 @@ impl BackendSession for RedisSession {
             // The predecessor's session expires without a message: check again when it would.
             let left = u64::try_from(left).map_or(self.ttl, Duration::from_millis);
             tokio::select! {
-                r = reg.notified() => r?,
+                r = reg.notified() => {
+                    // Deleted after we subscribed: gone (a newer entry under the same name
+                    // would be behind ours). The core's next read confirms it anyway.
+                    if r? {
+                        return Ok(());
+                    }
+                }
                 _ = tokio::time::sleep(left + EXPIRY_SLACK) => {}
             }
         }
@@ -383,7 +516,10 @@ impl BackendSession for RedisSession {
         let a = array(&reply).ok_or_else(|| unexpected("read queue"))?;
         match a.first().and_then(int) {
             Some(0) => Err(Self::vanished(own)),
-            Some(1) => a.get(1).and_then(peers).ok_or_else(|| unexpected("read queue")),
+            Some(1) => a
+                .get(1)
+                .and_then(peers)
+                .ok_or_else(|| unexpected("read queue")),
             _ => Err(unexpected("read queue")),
         }
     }
@@ -404,13 +540,30 @@ impl BackendSession for RedisSession {
                 vec![arg(&entry.key), arg(entry.token.get())],
             )
             .await?;
-        Ok(int(&reply) == Some(1))
+        let a = array(&reply).ok_or_else(|| unexpected("release"))?;
+        let removed = a.first().and_then(int) == Some(1);
+        let mut o = self.owned();
+        o.untrack(&entry.key);
+        if let Some(v) = a.get(1).and_then(int).filter(|v| *v >= 0) {
+            o.saw(v);
+        }
+        Ok(removed)
     }
 
     async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
         let name = entry_name(queue, &self.sid, kind, attempt);
-        self.call("abandon", &scripts::ABANDON, vec![arg(name), arg(&self.sid)])
+        let reply = self
+            .call(
+                "abandon",
+                &scripts::ABANDON,
+                vec![arg(&name), arg(&self.sid)],
+            )
             .await?;
+        let mut o = self.owned();
+        o.untrack(&name);
+        if let Some(v) = int(&reply).filter(|v| *v >= 0) {
+            o.saw(v);
+        }
         Ok(())
     }
 
@@ -448,10 +601,10 @@ impl BackendSession for RedisSession {
         match now {
             // The head's session expires without a message: look again when it would.
             Some((_, left)) => tokio::select! {
-                r = reg.notified() => r,
+                r = reg.notified() => r.map(drop),
                 _ = tokio::time::sleep(left + EXPIRY_SLACK) => Ok(()),
             },
-            None => reg.notified().await,
+            None => reg.notified().await.map(drop),
         }
     }
 
@@ -536,7 +689,9 @@ impl BackendSession for RedisSession {
             match self.read_own(own, true).await? {
                 None => return Err(Self::vanished(own)),
                 Some(v) if v == REVOKE_MARKER => return Ok(()),
-                Some(_) => reg.notified().await?,
+                Some(_) => {
+                    reg.notified().await?;
+                }
             }
         }
     }

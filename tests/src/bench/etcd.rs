@@ -89,6 +89,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
             s.pct(0.5).as_secs_f64() / base.as_secs_f64()
         );
     }
+    super::summary("etcd", "uncontended p50 ms", ms(ours.pct(0.5)));
     session.close().await.unwrap();
 
     crate::emit!(
@@ -137,6 +138,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         }
         let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
         crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        super::summary("etcd", &format!("{n} sessions acq/s"), format!("{ours:.0}"));
         super::report::define(
             "etcd-throughput",
             "etcd: contended acquisitions per second",

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod etcd;
 pub mod family;
+pub mod redis;
 pub mod report;
 pub mod scale;
 pub mod zookeeper;
@@ -23,7 +24,7 @@ use crate::target::Target;
 #[derive(clap::Parser, Debug, Clone)]
 #[command(about = "fencelock benchmark: latency and throughput side by side with the peers")]
 pub struct Args {
-    /// Which backends to measure: etcd, zookeeper or all.
+    /// Which backends to measure: etcd, zookeeper, redis or all.
     #[arg(long, default_value = "all")]
     pub backend: String,
     /// Uncontended acquire+release rounds per row.
@@ -283,4 +284,51 @@ pub async fn throughput_pair(mut a: Vec<Op>, mut b: Vec<Op>, seconds: f64) -> (f
 pub async fn throughput(ops: Vec<Op>, seconds: f64) -> f64 {
     let (n, t, _) = run_slice(ops, seconds).await;
     n as f64 / t
+}
+
+/// The figures of every backend's own rows, collected for the table across backends.
+static SUMMARY: std::sync::Mutex<Vec<(String, String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records `value` of column `col` for `backend`, for [`emit_summary`].
+pub fn summary(backend: &str, col: &str, value: String) {
+    SUMMARY
+        .lock()
+        .unwrap()
+        .push((backend.to_string(), col.to_string(), value));
+}
+
+/// Prints our figures on every backend measured, one row per backend, one column per figure.
+pub fn emit_summary() {
+    let rows = SUMMARY.lock().unwrap().clone();
+    let mut cols: Vec<String> = Vec::new();
+    let mut backends: Vec<String> = Vec::new();
+    for (b, c, _) in &rows {
+        if !cols.contains(c) {
+            cols.push(c.clone());
+        }
+        if !backends.contains(b) {
+            backends.push(b.clone());
+        }
+    }
+    if backends.is_empty() {
+        return;
+    }
+    crate::emit!(
+        "
+## fencelock Mutex across backends (from the rows above)
+"
+    );
+    crate::emit!("| backend | {} |", cols.join(" | "));
+    crate::emit!("|---|{}", "---:|".repeat(cols.len()));
+    for b in &backends {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                rows.iter()
+                    .find(|(rb, rc, _)| rb == b && rc == c)
+                    .map_or("–".to_string(), |(_, _, v)| v.clone())
+            })
+            .collect();
+        crate::emit!("| {b} | {} |", cells.join(" | "));
+    }
 }

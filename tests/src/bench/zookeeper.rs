@@ -162,6 +162,7 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
     let recipe = recipe_op(client.clone(), "/bench/recipe");
     let mut ops = [ours, raw, recipe];
     let samples = time_interleaved(rounds, &mut ops).await;
+    super::summary("ZooKeeper", "uncontended p50 ms", ms(samples[0].pct(0.5)));
     let base = samples[2].pct(0.5);
     for (name, s) in [
         "fencelock Mutex lock + release",
@@ -200,6 +201,11 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
         }
         let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
         crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        super::summary(
+            "ZooKeeper",
+            &format!("{n} sessions acq/s"),
+            format!("{ours:.0}"),
+        );
         super::report::define(
             "zookeeper-throughput",
             "ZooKeeper: contended acquisitions per second",

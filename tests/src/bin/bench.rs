@@ -59,6 +59,10 @@ async fn main() {
     if matches!(args.backend.as_str(), "zookeeper" | "all") {
         fencelock_integration::bench::zookeeper::zookeeper_rows(&args).await;
     }
+    if matches!(args.backend.as_str(), "redis" | "all") && !args.family_only && !args.scale_only {
+        fencelock_integration::bench::redis::redis_rows(&args).await;
+    }
+    fencelock_integration::bench::emit_summary();
     if let Some(dir) = &args.report {
         let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
         let command =

@@ -79,20 +79,44 @@ impl RedisServer {
 
     /// A replica of `primary` that keeps its data as `durability` says.
     pub fn replica_with(primary: &RedisServer, durability: Durability) -> RedisServer {
+        Self::replica_via(primary.port, durability)
+    }
+
+    /// A replica of the primary at `127.0.0.1:port` (the primary itself, or a proxy in front
+    /// of it through which the tests can cut the replication link).
+    pub fn replica_via(port: u16, durability: Durability) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-redis-")
             .tempdir()
             .expect("temp dir");
-        let port = crate::free_port();
-        let child = spawn(port, &dir, durability, Some(primary.port));
+        let own = crate::free_port();
+        let child = spawn(own, &dir, durability, Some(port));
         let server = RedisServer {
             child: Mutex::new(child),
-            port,
+            port: own,
             dir,
             durability,
         };
         server.wait_ready();
         server
+    }
+
+    /// Waits (bounded, blocking) until this replica's link to its primary is up and it has
+    /// loaded the primary's data.
+    pub fn wait_in_sync(&self) {
+        let start = Instant::now();
+        while !self
+            .cli(&["INFO", "replication"])
+            .unwrap_or_default()
+            .contains("master_link_status:up")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the replica did not sync: {}",
+                self.child().log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&self) {
@@ -200,25 +224,23 @@ fn spawn(
     if let Some(p) = primary {
         cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
     }
-    ManagedChild::spawn(
-        format!("redis-{port}"),
-        cmd,
-        &dir.path().join("redis.log"),
-    )
-    .expect("start redis-server")
+    ManagedChild::spawn(format!("redis-{port}"), cmd, &dir.path().join("redis.log"))
+        .expect("start redis-server")
 }
 
 /// A primary and its replica behind one address (a proxy, as a virtual IP or a Sentinel-aware
 /// client would be), for the adversity suite. Killing the primary fails over the way an
 /// operator or Sentinel does: the replica is promoted (`REPLICAOF NO ONE`) and the address
-/// moves to it. Replication is asynchronous: the replica is paused for [`RedisPair::lag`]
-/// before the primary dies, so that the failover loses the primary's last writes, as a lagging
-/// replica does.
+/// moves to it. Replication is asynchronous and goes through a proxy: the link is cut
+/// (black-holed) for [`RedisPair::lag`] before the primary dies, so that the failover loses the
+/// primary's last writes, as a lagging or partitioned replica does.
 #[derive(Debug)]
 pub struct RedisPair {
     members: [RedisServer; 2],
     primary: std::sync::atomic::AtomicUsize,
     front: crate::proxy::Proxy,
+    /// The replication link of the first replica.
+    link: crate::proxy::Proxy,
     /// How far the replica lags behind when the primary dies.
     pub lag: Duration,
 }
@@ -227,18 +249,24 @@ impl RedisPair {
     /// Starts a primary (AOF, `appendfsync always`), its replica (likewise, once promoted) and
     /// the proxy in front.
     pub async fn start(lag: Duration) -> RedisPair {
-        let members = tokio::task::spawn_blocking(|| {
-            let primary = RedisServer::start(Durability::FsyncAlways);
-            let replica = RedisServer::replica_with(&primary, Durability::FsyncAlways);
-            [primary, replica]
+        let primary = tokio::task::spawn_blocking(|| RedisServer::start(Durability::FsyncAlways))
+            .await
+            .expect("start redis");
+        let link = crate::proxy::Proxy::start(&primary.addr()).await;
+        let link_port = link.port();
+        let replica = tokio::task::spawn_blocking(move || {
+            let r = RedisServer::replica_via(link_port, Durability::FsyncAlways);
+            r.wait_in_sync();
+            r
         })
         .await
-        .expect("start redis");
-        let front = crate::proxy::Proxy::start(&members[0].addr()).await;
+        .expect("start the replica");
+        let front = crate::proxy::Proxy::start(&primary.addr()).await;
         RedisPair {
-            members,
+            members: [primary, replica],
             primary: std::sync::atomic::AtomicUsize::new(0),
             front,
+            link,
             lag,
         }
     }
@@ -281,16 +309,18 @@ impl crate::servers::Cluster for RedisPair {
             return;
         }
         let r = 1 - p;
-        if self.members[r].cli(&["PING"]).map_or(true, |o| o.trim() != "PONG") {
+        if self.members[r]
+            .cli(&["PING"])
+            .map_or(true, |o| o.trim() != "PONG")
+        {
             // No replica to fail over to.
             self.members[p].kill();
             return;
         }
         tokio::task::block_in_place(|| {
-            self.members[r].pause();
+            self.link.set(crate::proxy::Mode::BlackHole);
             std::thread::sleep(self.lag);
             self.members[p].kill();
-            self.members[r].resume();
             self.members[r].promote();
         });
         self.primary.store(r, std::sync::atomic::Ordering::SeqCst);
@@ -302,7 +332,11 @@ impl crate::servers::Cluster for RedisPair {
     fn restart(&self, i: usize) {
         let p = self.primary();
         tokio::task::block_in_place(|| {
-            if i == p || self.members[p].cli(&["PING"]).map_or(true, |o| o.trim() != "PONG") {
+            if i == p
+                || self.members[p]
+                    .cli(&["PING"])
+                    .map_or(true, |o| o.trim() != "PONG")
+            {
                 self.members[i].restart_as(None);
                 self.primary.store(i, std::sync::atomic::Ordering::SeqCst);
                 self.front.retarget(&self.members[i].addr());

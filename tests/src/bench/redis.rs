@@ -1,0 +1,244 @@
+//! The Redis rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
+//! local `redis-server` started here:
+//!
+//! 1. uncontended acquire + release latency of our `Mutex` on Redis, of a bare `SET NX PX` +
+//!    compare-and-delete script (the floor: one round trip each, no queue, no session), of
+//!    `rslock` (the popular Rust Redlock crate, here on one server) and of our [`Redlock`] on
+//!    one server, interleaved in blocks;
+//! 2. contended acquisitions per second with N sessions (one connection each): ours (a FIFO
+//!    queue, waiters woken by pub/sub) against the bare `SET NX PX` retried after 1 ms and
+//!    `rslock`'s `acquire` (retries after its delay, here 1 ms).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::Session;
+use fencelock_redis::{RedisBackend, Redlock};
+use redis::aio::ConnectionManager;
+
+use super::{ms, run_slice, time_interleaved, Args, Op};
+use crate::servers::redis::{self as harness, Durability, RedisServer};
+
+/// The lock TTL of the bare and rslock rows, and our session TTL.
+const TTL: Duration = Duration::from_secs(10);
+
+/// The floor: `SET key token NX PX ttl`, then a compare-and-delete script; retried after
+/// `retry` while taken (contended rows).
+fn bare_op(con: ConnectionManager, key: &'static str, retry: Duration) -> Op {
+    static DELETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+    });
+    Box::new(move || {
+        let mut con = con.clone();
+        Box::pin(async move {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            loop {
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(key)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut con)
+                    .await
+                    .expect("SET NX PX");
+                if set.is_some() {
+                    break;
+                }
+                tokio::time::sleep(retry).await;
+            }
+            let _: i64 = DELETE
+                .key(key)
+                .arg(&token)
+                .invoke_async(&mut con)
+                .await
+                .expect("delete");
+        })
+    })
+}
+
+/// `rslock`: `acquire` (loops over `lock`, retrying after its delay) + `unlock`.
+fn rslock_op(url: &str, resource: &'static str) -> Op {
+    let mut lm = rslock::LockManager::new(vec![url.to_string()]);
+    lm.set_retry(u32::MAX, Duration::from_millis(1));
+    let lm = Arc::new(lm);
+    Box::new(move || {
+        let lm = lm.clone();
+        Box::pin(async move {
+            let lock = lm
+                .acquire_no_guard(resource.as_bytes(), TTL)
+                .await
+                .expect("rslock");
+            lm.unlock(&lock).await;
+        })
+    })
+}
+
+async fn our_op(backend: RedisBackend, name: &str) -> Op {
+    let s = Session::builder(backend)
+        .namespace("bench")
+        .ttl(TTL)
+        .start()
+        .await
+        .expect("session");
+    let m = Arc::new(s.mutex(name).expect("mutex"));
+    Box::new(move || {
+        let (m, _s) = (m.clone(), s.clone());
+        Box::pin(async move {
+            let g = m.lock().await.expect("lock");
+            g.release().await.expect("release");
+        })
+    })
+}
+
+/// Wraps each op of a group with a counter of its own completions.
+fn counted(group: Vec<Op>) -> (Vec<Op>, Vec<Arc<AtomicU64>>) {
+    let mut counts = Vec::new();
+    let ops = group
+        .into_iter()
+        .map(|mut op| {
+            let c = Arc::new(AtomicU64::new(0));
+            counts.push(c.clone());
+            let wrapped: Op = Box::new(move || {
+                let f = op();
+                let c = c.clone();
+                Box::pin(async move {
+                    f.await;
+                    c.fetch_add(1, Ordering::Relaxed);
+                })
+            });
+            wrapped
+        })
+        .collect();
+    (ops, counts)
+}
+
+/// Prints the Redis rows; skips them if `redis-server` is not installed.
+pub async fn redis_rows(args: &Args) {
+    if harness::missing().is_some() {
+        crate::emit!("\n(Redis not installed: skipped)");
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
+        .await
+        .expect("start redis");
+    let url = server.url();
+    crate::emit!(
+        "\n## Redis (single server, {}, no persistence)\n",
+        server.addr()
+    );
+    crate::emit!(
+        "Uncontended acquire + release, {} rounds (interleaved in blocks of 50):\n",
+        args.rounds
+    );
+    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs bare SET NX PX |");
+    crate::emit!("|---|---:|---:|---:|");
+    let backend = server.backend().await;
+    let redlock = Redlock::connect([url.as_str()]).expect("redlock");
+    let redlock_op: Op = Box::new(move || {
+        let r = redlock.clone();
+        Box::pin(async move {
+            let g = r
+                .try_lock("bench/redlock", TTL)
+                .await
+                .expect("redlock")
+                .expect("uncontended");
+            g.release().await.expect("release");
+        })
+    });
+    let mut ops = [
+        our_op(backend.clone(), "ours").await,
+        bare_op(backend.connection(), "bench:bare", Duration::from_millis(1)),
+        rslock_op(&url, "bench:rslock"),
+        redlock_op,
+    ];
+    let samples = time_interleaved(args.rounds, &mut ops).await;
+    let base = samples[1].pct(0.5);
+    for (name, s) in [
+        "fencelock Mutex lock + release",
+        "bare SET NX PX + delete script",
+        "rslock lock + unlock (one server)",
+        "fencelock_redis::Redlock (one server)",
+    ]
+    .into_iter()
+    .zip(&samples)
+    {
+        crate::emit!(
+            "| {name} | {} | {} | {:.2}x |",
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+        );
+    }
+    super::summary("Redis", "uncontended p50 ms", ms(samples[0].pct(0.5)));
+
+    crate::emit!(
+        "\nContended acquisitions per second ({} s each, one connection per session, measured one after another):\n",
+        args.seconds
+    );
+    crate::emit!("Each cell: acquisitions per second, and in brackets the fewest acquisitions of one session");
+    crate::emit!(
+        "as a share of the most (1.00: every session served alike; near 0: some starved).\n"
+    );
+    crate::emit!("| sessions | fencelock Mutex | bare SET NX PX, retry 1 ms | rslock, retry 1 ms | ours vs bare |");
+    crate::emit!("|---:|---:|---:|---:|---:|");
+    for &n in &args.sessions {
+        let mut ours = Vec::new();
+        let mut bare = Vec::new();
+        let mut rs = Vec::new();
+        for _ in 0..n {
+            let b = server.backend().await;
+            ours.push(our_op(b.clone(), "contended").await);
+            bare.push(bare_op(
+                b.connection(),
+                "bench:bare-contended",
+                Duration::from_millis(1),
+            ));
+            rs.push(rslock_op(&url, "bench:rslock-contended"));
+        }
+        let third = args.seconds / 3.0;
+        let mut rates = Vec::new();
+        let mut cells = Vec::new();
+        for group in [ours, bare, rs] {
+            let (group, counts) = counted(group);
+            let (count, secs, _) = run_slice(group, third.max(0.5)).await;
+            let per: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let (min, max) = (
+                per.iter().copied().min().unwrap_or(0),
+                per.iter().copied().max().unwrap_or(0),
+            );
+            let rate = count as f64 / secs;
+            cells.push(format!("{rate:.0} ({:.2})", min as f64 / max.max(1) as f64));
+            rates.push(rate);
+        }
+        crate::emit!(
+            "| {n} | {} | {} | {} | {:.2}x |",
+            cells[0],
+            cells[1],
+            cells[2],
+            rates[0] / rates[1]
+        );
+        super::summary(
+            "Redis",
+            &format!("{n} sessions acq/s"),
+            format!("{:.0}", rates[0]),
+        );
+        super::report::define(
+            "redis-throughput",
+            "Redis: contended acquisitions per second",
+            "contending sessions",
+            "acquisitions/s",
+            true,
+        );
+        for (series, r) in ["fencelock Mutex", "bare SET NX PX", "rslock"]
+            .iter()
+            .zip(&rates)
+        {
+            super::report::point("redis-throughput", series, n as f64, *r);
+        }
+    }
+    drop(server);
+}
