@@ -45,7 +45,7 @@ pub(crate) struct ClusterArgs {
         long,
         env = "FENCELOCK_ENDPOINTS",
         global = true,
-        help = "The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE] or zk://HOST:PORT[,HOST:PORT...][/CHROOT]"
+        help = "The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]"
     )]
     pub(crate) endpoints: Option<String>,
 

@@ -22,6 +22,8 @@ pub(crate) enum Url {
         servers: String,
         chroot: Option<String>,
     },
+    /// `redis://host:6379[/db]`: one server (efficiency locks; see `fencelock-redis`).
+    Redis { addr: String, db: Option<String> },
 }
 
 fn bad(url: &str, reason: &'static str) -> Error {
@@ -29,12 +31,12 @@ fn bad(url: &str, reason: &'static str) -> Error {
 }
 
 impl Url {
-    /// Parses `etcd://…` or `zk://…` (also `zookeeper://…`).
+    /// Parses `etcd://…`, `zk://…` (also `zookeeper://…`) or `redis://…`.
     pub(crate) fn parse(url: &str) -> Result<Url, Error> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             bad(
                 url,
-                "not a cluster URL: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE] or zk://HOST:PORT[,HOST:PORT...][/CHROOT]",
+                "not a cluster URL: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]",
             )
         })?;
         let (hosts, path) = match rest.split_once('/') {
@@ -58,7 +60,19 @@ impl Url {
                 servers: hosts.join(","),
                 chroot: path.map(|p| format!("/{p}")),
             }),
-            _ => Err(bad(url, "unknown scheme (etcd:// or zk://)")),
+            "redis" => {
+                let [addr] = hosts.as_slice() else {
+                    return Err(bad(url, "one Redis server (redis://HOST:PORT[/DB])"));
+                };
+                if path.is_some_and(|db| db.parse::<u32>().is_err()) {
+                    return Err(bad(url, "the path of a Redis URL is a database number"));
+                }
+                Ok(Url::Redis {
+                    addr: addr.to_string(),
+                    db: path.map(str::to_string),
+                })
+            }
+            _ => Err(bad(url, "unknown scheme (etcd://, zk:// or redis://)")),
         }
     }
 }
@@ -95,7 +109,7 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
     let url = args.endpoints.as_deref().ok_or_else(|| {
         Error::invalid_config(
             "--endpoints",
-            "no cluster: pass --endpoints etcd://HOST:PORT or zk://HOST:PORT, or set FENCELOCK_ENDPOINTS",
+            "no cluster: pass --endpoints etcd://HOST:PORT, zk://HOST:PORT or redis://HOST:PORT, or set FENCELOCK_ENDPOINTS",
         )
     })?;
     let tls = tls(args)?;
@@ -156,7 +170,40 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                 .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
             Ok((Arc::new(config.connect().await?), namespace))
         }
+        Url::Redis { addr, db } => {
+            if tls.is_some() {
+                return Err(Error::invalid_config(
+                    "--cacert",
+                    "TLS is not supported by the Redis backend in this version",
+                ));
+            }
+            let auth = match (&args.user, &args.password) {
+                (Some(u), Some(p)) => format!("{}:{}@", percent(u), percent(p)),
+                _ => String::new(),
+            };
+            let db = db.map(|d| format!("/{d}")).unwrap_or_default();
+            let config = fencelock_redis::RedisConfig::new(format!("redis://{auth}{addr}{db}"))
+                .timeout(args.connect_timeout);
+            let namespace = args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
+            Ok((Arc::new(config.connect().await?), namespace))
+        }
     }
+}
+
+/// `s` with the characters a URL's user info cannot hold percent-encoded.
+fn percent(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Connects and starts a session.
@@ -197,9 +244,18 @@ mod tests {
                 chroot: Some("/apps/billing".into())
             }
         );
+        assert_eq!(
+            Url::parse("redis://a:6379/2").unwrap(),
+            Url::Redis {
+                addr: "a:6379".into(),
+                db: Some("2".into())
+            }
+        );
         for bad in [
             "a:2379",
-            "redis://a:1",
+            "redis://a:1,b:2",
+            "redis://a:1/x",
+            "memcached://a:1",
             "etcd://",
             "etcd://a:1,,b:2",
             "zk://a b:1",

@@ -1,4 +1,4 @@
-//! The `fencelock` binary end to end, against the real etcd and ZooKeeper servers the
+//! The `fencelock` binary end to end, against the real etcd, ZooKeeper and Redis servers the
 //! integration harness starts: exclusion between processes, the token in the command's
 //! environment, a lost lock stopping the command (deleted on the server; a client cut off by a
 //! proxy), signals passed on and a hand-off in milliseconds, exit statuses, the election and
@@ -14,6 +14,7 @@ use fencelock::Session;
 use fencelock_integration::process::ManagedChild;
 use fencelock_integration::proxy::{Mode, Proxy};
 use fencelock_integration::servers::etcd::EtcdFactory;
+use fencelock_integration::servers::redis::RedisFactory;
 use fencelock_integration::servers::zookeeper::ZkFactory;
 use fencelock_integration::servers::Cluster;
 use rustix::process::Signal;
@@ -39,6 +40,14 @@ impl Target {
         let f = ZkFactory::shared().await?;
         Some(Target {
             url: format!("zk://{}", f.server().connect_string()),
+            factory: Arc::new(f),
+        })
+    }
+
+    async fn redis() -> Option<Target> {
+        let f = RedisFactory::shared().await?;
+        Some(Target {
+            url: format!("redis://{}", f.server.addr()),
             factory: Arc::new(f),
         })
     }
@@ -201,7 +210,13 @@ async fn exit_statuses(t: Target) {
         s.list_entries().await.unwrap(),
         vec![held.key().to_string()]
     );
-    let (code, out) = run("redis://127.0.0.1:1", &ns, d, &["lock", "x", "--", "true"]).await;
+    let (code, out) = run(
+        "memcached://127.0.0.1:1",
+        &ns,
+        d,
+        &["lock", "x", "--", "true"],
+    )
+    .await;
     assert_eq!(code, 78, "{out}");
     let port = fencelock_integration::free_port();
     let scheme = t.url.split("://").next().unwrap();
@@ -456,7 +471,7 @@ async fn elections_and_listing(t: Target) {
     s.close().await.unwrap();
 }
 
-macro_rules! on_both {
+macro_rules! on_each {
     ($($name:ident),* $(,)?) => {
         mod etcd {
             $(
@@ -476,10 +491,19 @@ macro_rules! on_both {
                 }
             )*
         }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::redis().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
     };
 }
 
-on_both!(
+on_each!(
     exclusion_and_environment,
     exit_statuses,
     lost_by_deletion,

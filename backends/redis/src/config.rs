@@ -125,7 +125,7 @@ fn check_timeout(what: &str, t: Duration) -> Result<()> {
 }
 
 /// The URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match url.rsplit_once('@') {
         Some((_, host)) => format!("***@{host}"),
         None => url.to_string(),

@@ -142,7 +142,7 @@ impl RedisBackend {
                         temporary, source, ..
                     } => Error::Connect {
                         backend: NAME,
-                        endpoints: String::new(),
+                        endpoints: config::redact(&config.url),
                         temporary,
                         source,
                     },
@@ -152,7 +152,7 @@ impl RedisBackend {
             Err(_) => {
                 return Err(Error::Connect {
                     backend: NAME,
-                    endpoints: String::new(),
+                    endpoints: config::redact(&config.url),
                     temporary: true,
                     source: format!("no answer within {:?}", config.timeout).into(),
                 })
