@@ -2,10 +2,10 @@
 # Runs every test of fencelock against real servers.
 #
 # Installs what a fresh Debian machine lacks (a C toolchain, etcd and etcdctl, ZooKeeper with a
-# Java runtime, protoc and protobuf's well-known types, Curator) through apt-get, then runs the whole
-# workspace's tests. The test harnesses start etcd and ZooKeeper themselves on free loopback
-# ports with temporary data dirs, and stop them (by PID) when the tests end. With CI=true a
-# missing server fails the run instead of skipping.
+# Java runtime, protoc and protobuf's well-known types, Curator, PostgreSQL, Redis) through
+# apt-get, then runs the whole workspace's tests. The test harnesses start etcd, ZooKeeper,
+# PostgreSQL and Redis themselves on free loopback ports with temporary data dirs, and stop them
+# (by PID) when the tests end. With CI=true a missing server fails the run instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,7 @@ command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)   # the Curator interop tests
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)   # worked examples
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)   # the Redis backend (and redis-cli)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing: ${need[*]}"
   sudo=""
@@ -30,22 +31,25 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-echo "== cargo test (workspace; etcd and ZooKeeper are started by the harnesses)"
+echo "== cargo test (workspace; etcd, ZooKeeper, PostgreSQL and Redis are started by the harnesses)"
 cargo test --workspace --all-targets "$@" -- --skip adversity_
 cargo test --workspace --doc "$@"
 
-echo "== adversity suite: 3-member etcd cluster and 3-server ZooKeeper ensemble, side by side"
-# The two suites share nothing (own clusters, own ports) and mostly wait on faults: run them
-# at once, each printing its summary table.
-cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster --no-run "$@"
+echo "== adversity suite: 3-member etcd cluster, 3-server ZooKeeper ensemble, Redis primary + replica, side by side"
+# The suites share nothing (own clusters, own ports) and mostly wait on faults: run them at
+# once, each printing its summary table.
+cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster --test redis_cluster --no-run "$@"
 logs="$(mktemp -d)"
 cargo test -p fencelock-integration --test etcd_cluster "$@" -- --nocapture >"$logs/etcd" 2>&1 &
 etcd_pid=$!
 cargo test -p fencelock-integration --test zookeeper_cluster "$@" -- --nocapture >"$logs/zookeeper" 2>&1 &
 zk_pid=$!
+cargo test -p fencelock-integration --test redis_cluster "$@" -- --nocapture >"$logs/redis" 2>&1 &
+redis_pid=$!
 status=0
 wait "$etcd_pid" || status=1
 wait "$zk_pid" || status=1
-cat "$logs/etcd" "$logs/zookeeper"
+wait "$redis_pid" || status=1
+cat "$logs/etcd" "$logs/zookeeper" "$logs/redis"
 rm -rf "$logs"
 exit "$status"
