@@ -2,7 +2,7 @@
 //!
 //! | what | Redis key | type |
 //! |---|---|---|
-//! | session `{sid}` alive | `fencelock:s:{sid}` | string, `PX` = the session TTL |
+//! | session `{sid}` alive | `fencelock:s:{sid}` | hash: `v` the version of what it owns; `PX` = the session TTL |
 //! | the entries session `{sid}` owns | `fencelock:o:{sid}` | set of entry names, `PX` likewise |
 //! | queue `{namespace}/{name}` | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
 //! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms), `v` value |

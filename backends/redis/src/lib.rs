@@ -42,7 +42,15 @@
 //!
 //! The key layout is in [`layout`]. Single Redis server (with or without replicas), or a
 //! primary managed by Sentinel behind one address; **not Redis Cluster** (the scripts touch
-//! keys of several queues).
+//! keys of several queues), and no TLS in this version.
+//!
+//! Expiry is the Redis server's: it expires a session key by its own wall clock, so a server
+//! clock that jumps forward expires sessions early (a double grant, which fencing catches);
+//! etcd and ZooKeeper count leases and sessions on the leader's monotonic clock.
+//!
+//! An operator who deletes an entry by hand must do what the `remove` script does (delete the
+//! entry's hash and its sorted-set member, `PUBLISH fencelock:c:{entry} gone`): without the
+//! message, the waiter behind it only notices when the entry's session would expire.
 //!
 //! # Fencing tokens, and when they are monotonic
 //!
@@ -61,7 +69,13 @@
 //! granted the lock while the first still holds it) nor the last counter increments (the
 //! second client's token can be *smaller* than the first's, so a resource that checks tokens
 //! refuses the new holder and accepts the old one until a larger token arrives). The adversity
-//! test of this crate shows both. If that matters, use etcd or ZooKeeper.
+//! tests show both. If that matters, use etcd or ZooKeeper.
+//!
+//! A failover can also bring back an entry whose release it lost, owned by a session that is
+//! still alive. Each session follows a version of what it owns (bumped by every create and
+//! release, returned with every reply); when the server's version goes back, the session's next
+//! heartbeat deletes the entries it does not own any more, so the lock is not blocked for the
+//! rest of that session's life.
 //!
 //! # Redlock
 //!
