@@ -135,6 +135,36 @@ async fn redis_release_wakes_one_waiter() {
             }
             let name = format!("herd-{i}-{n}");
             let before = calls();
+            // Subscribers per entry channel, sampled while the workload runs: the waiters one
+            // release can wake.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = {
+                let (stop, url) = (stop.clone(), server.url());
+                tokio::spawn(async move {
+                    let client = redis::Client::open(url).unwrap();
+                    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+                    let mut most = 0i64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let channels: Vec<String> = redis::cmd("PUBSUB")
+                            .arg("CHANNELS")
+                            .arg("fencelock:c:*")
+                            .query_async(&mut con)
+                            .await
+                            .unwrap();
+                        if !channels.is_empty() {
+                            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                                .arg("NUMSUB")
+                                .arg(&channels)
+                                .query_async(&mut con)
+                                .await
+                                .unwrap();
+                            most = counts.iter().map(|c| c.1).max().unwrap_or(0).max(most);
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    most
+                })
+            };
             let mut tasks = Vec::new();
             for s in &sessions {
                 let mut op = our_op(s.clone(), load, &name);
@@ -150,7 +180,19 @@ async fn redis_release_wakes_one_waiter() {
                     .expect("the workload finishes")
                     .unwrap();
             }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let most = sampler.await.unwrap();
             per.push((calls() - before) / (n * ROUNDS) as f64);
+            if matches!(load, Load::Mutex) {
+                println!(
+                    "{load:?}, {n} sessions: at most {most} waiter(s) subscribed to one entry"
+                );
+                assert!(most <= 1, "{most} waiters subscribed to one entry: a herd");
+                assert!(
+                    n < SESSIONS || most == 1,
+                    "contended, yet no waiter was ever seen subscribed"
+                );
+            }
             for s in sessions {
                 s.close().await.unwrap();
             }
