@@ -107,7 +107,8 @@ impl Default for RedlockTiming {
 ///
 /// This relies on no server losing an acknowledged write: a server that restarts without its
 /// data (no persistence, or `appendfsync` other than `always`) can lower a counter, and then
-/// a later token can repeat an earlier one. It does not rely on clocks.
+/// a later token can repeat an earlier one. It does not rely on clocks. The counters
+/// (`fencelock:redlock-token:{name}`, one small key per lock name on each server) never expire.
 ///
 /// # What Redlock's exclusion relies on
 ///
