@@ -475,9 +475,18 @@ impl Drop for PendingAll {
                 inflight,
                 locals,
             },
+            // An earlier try may have created entries, and no reply says which: abandon every
+            // attempt (an `Ok(None)` here would leave them behind).
             None if self.maybe_created => Cleanup::EnqueuedAll {
                 queues,
-                inflight: tokio::spawn(async { Ok(None) }),
+                inflight: tokio::spawn(async {
+                    Err(crate::Error::backend(
+                        "core",
+                        "enqueue all",
+                        true,
+                        "an earlier try may have created entries",
+                    ))
+                }),
                 locals,
             },
             None => return,

@@ -9,7 +9,7 @@ use fencelock_redis::{RedisBackend, RedisConfig};
 
 fencelock::conformance_tests!(RedisFactory::shared());
 
-/// Entries follow the etcd layout's names; the token is the namespace counter, and the entry
+/// Entries follow the etcd layout's names; the token is the token counter, and the entry
 /// lives in the queue's sorted set with the token as its score.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layout_and_counter_token() {
@@ -32,7 +32,7 @@ async fn layout_and_counter_token() {
         .unwrap();
     assert_eq!(score as u64, g.token().get());
     let counter: u64 = redis::cmd("GET")
-        .arg("fencelock:t:layout")
+        .arg("fencelock:t")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -82,4 +82,74 @@ async fn unreachable_and_bad_settings() {
         .connect()
         .await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+}
+
+/// Two namespaces can name the same queue (`/svc` + `x` and the empty namespace + `svc/x`, as
+/// on etcd): one lock, one order, tokens that keep growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_namespaces_share_one_order() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("overlap");
+    let a = Session::builder(f.redis().clone())
+        .namespace(format!("{ns}/svc"))
+        .start()
+        .await
+        .unwrap();
+    let b = Session::builder(f.redis().clone())
+        .namespace(ns.clone())
+        .start()
+        .await
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let ga = a.mutex("x").unwrap().lock().await.unwrap();
+        assert!(b
+            .mutex("svc/x")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none());
+        assert!(ga.token().get() > last);
+        last = ga.token().get();
+        ga.release().await.unwrap();
+        let gb = b.mutex("svc/x").unwrap().lock().await.unwrap();
+        assert!(a.mutex("x").unwrap().try_lock().await.unwrap().is_none());
+        assert!(gb.token().get() > last);
+        last = gb.token().get();
+        gb.release().await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// `wait_for_replicas` refuses a replica timeout that is not shorter than the request timeout,
+/// and without a replica no grant is handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_without_replicas() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let url = f.server.url();
+    let r = RedisConfig::new(url.as_str())
+        .timeout(Duration::from_secs(1))
+        .wait_for_replicas(1, Duration::from_secs(1))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    let backend = RedisConfig::new(url.as_str())
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let r = Session::builder(backend)
+        .start_timeout(Duration::from_secs(1))
+        .start()
+        .await;
+    assert!(
+        r.is_err(),
+        "a session is not acknowledged by any replica: {r:?}"
+    );
 }

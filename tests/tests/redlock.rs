@@ -69,7 +69,11 @@ async fn no_majority_no_lock() {
         s.kill();
     }
     let a = Redlock::connect(urls(&servers)).unwrap();
-    assert!(a.try_lock("m", TTL).await.unwrap().is_none());
+    let r = a.try_lock("m", TTL).await;
+    assert!(
+        matches!(&r, Err(e) if e.is_temporary()),
+        "two of five answered: unavailable, not taken: {r:?}"
+    );
     let r = a.lock_timeout("m", TTL, Duration::from_millis(300)).await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     // A failed attempt releases what it set on the minority.

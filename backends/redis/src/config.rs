@@ -71,11 +71,14 @@ impl RedisConfig {
         self
     }
 
-    /// After creating an entry, waits until `replicas` replicas acknowledged it (Redis `WAIT`,
-    /// at most `timeout`), and fails the acquisition with a temporary error (retried) if fewer
-    /// did. With it, a replica promoted after the primary's crash has every entry and token
-    /// counter a holder was granted on: the grant and the fencing token survive a failover to
-    /// an acknowledging replica. Off by default (at most [`MAX_REPLICAS`]).
+    /// After creating an entry (or a session), waits until `replicas` replicas acknowledged it
+    /// (Redis `WAIT`, at most `timeout`, which must be shorter than [`timeout`](Self::timeout)),
+    /// and fails the acquisition with a temporary error (retried) if fewer did. With it, a
+    /// replica promoted after the primary's crash has every entry and token counter a holder
+    /// was granted on: the grant and the fencing token survive a failover to an acknowledging
+    /// replica. Creates then go through a connection of their own (`WAIT` blocks the
+    /// connection it runs on): they wait for each other, never the heartbeats. Releases are not
+    /// waited for. Off by default (at most [`MAX_REPLICAS`]).
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));
         self
@@ -92,6 +95,12 @@ impl RedisConfig {
                 ));
             }
             check_timeout("replica timeout", t)?;
+            if t >= self.timeout {
+                return Err(Error::invalid_config(
+                    format!("{t:?}"),
+                    "the replicas' timeout must be shorter than the request timeout",
+                ));
+            }
         }
         let url = if self.url.contains("://") {
             self.url.clone()

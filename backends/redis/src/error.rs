@@ -2,7 +2,8 @@
 //! code, never its message.
 //!
 //! Temporary: I/O errors (refused, reset, timed out), `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
-//! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`. Authentication
+//! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`, `BUSY` (a
+//! script running long), `MISCONF` (a server that cannot persist refuses writes). Authentication
 //! failures are [`Error::Unauthenticated`], `NOPERM` is [`Error::PermissionDenied`], a bad URL
 //! is [`Error::InvalidConfig`]; every other server error (a script error, `OOM`) is permanent.
 
@@ -36,6 +37,8 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::ClusterDown,
         ) => true,
+        // A script running past `busy-reply-threshold`, a server that cannot persist.
+        _ if matches!(e.code(), Some("BUSY" | "MISCONF")) => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
     };
     Error::backend(NAME, op, temporary, e)

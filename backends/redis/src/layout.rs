@@ -6,8 +6,10 @@
 //! | the entries session `{sid}` owns | `fencelock:o:{sid}` | set of entry names, `PX` likewise |
 //! | queue `{namespace}/{name}` | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
 //! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms), `v` value |
-//! | token counter of `{namespace}` | `fencelock:t:{namespace}` | integer, never expires |
-//! | session id counter | `fencelock:sid` | integer, never expires |
+//! | the token counter | `fencelock:t` | integer, never expires |
+//!
+//! Session ids are random (128 bits, hex). One token counter serves every namespace: two
+//! namespaces can name the same queue (`/svc` + `x` and `` + `svc/x`), whose order must be one.
 //!
 //! Entry *names* follow the etcd backend's layout (`{namespace}/{name}/{sid}`, readers and
 //! writers under `read/` and `write/`, permits `{sid}_{attempt}`), so that inspection and

@@ -90,6 +90,7 @@ mod guarded;
 pub mod layout;
 mod notify;
 mod redlock;
+mod replicas;
 mod scripts;
 mod session;
 
@@ -117,6 +118,7 @@ pub struct RedisBackend {
     con: ConnectionManager,
     client: redis::Client,
     config: Arc<RedisConfig>,
+    acked: Option<Arc<replicas::Acked>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -172,10 +174,20 @@ impl RedisBackend {
                 })
             }
         };
+        warn_if_evicting(con.clone()).await;
+        let acked = config.replicas.map(|(n, wait)| {
+            Arc::new(replicas::Acked::new(
+                client.clone(),
+                config.timeout,
+                n,
+                wait,
+            ))
+        });
         Ok(RedisBackend {
             con,
             client,
             config: Arc::new(config),
+            acked,
         })
     }
 
@@ -183,6 +195,26 @@ impl RedisBackend {
     /// resource of your own in Redis that checks fencing tokens).
     pub fn connection(&self) -> ConnectionManager {
         self.con.clone()
+    }
+}
+
+/// Warns when the server may evict keys: an evicted session key ends a session early, an
+/// evicted token counter starts tokens again from 1. (Servers that forbid `CONFIG` say
+/// nothing.)
+async fn warn_if_evicting(mut con: ConnectionManager) {
+    let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut con)
+        .await;
+    if let Ok(v) = policy {
+        if let Some(policy) = v.get(1).filter(|p| p.as_str() != "noeviction") {
+            tracing::warn!(
+                policy = %policy,
+                "the Redis server may evict keys (maxmemory-policy is not noeviction): an evicted \
+                 session ends early, an evicted token counter restarts the fencing tokens"
+            );
+        }
     }
 }
 
@@ -202,6 +234,7 @@ impl Backend for RedisBackend {
                 self.con.clone(),
                 self.client.clone(),
                 self.config.clone(),
+                self.acked.clone(),
                 ttl,
             )
             .await?,

@@ -17,6 +17,9 @@ use tokio::sync::{Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
 
+/// How often an idle pub/sub connection is checked with a `PING`.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
 /// The session's pub/sub hub.
 pub(crate) struct Notifier {
     client: redis::Client,
@@ -137,18 +140,22 @@ impl Notifier {
         let Some(conn) = slot.as_mut() else {
             return Err(temporary("subscribe", "no pub/sub connection"));
         };
-        let stale: Vec<String> = {
-            let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-            let stale = std::mem::take(&mut regs.stale);
-            stale
-                .into_iter()
-                .filter(|c| !regs.by_channel.contains_key(c))
-                .collect()
-        };
-        for channel in stale {
-            if conn.subscribed.remove(&channel) {
+        // One stale channel at a time, each taken off the list only once handled: a cancelled
+        // registration leaves the rest for the next one.
+        loop {
+            let next = {
+                let mut guard = self.regs.lock().unwrap_or_else(|e| e.into_inner());
+                let Regs { by_channel, stale } = &mut *guard;
+                stale.retain(|c| !by_channel.contains_key(c));
+                stale.last().cloned()
+            };
+            let Some(channel) = next else { break };
+            if conn.subscribed.contains(&channel) {
                 let _ = tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await;
+                conn.subscribed.remove(&channel);
             }
+            let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
+            regs.stale.retain(|c| c != &channel);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let signal = Arc::new(Signal::default());
@@ -165,6 +172,11 @@ impl Notifier {
             signal,
             regs: self.regs.clone(),
         };
+        // The reader may have found the connection dead before the registration was in the
+        // list (it would then never be marked broken).
+        if !conn.alive.load(Ordering::SeqCst) {
+            return Err(temporary("subscribe", "the pub/sub connection broke"));
+        }
         if !conn.subscribed.contains(&channel) {
             match tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await {
                 Ok(Ok(())) => {
@@ -192,8 +204,24 @@ impl Notifier {
         let (sink, mut stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
         let (regs, flag) = (self.regs.clone(), alive.clone());
+        let (mut pinger, timeout) = (sink.clone(), self.timeout);
         let reader = tokio::spawn(async move {
-            while let Some(msg) = stream.next().await {
+            // A connection that died without a reset (a crashed host, a dropped NAT entry)
+            // delivers nothing and reports nothing: a ping every PING_EVERY finds it.
+            let mut tick = tokio::time::interval(PING_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let msg = tokio::select! {
+                    msg = stream.next() => msg,
+                    _ = tick.tick() => {
+                        let pong = tokio::time::timeout(timeout, pinger.ping::<redis::Value>()).await;
+                        if matches!(pong, Ok(Ok(_))) {
+                            continue;
+                        }
+                        None
+                    }
+                };
+                let Some(msg) = msg else { break };
                 let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(list) = regs.by_channel.get(msg.get_channel_name()) {
                     let gone = msg.get_payload_bytes() == b"gone";
@@ -205,9 +233,10 @@ impl Notifier {
                     }
                 }
             }
-            // The connection is gone, and with it any message sent meanwhile.
-            break_all(&regs);
+            // The connection is gone, and with it any message sent meanwhile. Marked dead
+            // first, so that a registration added from now on fails instead of waiting here.
             flag.store(false, Ordering::SeqCst);
+            break_all(&regs);
         });
         Ok(Conn {
             sink,

@@ -254,8 +254,9 @@ impl Redlock {
             .count()
     }
 
-    /// One attempt: the lock on a majority within its validity, or `None` (having released
-    /// whatever it set).
+    /// One attempt: the lock on a majority within its validity, or `None` if a majority
+    /// answered but the lock is taken (having released whatever it set). Fewer than a majority
+    /// answering is a temporary [`Error::Backend`].
     ///
     /// # Cancel safety
     ///
@@ -300,19 +301,20 @@ impl Redlock {
             }
         }
         self.release_all(name, &value).await;
-        if got.iter().all(Option::is_none) {
+        // Fewer than a majority answered: the lock may well be free; unavailable, not taken.
+        if got.iter().flatten().count() < self.majority() {
             return Err(Error::backend(
                 NAME,
                 "redlock",
                 true,
-                "no Redis server answered",
+                "fewer than a majority of the Redis servers answered",
             ));
         }
         Ok(None)
     }
 
     /// Retries [`try_lock`](Self::try_lock) with exponential backoff and jitter until it
-    /// succeeds or `timeout` passes ([`Error::Timeout`]). Temporary errors (no server
+    /// succeeds or `timeout` passes ([`Error::Timeout`]). Temporary errors (no majority
     /// answered) are retried too.
     ///
     /// # Cancel safety

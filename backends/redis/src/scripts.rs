@@ -71,12 +71,22 @@ local function ahead(path, below, want, nearest)
 end
 -- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token and
 -- whether it was created. Every change of what a session owns bumps its version (`v` of its key),
--- which the client follows: a version that goes back tells it that a failover lost changes.
-local function create(sid, ns, path, name, kind, value, ttl)
+-- which the client follows: a version below the one the client has seen tells it that a
+-- failover lost changes. One token counter for every namespace: two namespaces can name the
+-- same queue (`/svc` + `x`, `` + `svc/x`), and its order must be one.
+local function create(sid, path, name, kind, value, ttl)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('ZSCORE', q, name)
-  if token then return tonumber(token), 0 end
-  token = redis.call('INCR', P .. ':t:' .. ns)
+  if token then
+    if redis.call('HGET', e, 's') == sid then
+      -- Found again (a retry). Touched, so that a WAIT that follows covers it.
+      redis.call('PEXPIRE', e, ttl)
+      return tonumber(token), 0
+    end
+    -- A member without its hash (evicted, or half deleted by hand): replaced.
+    redis.call('ZREM', q, name)
+  end
+  token = redis.call('INCR', P .. ':t')
   local now = redis.call('TIME')
   local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   redis.call('ZADD', q, token, name)
@@ -89,31 +99,38 @@ local function create(sid, ns, path, name, kind, value, ttl)
   if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', P .. ':h:' .. path, 'new') end
   return token, 1
 end
+-- 1 if session `sid`'s version is below `known` (the highest the client has seen): the server
+-- lost changes of it.
+local function behind(sid, known)
+  if version(sid) < tonumber(known) then return 1 end
+  return 0
+end
 "#;
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
 
-/// ARGV: ttl ms. Returns the new session's id (hex).
+/// ARGV: sid (random), ttl ms. Creates the session's key; 0 if a session with that id exists.
 pub(crate) static OPEN: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local sid = string.format('%x', redis.call('INCR', P .. ':sid'))
-redis.call('HSET', skey(sid), 'v', 0)
-redis.call('PEXPIRE', skey(sid), ARGV[1])
-return sid
+if redis.call('EXISTS', skey(ARGV[1])) == 1 then return 0 end
+redis.call('HSET', skey(ARGV[1]), 'v', 0)
+redis.call('PEXPIRE', skey(ARGV[1]), ARGV[2])
+return 1
 "#,
     )
 });
 
-/// ARGV: sid, ttl ms. Extends the session and everything it owns; returns the session's
-/// version, or -1 if the session is gone.
+/// ARGV: sid, ttl ms, the version the client knows. Extends the session and everything it
+/// owns; returns {-1} if the session is gone, else {version, behind}.
 pub(crate) static KEEP_ALIVE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ttl = ARGV[1], tonumber(ARGV[2])
-if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return -1 end
+if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return {-1} end
+local late = behind(sid, ARGV[3])
 redis.call('PEXPIRE', okey(sid), ttl)
 for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
   local e = redis.call('HMGET', ekey(name), 's', 'q')
@@ -124,7 +141,7 @@ for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
     redis.call('SREM', okey(sid), name)
   end
 end
-return version(sid)
+return {version(sid), late}
 "#,
     )
 });
@@ -169,28 +186,31 @@ return 1
     )
 });
 
-/// ARGV: sid, namespace, queue path, entry name, kind, value, ttl ms, kind filter, nearest.
-/// Returns {-1} if the session is gone, else {token, created, {ahead…}, version}.
+/// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
+/// the client knows. Returns {-1} if the session is gone, else {token, created, {ahead…},
+/// version, behind}.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local sid, ns, path, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local sid, path, name = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
-local token, created = create(sid, ns, path, name, ARGV[5], ARGV[6], tonumber(ARGV[7]))
-local out = ahead(path, token, ARGV[8], tonumber(ARGV[9]))
-return {token, created, out, version(sid)}
+local late = behind(sid, ARGV[9])
+local token, created = create(sid, path, name, ARGV[4], ARGV[5], tonumber(ARGV[6]))
+local out = ahead(path, token, ARGV[7], tonumber(ARGV[8]))
+return {token, created, out, version(sid), late}
 "#,
     )
 });
 
-/// ARGV: sid, namespace, ttl ms, then (queue path, entry name, kind, value) per queue.
-/// Creates every entry only if each queue is empty of live entries but ours; returns {-1} if
-/// the session is gone, {0} if a queue is taken, else {1, {token…}, version}.
+/// ARGV: sid, ttl ms, the version the client knows, then (queue path, entry name, kind, value)
+/// per queue. Creates every entry only if each queue is empty of live entries but ours; returns
+/// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local sid, ns, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local sid, ttl = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
+local late = behind(sid, ARGV[3])
 for i = 4, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
@@ -202,10 +222,10 @@ for i = 4, #ARGV, 4 do
 end
 local tokens = {}
 for i = 4, #ARGV, 4 do
-  local token = create(sid, ns, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
+  local token = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
   tokens[#tokens + 1] = token
 end
-return {1, tokens, version(sid)}
+return {1, tokens, version(sid), late}
 "#,
     )
 });
@@ -256,27 +276,34 @@ return {1, redis.call('HGET', ekey(ARGV[1]), 'v')}
     )
 });
 
-/// ARGV: entry name, sid. Deletes the entry if session `sid` owns it, whatever its token (the
-/// caller does not know whether its create happened). Returns the session's version (-1 if the
-/// session is gone).
+/// ARGV: queue path, entry name, sid, the version the client knows. Deletes the entry if
+/// session `sid` owns it, whatever its token (the caller does not know whether its create
+/// happened), or a queue member left without its hash. Returns {-1} if the session is gone,
+/// else {version, behind}.
 pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
-local sid = ARGV[2]
-local e = redis.call('HMGET', ekey(ARGV[1]), 's', 'q')
-if e[1] == sid then
-  drop(e[2], ARGV[1])
-  redis.call('SREM', okey(sid), ARGV[1])
+local path, name, sid = ARGV[1], ARGV[2], ARGV[3]
+local alive = redis.call('EXISTS', skey(sid)) == 1
+local late = 0
+if alive then late = behind(sid, ARGV[4]) end
+local owner = redis.call('HGET', ekey(name), 's')
+if owner == sid then
+  drop(redis.call('HGET', ekey(name), 'q'), name)
+  redis.call('SREM', okey(sid), name)
+  if alive then redis.call('HINCRBY', skey(sid), 'v', 1) end
+elseif not owner then
+  redis.call('ZREM', qkey(path), name)
 end
-if redis.call('EXISTS', skey(sid)) == 0 then return -1 end
-if e[1] == sid then redis.call('HINCRBY', skey(sid), 'v', 1) end
-return version(sid)
+if not alive then return {-1} end
+return {version(sid), late}
 "#,
     )
 });
 
-/// ARGV: entry name, token. Deletes the entry if it is still the one with that token. Returns
-/// {0} if it did not, else {1, the owner's version} (-1 if the owner's session is gone).
+/// ARGV: entry name, token, the version its owner's client knows. Deletes the entry if it is
+/// still the one with that token. Returns {0} if it did not, else {1, the owner's version (-1
+/// if the owner's session is gone), behind}.
 pub(crate) static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -284,9 +311,10 @@ local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
 if not e[1] or tonumber(e[1]) ~= tonumber(ARGV[2]) then return {0} end
 drop(e[2], ARGV[1])
 redis.call('SREM', okey(e[3]), ARGV[1])
-if redis.call('EXISTS', skey(e[3])) == 0 then return {1, -1} end
+if redis.call('EXISTS', skey(e[3])) == 0 then return {1, -1, 0} end
+local late = behind(e[3], ARGV[3])
 redis.call('HINCRBY', skey(e[3]), 'v', 1)
-return {1, version(e[3])}
+return {1, version(e[3]), late}
 "#,
     )
 });

@@ -11,13 +11,15 @@ use fencelock::backend::{
 };
 use fencelock::{Error, FencingToken, Result, SessionEnd};
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
+use tokio::sync::RwLock;
 use uuid::Uuid;
 
 use crate::config::RedisConfig;
-use crate::error::{map, temporary, unexpected};
+use crate::error::{map, unexpected};
 use crate::layout::{entries_glob, entry_name, filter_code, kind_code, kind_of, KEY_PREFIX};
 use crate::notify::Notifier;
+use crate::replicas::Acked;
 use crate::scripts;
 
 /// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
@@ -29,21 +31,30 @@ const LIST_CHUNK: usize = 1000;
 
 pub(crate) struct RedisSession {
     con: ConnectionManager,
+    /// With `wait_for_replicas`: where creates go, each followed by a `WAIT`.
+    acked: Option<Arc<Acked>>,
     sid: String,
     ttl: Duration,
     notifier: Notifier,
-    config: Arc<RedisConfig>,
     owned: StdMutex<Owned>,
+    /// Held, shared, by every change of what the session owns, from tracking it to its reply;
+    /// a reconciliation takes it alone, so that it never deletes a create in flight.
+    gate: RwLock<()>,
 }
 
 /// What this session believes it owns on the server, to find out when a failover to a replica
 /// lost some of its changes: a release lost that way brings the entry back, and the session's
 /// own heartbeat would keep it alive for ever, blocking the lock.
+///
+/// Every script that changes what the session owns, and the heartbeat, carries the highest
+/// version the client has seen; the server compares it with its own before it changes
+/// anything. A version the client has seen was made before the request was sent, so a server
+/// below it lost changes, whatever order the replies are handled in.
 #[derive(Default)]
 struct Owned {
     /// The highest version of the session's entries the server reported.
     version: i64,
-    /// The server reported a lower one: it lost changes.
+    /// The server said it is behind that version: it lost changes.
     diverged: bool,
     /// The names of the entries created or being created, with how many times (a name repeats
     /// when a session re-queues on a lock before the release of its previous entry finished).
@@ -51,11 +62,13 @@ struct Owned {
 }
 
 impl Owned {
-    fn saw(&mut self, version: i64) {
-        if version < self.version {
+    /// A reply: the server's version, and whether it was behind the one the request carried.
+    fn saw(&mut self, version: Option<i64>, behind: Option<i64>) {
+        if let Some(v) = version {
+            self.version = self.version.max(v);
+        }
+        if behind == Some(1) {
             self.diverged = true;
-        } else {
-            self.version = version;
         }
     }
 
@@ -163,48 +176,60 @@ impl RedisSession {
         con: ConnectionManager,
         client: redis::Client,
         config: Arc<RedisConfig>,
+        acked: Option<Arc<Acked>>,
         ttl: Duration,
     ) -> Result<Self> {
-        let mut session = RedisSession {
+        // A random id: a counter could hand out a live session's id again after a failover
+        // lost its increments.
+        let session = RedisSession {
             con,
-            sid: String::new(),
+            acked,
+            sid: Uuid::new_v4().simple().to_string(),
             ttl,
             notifier: Notifier::new(client, config.timeout),
-            config,
             owned: StdMutex::default(),
+            gate: RwLock::new(()),
         };
         let reply = session
-            .call("open session", &scripts::OPEN, vec![arg(ms(ttl))])
+            .create_call(
+                "open session",
+                &scripts::OPEN,
+                vec![arg(&session.sid), arg(ms(ttl))],
+            )
             .await?;
-        session.sid = text(&reply).ok_or_else(|| unexpected("open session"))?;
+        if int(&reply) != Some(1) {
+            return Err(unexpected("open session"));
+        }
         Ok(session)
     }
 
-    async fn call(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
+    fn invocation(script: &Script, args: Args) -> ScriptInvocation<'_> {
         let mut inv = script.prepare_invoke();
         for a in args {
             inv.arg(a);
         }
-        let mut con = self.con.clone();
-        inv.invoke_async(&mut con).await.map_err(|e| map(op, e))
+        inv
     }
 
-    /// Waits until the configured replicas acknowledged what this connection wrote.
-    async fn replicated(&self, op: &'static str) -> Result<()> {
-        let Some((n, timeout)) = self.config.replicas else {
-            return Ok(());
-        };
+    async fn call(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
         let mut con = self.con.clone();
-        let acked: usize = redis::cmd("WAIT")
-            .arg(n)
-            .arg(ms(timeout) as u64)
-            .query_async(&mut con)
+        Self::invocation(script, args)
+            .invoke_async(&mut con)
             .await
-            .map_err(|e| map(op, e))?;
-        if acked < n {
-            return Err(temporary(op, "fewer replicas than required acknowledged"));
+            .map_err(|e| map(op, e))
+    }
+
+    /// A call that creates something a failover must not lose: acknowledged by the replicas
+    /// when the backend is configured to wait for them.
+    async fn create_call(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
+        match &self.acked {
+            Some(acked) => acked.run(op, Self::invocation(script, args)).await,
+            None => self.call(op, script, args).await,
         }
-        Ok(())
+    }
+
+    fn known(&self) -> i64 {
+        self.owned().version
     }
 
     fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
@@ -213,6 +238,7 @@ impl RedisSession {
 
     /// After a failover lost some of this session's changes: deletes the entries the session
     /// does not believe it owns (released ones that came back) and moves the version past both.
+    /// The caller holds the gate alone.
     async fn reconcile(&self) -> Result<()> {
         let (known, names) = {
             let o = self.owned();
@@ -224,7 +250,7 @@ impl RedisSession {
         match int(&reply) {
             Some(v) if v >= 0 => {
                 let mut o = self.owned();
-                o.version = v;
+                o.version = o.version.max(v);
                 o.diverged = false;
                 Ok(())
             }
@@ -296,26 +322,35 @@ impl BackendSession for RedisSession {
             .call(
                 "keep-alive",
                 &scripts::KEEP_ALIVE,
-                vec![arg(&self.sid), arg(ms(self.ttl))],
+                vec![arg(&self.sid), arg(ms(self.ttl)), arg(self.known())],
             )
             .await?;
-        let version = match int(&reply) {
-            Some(v) if v >= 0 => v,
+        let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
+        match a.first().and_then(int) {
+            Some(v) if v >= 0 => {}
             Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
             None => return Err(unexpected("keep-alive")),
-        };
+        }
         let diverged = {
             let mut o = self.owned();
-            o.saw(version);
+            o.saw(a.first().and_then(int), a.get(1).and_then(int));
             o.diverged
         };
+        // Only when no change of what the session owns is in flight (else at a later
+        // heartbeat): the heartbeat itself never waits for one.
         if diverged {
-            tracing::warn!(
-                session = %self.sid,
-                "the Redis server lost changes of this session (a failover to a replica that \
-                 lagged): deleting the entries it released that came back"
-            );
-            self.reconcile().await?;
+            if let Ok(_alone) = self.gate.try_write() {
+                tracing::warn!(
+                    session = %self.sid,
+                    "the Redis server lost changes of this session (a failover to a replica \
+                     that lagged): deleting the entries it released that came back"
+                );
+                // The session is confirmed alive either way; a failed reconciliation is tried
+                // again at the next heartbeat.
+                if let Err(e) = self.reconcile().await {
+                    tracing::warn!(session = %self.sid, error = %e, "reconciliation failed");
+                }
+            }
         }
         Ok(())
     }
@@ -335,9 +370,9 @@ impl BackendSession for RedisSession {
             )));
         }
         let name = entry_name(req.queue, &self.sid, req.kind, req.attempt);
+        let _changing = self.gate.read().await;
         let args = vec![
             arg(&self.sid),
-            arg(&req.queue.namespace),
             arg(req.queue.path()),
             arg(&name),
             arg(kind_code(req.kind)),
@@ -345,12 +380,13 @@ impl BackendSession for RedisSession {
             arg(ms(self.ttl)),
             arg(filter_code(req.ahead.kind)),
             arg(req.ahead.nearest),
+            arg(self.known()),
         ];
         // Counted once per attempt: a retry may find what the first try created.
         if !req.retry {
             self.owned().track(&name);
         }
-        let reply = match self.call("enqueue", &scripts::ENQUEUE, args).await {
+        let reply = match self.create_call("enqueue", &scripts::ENQUEUE, args).await {
             Ok(reply) => reply,
             Err(e) => {
                 // A temporary error may hide a create: the core abandons the attempt.
@@ -372,10 +408,8 @@ impl BackendSession for RedisSession {
             .get(2)
             .and_then(peers)
             .ok_or_else(|| unexpected("enqueue"))?;
-        if let Some(v) = a.get(3).and_then(int) {
-            self.owned().saw(v);
-        }
-        self.replicated("enqueue").await?;
+        self.owned()
+            .saw(a.get(3).and_then(int), a.get(4).and_then(int));
         Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
     }
 
@@ -383,11 +417,8 @@ impl BackendSession for RedisSession {
         let Some(first) = reqs.first() else {
             return Ok(Some(Vec::new()));
         };
-        let mut args = vec![
-            arg(&self.sid),
-            arg(&first.queue.namespace),
-            arg(ms(self.ttl)),
-        ];
+        let _changing = self.gate.read().await;
+        let mut args = vec![arg(&self.sid), arg(ms(self.ttl)), arg(self.known())];
         let mut names = Vec::with_capacity(reqs.len());
         for r in reqs {
             let name = entry_name(r.queue, &self.sid, r.kind, r.attempt);
@@ -410,7 +441,10 @@ impl BackendSession for RedisSession {
                 o.untrack(name);
             }
         };
-        let reply = match self.call("enqueue all", &scripts::ENQUEUE_ALL, args).await {
+        let reply = match self
+            .create_call("enqueue all", &scripts::ENQUEUE_ALL, args)
+            .await
+        {
             Ok(reply) => reply,
             Err(e) => {
                 if !e.is_temporary() {
@@ -427,9 +461,8 @@ impl BackendSession for RedisSession {
                 Ok(None)
             }
             Some(1) => {
-                if let Some(v) = a.get(2).and_then(int) {
-                    self.owned().saw(v);
-                }
+                self.owned()
+                    .saw(a.get(2).and_then(int), a.get(3).and_then(int));
                 let tokens = a
                     .get(1)
                     .and_then(array)
@@ -444,7 +477,6 @@ impl BackendSession for RedisSession {
                     })
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| unexpected("enqueue all"))?;
-                self.replicated("enqueue all").await?;
                 Ok(Some(entries))
             }
             _ => Err(unexpected("enqueue all")),
@@ -533,37 +565,47 @@ impl BackendSession for RedisSession {
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {
+        let _changing = self.gate.read().await;
         let reply = self
             .call(
                 "release",
                 &scripts::REMOVE,
-                vec![arg(&entry.key), arg(entry.token.get())],
+                vec![arg(&entry.key), arg(entry.token.get()), arg(self.known())],
             )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("release"))?;
         let removed = a.first().and_then(int) == Some(1);
         let mut o = self.owned();
         o.untrack(&entry.key);
-        if let Some(v) = a.get(1).and_then(int).filter(|v| *v >= 0) {
-            o.saw(v);
-        }
+        o.saw(
+            a.get(1).and_then(int).filter(|v| *v >= 0),
+            a.get(2).and_then(int),
+        );
         Ok(removed)
     }
 
     async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
         let name = entry_name(queue, &self.sid, kind, attempt);
+        let _changing = self.gate.read().await;
         let reply = self
             .call(
                 "abandon",
                 &scripts::ABANDON,
-                vec![arg(&name), arg(&self.sid)],
+                vec![
+                    arg(queue.path()),
+                    arg(&name),
+                    arg(&self.sid),
+                    arg(self.known()),
+                ],
             )
             .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("abandon"))?;
         let mut o = self.owned();
         o.untrack(&name);
-        if let Some(v) = int(&reply).filter(|v| *v >= 0) {
-            o.saw(v);
-        }
+        o.saw(
+            a.first().and_then(int).filter(|v| *v >= 0),
+            a.get(1).and_then(int),
+        );
         Ok(())
     }
 

@@ -1,0 +1,88 @@
+//! Creates acknowledged by replicas (`RedisConfig::wait_for_replicas`): the script and a `WAIT`
+//! on one connection of their own. `WAIT` counts the writes of the connection it runs on, and
+//! blocks that connection until the replicas answer, so it must neither share the sessions'
+//! connection (heartbeats would wait behind it) nor follow a script sent on another one.
+
+use std::time::Duration;
+
+use fencelock::Result;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::error::{map, temporary};
+
+/// The connection of acknowledged creates, made on first use and again after a failure.
+pub(crate) struct Acked {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    replicas: usize,
+    wait: Duration,
+    slot: AsyncMutex<Option<MultiplexedConnection>>,
+}
+
+impl Acked {
+    pub(crate) fn new(
+        client: redis::Client,
+        timeout: Duration,
+        replicas: usize,
+        wait: Duration,
+    ) -> Self {
+        Acked {
+            client,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout)),
+            replicas,
+            wait,
+            slot: AsyncMutex::new(None),
+        }
+    }
+
+    async fn connection(&self, op: &'static str) -> Result<MultiplexedConnection> {
+        let mut slot = self.slot.lock().await;
+        if let Some(con) = slot.as_ref() {
+            return Ok(con.clone());
+        }
+        let con = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| map(op, e))?;
+        *slot = Some(con.clone());
+        Ok(con)
+    }
+
+    /// Runs `script` and then `WAIT`s for the replicas, on this connection. Fails with a
+    /// temporary error if fewer replicas than required acknowledged in time. A write the script
+    /// made stays (the caller's retry finds it, and its `WAIT` covers it).
+    pub(crate) async fn run(
+        &self,
+        op: &'static str,
+        script: ScriptInvocation<'_>,
+    ) -> Result<Value> {
+        let mut con = self.connection(op).await?;
+        let res = async {
+            let value: Value = script.invoke_async(&mut con).await?;
+            let acked: usize = redis::cmd("WAIT")
+                .arg(self.replicas)
+                .arg(self.wait.as_millis().max(1) as u64)
+                .query_async(&mut con)
+                .await?;
+            Ok::<_, redis::RedisError>((value, acked))
+        }
+        .await;
+        match res {
+            Ok((value, acked)) if acked >= self.replicas => Ok(value),
+            Ok(_) => Err(temporary(
+                op,
+                "fewer replicas than required acknowledged in time",
+            )),
+            Err(e) => {
+                // A broken connection must not serve a WAIT for writes it never carried.
+                *self.slot.lock().await = None;
+                Err(map(op, e))
+            }
+        }
+    }
+}
