@@ -17,6 +17,25 @@ use fencelock_integration::target::Kind;
 const SESSIONS: usize = 6;
 const ROUNDS: usize = 15;
 
+/// Every session acquires and releases `load` on `name` `ROUNDS` times, all at once.
+async fn run_load(sessions: &[Session], load: Load, name: &str) {
+    let mut tasks = Vec::new();
+    for s in sessions {
+        let mut op = our_op(s.clone(), load, name);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                op().await;
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("the workload finishes")
+            .unwrap();
+    }
+}
+
 /// Runs every load with `SESSIONS` sessions × `ROUNDS` acquisitions; asserts at most `limit`
 /// notifications per acquisition for each.
 async fn check_loads(sessions: Vec<Session>, counter: &Notifications, limit: f64) {
@@ -26,21 +45,7 @@ async fn check_loads(sessions: Vec<Session>, counter: &Notifications, limit: f64
     {
         let name = format!("herd-{i}");
         let before = counter.read().await.expect("read the server's counter");
-        let mut tasks = Vec::new();
-        for s in &sessions {
-            let mut op = our_op(s.clone(), load, &name);
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    op().await;
-                }
-            }));
-        }
-        for t in tasks {
-            tokio::time::timeout(Duration::from_secs(120), t)
-                .await
-                .expect("the workload finishes")
-                .unwrap();
-        }
+        run_load(&sessions, load, &name).await;
         let after = counter.read().await.expect("read the server's counter");
         let per = (after - before) / (SESSIONS * ROUNDS) as f64;
         println!("{load:?}: {per:.2} notifications per acquisition");
@@ -165,21 +170,7 @@ async fn redis_release_wakes_one_waiter() {
                     most
                 })
             };
-            let mut tasks = Vec::new();
-            for s in &sessions {
-                let mut op = our_op(s.clone(), load, &name);
-                tasks.push(tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        op().await;
-                    }
-                }));
-            }
-            for t in tasks {
-                tokio::time::timeout(Duration::from_secs(120), t)
-                    .await
-                    .expect("the workload finishes")
-                    .unwrap();
-            }
+            run_load(&sessions, load, &name).await;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let most = sampler.await.unwrap();
             per.push((calls() - before) / (n * ROUNDS) as f64);

@@ -62,11 +62,16 @@ pub trait Cluster: Send + Sync {
 /// Whether the servers of `kind` are installed. Without them: panics in CI, else prints a skip
 /// message and returns `false`.
 pub fn available(kind: Kind) -> bool {
-    let missing = match kind {
+    present(match kind {
         Kind::Etcd => etcd::missing(),
         Kind::ZooKeeper => zookeeper::missing(),
         Kind::Redis => redis::missing(),
-    };
+    })
+}
+
+/// The skip policy for a server that is `missing` (what is missing, if anything): panics in
+/// CI, else prints a skip message and returns `false`.
+pub fn present(missing: Option<String>) -> bool {
     let Some(missing) = missing else {
         return true;
     };

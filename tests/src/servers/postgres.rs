@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::in_ci;
 use crate::process::ManagedChild;
 
 /// The directory of Debian's PostgreSQL binaries (`/usr/lib/postgresql/{version}/bin`), the
@@ -53,14 +52,7 @@ pub fn missing() -> Option<String> {
 
 /// Whether PostgreSQL can run: panics in CI if not, else prints a skip message.
 pub fn available() -> bool {
-    match missing() {
-        None => true,
-        Some(m) if in_ci() => panic!("{m}: required in CI"),
-        Some(m) => {
-            eprintln!("skipped: {m}");
-            false
-        }
-    }
+    super::present(missing())
 }
 
 /// A running PostgreSQL server; stopped (by PID) when dropped.

@@ -10,7 +10,6 @@ use fencelock::conformance::Factory;
 use fencelock::Result;
 use fencelock_redis::RedisBackend;
 
-use crate::in_ci;
 use crate::process::ManagedChild;
 
 /// What is missing to run Redis, if anything.
@@ -24,14 +23,7 @@ pub fn missing() -> Option<String> {
 
 /// Whether Redis can run: panics in CI if not, else prints a skip message.
 pub fn available() -> bool {
-    match missing() {
-        None => true,
-        Some(m) if in_ci() => panic!("{m}: required in CI"),
-        Some(m) => {
-            eprintln!("skipped: {m}");
-            false
-        }
-    }
+    super::present(missing())
 }
 
 /// How a server keeps its data.
@@ -366,16 +358,9 @@ static SHARED: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
 
 /// The server shared by the tests of one binary; `None` if Redis is missing outside CI.
 pub fn shared() -> Option<Arc<RedisServer>> {
-    if !available() {
-        return None;
-    }
-    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = slot.upgrade() {
-        return Some(s);
-    }
-    let s = Arc::new(RedisServer::start(Durability::None));
-    *slot = Arc::downgrade(&s);
-    Some(s)
+    super::shared(&SHARED, crate::target::Kind::Redis, || {
+        RedisServer::start(Durability::None)
+    })
 }
 
 /// The conformance factory over a Redis server.
