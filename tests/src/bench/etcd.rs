@@ -75,21 +75,16 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     // Interleaved in blocks, so that drift on the machine hits every row alike.
     let mut ops = [ours, raw, recipe];
     let samples = time_interleaved(args.rounds, &mut ops).await;
-    let (ours, raw, recipe) = (&samples[0], &samples[1], &samples[2]);
-    let base = raw.pct(0.5);
-    for (name, s) in [
-        ("fencelock Mutex lock + release", ours),
-        ("raw txn create + delete", raw),
-        ("etcd-client lock() + unlock()", recipe),
-    ] {
-        crate::emit!(
-            "| {name} | {} | {} | {:.2}x |",
-            ms(s.pct(0.5)),
-            ms(s.pct(0.99)),
-            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
-        );
-    }
-    super::summary("etcd", "uncontended p50 ms", ms(ours.pct(0.5)));
+    super::latency_rows(
+        &[
+            "fencelock Mutex lock + release",
+            "raw txn create + delete",
+            "etcd-client lock() + unlock()",
+        ],
+        &samples,
+        samples[1].pct(0.5),
+    );
+    super::summary("etcd", "uncontended p50 ms", ms(samples[0].pct(0.5)));
     session.close().await.unwrap();
 
     crate::emit!(

@@ -108,6 +108,18 @@ pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
+/// Prints one latency row per name (p50, p99, p50 against `base`'s).
+pub fn latency_rows(names: &[&str], samples: &[Samples], base: Duration) {
+    for (name, s) in names.iter().zip(samples) {
+        crate::emit!(
+            "| {name} | {} | {} | {:.2}x |",
+            ms(s.pct(0.5)),
+            ms(s.pct(0.99)),
+            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+        );
+    }
+}
+
 /// The median of a few durations.
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

@@ -157,22 +157,16 @@ pub async fn redis_rows(args: &Args) {
     ];
     let samples = time_interleaved(args.rounds, &mut ops).await;
     let base = samples[1].pct(0.5);
-    for (name, s) in [
-        "fencelock Mutex lock + release",
-        "bare SET NX PX + delete script",
-        "rslock lock + unlock (one server)",
-        "fencelock_redis::Redlock (one server)",
-    ]
-    .into_iter()
-    .zip(&samples)
-    {
-        crate::emit!(
-            "| {name} | {} | {} | {:.2}x |",
-            ms(s.pct(0.5)),
-            ms(s.pct(0.99)),
-            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
-        );
-    }
+    super::latency_rows(
+        &[
+            "fencelock Mutex lock + release",
+            "bare SET NX PX + delete script",
+            "rslock lock + unlock (one server)",
+            "fencelock_redis::Redlock (one server)",
+        ],
+        &samples,
+        base,
+    );
     super::summary("Redis", "uncontended p50 ms", ms(samples[0].pct(0.5)));
 
     crate::emit!(

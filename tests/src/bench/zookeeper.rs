@@ -164,21 +164,15 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
     let samples = time_interleaved(rounds, &mut ops).await;
     super::summary("ZooKeeper", "uncontended p50 ms", ms(samples[0].pct(0.5)));
     let base = samples[2].pct(0.5);
-    for (name, s) in [
-        "fencelock Mutex lock + release",
-        "raw create EPHEMERAL_SEQUENTIAL + delete",
-        "zookeeper-client Client::lock + delete",
-    ]
-    .into_iter()
-    .zip(&samples)
-    {
-        crate::emit!(
-            "| {name} | {} | {} | {:.2}x |",
-            ms(s.pct(0.5)),
-            ms(s.pct(0.99)),
-            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
-        );
-    }
+    super::latency_rows(
+        &[
+            "fencelock Mutex lock + release",
+            "raw create EPHEMERAL_SEQUENTIAL + delete",
+            "zookeeper-client Client::lock + delete",
+        ],
+        &samples,
+        base,
+    );
 }
 
 /// Returns our figure for 4 sessions, if measured.
