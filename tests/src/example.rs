@@ -1,5 +1,5 @@
-//! The programs of the `fencelock-examples` package, run as an operator runs them: built if
-//! missing, started with arguments, their output lines awaited (bounded).
+//! The programs of the `fencelock-examples` package, run as an operator runs them: built once
+//! per test process, started with arguments, their output lines awaited (bounded).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -9,18 +9,23 @@ use std::time::{Duration, Instant};
 
 use crate::process::ManagedChild;
 
-/// The example `name`'s binary (next to the running test's), built if missing.
+/// The example `name`'s binary (next to the running test's), built (or brought up to date)
+/// once per test process: `cargo test` builds examples under hashed names and leaves the plain
+/// name pointing at whatever `cargo build` made last, which may be stale.
 pub fn binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let bin = dir.join("examples").join(name);
-    if !bin.exists() {
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let ok = Command::new(cargo)
             .args(["build", "-p", "fencelock-examples", "--example", name])
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok && bin.exists(), "cannot build the {name} example");
+        built.push(name.to_string());
     }
     bin
 }

@@ -89,7 +89,11 @@ async fn fenced_sql(kind: Kind, db_flag: &str, db_arg: &str, db: Db) {
         .await
         .expect("B is granted once A's session expired")
         .unwrap();
-    assert!(gb.token().get() > a_token);
+    assert!(
+        gb.token().get() > a_token,
+        "B {} after A {a_token} ({held})",
+        gb.token()
+    );
     assert!(db.fenced_add(account, 1, "B", gb.token()).await.unwrap());
     a.child.resume();
     a.say("write");
