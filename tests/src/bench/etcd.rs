@@ -93,6 +93,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     );
     crate::emit!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
     crate::emit!("|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
     for &n in &args.sessions {
         let mut ours_ops = Vec::new();
         let mut their_ops = Vec::new();
@@ -133,6 +134,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         }
         let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
         crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        rows.push((n, ours, theirs));
         super::summary("etcd", &format!("{n} sessions acq/s"), format!("{ours:.0}"));
         super::report::define(
             "etcd-throughput",
@@ -144,6 +146,8 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         super::report::point("etcd-throughput", "fencelock Mutex", n as f64, ours);
         super::report::point("etcd-throughput", "etcd-client lock()", n as f64, theirs);
     }
+    let limit = super::pingpong::etcd(&ep, args.seconds).await;
+    super::limit_rows("etcd-client lock()", limit, &rows);
 }
 
 /// Prints the lock family's rows on etcd (see [`super::family`]).

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod etcd;
 pub mod family;
+pub mod pingpong;
 pub mod redis;
 pub mod report;
 pub mod scale;
@@ -117,6 +118,19 @@ pub fn latency_rows(names: &[&str], samples: &[Samples], base: Duration) {
             ms(s.pct(0.99)),
             s.pct(0.5).as_secs_f64() / base.as_secs_f64()
         );
+    }
+}
+
+/// Prints how close the contended rows (`(sessions, ours, peer's)` acquisitions per second)
+/// come to `limit`, the server's handoff limit measured by a raw two-client ping-pong.
+pub fn limit_rows(peer: &str, limit: f64, rows: &[(usize, f64, f64)]) {
+    crate::emit!(
+        "\nThe handoff limit (two raw clients passing one lock back and forth: a delete, one watch event, one read per handoff): {limit:.0} handoffs/s. Share of it reached:\n"
+    );
+    crate::emit!("| sessions | fencelock Mutex | {peer} |");
+    crate::emit!("|---:|---:|---:|");
+    for (n, ours, theirs) in rows {
+        crate::emit!("| {n} | {:.2} | {:.2} |", ours / limit, theirs / limit);
     }
 }
 

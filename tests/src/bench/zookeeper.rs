@@ -183,6 +183,7 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
     crate::emit!("| sessions | fencelock Mutex | zookeeper-client Client::lock | ratio |");
     crate::emit!("|---:|---:|---:|---:|");
     let mut ours4 = None;
+    let mut rows = Vec::new();
     for &n in sessions {
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
@@ -195,6 +196,7 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
         }
         let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
         crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        rows.push((n, ours, theirs));
         super::summary(
             "ZooKeeper",
             &format!("{n} sessions acq/s"),
@@ -218,6 +220,8 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
             ours4 = Some(ours);
         }
     }
+    let limit = super::pingpong::zookeeper(connect, seconds).await;
+    super::limit_rows("zookeeper-client Client::lock", limit, &rows);
     ours4
 }
 
