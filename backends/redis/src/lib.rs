@@ -54,8 +54,10 @@
 //!
 //! # Fencing tokens, and when they are monotonic
 //!
-//! The token is a per-namespace counter (`fencelock:t:{namespace}`), incremented in the same
-//! script that creates the entry, so every later grant in the namespace gets a larger token —
+//! The token is one counter (`fencelock:t`) for every namespace — two namespaces can name the
+//! same queue (`/svc` + `x`, and the empty namespace + `svc/x`), whose order must be one —
+//! incremented in the same script that creates the entry, so every later grant gets a larger
+//! token —
 //! **as long as the server never loses an acknowledged write**:
 //!
 //! - a single server with `appendonly yes` and `appendfsync always` keeps its counter across
