@@ -45,6 +45,45 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
             c.delete(key, None).await.unwrap();
         })
     });
+    // Raw, with our requests' shape: the enqueue txn (create if absent, and the sorted range
+    // read of the nearest entry ahead) and the guarded delete. Next to ours, it tells the
+    // requests' cost from the library's.
+    let c = client.clone();
+    let raw_ours: Op = Box::new(move || {
+        let mut c = c.clone();
+        Box::pin(async move {
+            use etcd_client::{
+                Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+            };
+            let prefix = "bench/raw-shaped/";
+            let key = format!("{prefix}{lease:x}");
+            let read = TxnOp::get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(2),
+                ),
+            );
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease))),
+                    read,
+                ]);
+            let rev = c.txn(txn).await.unwrap().header().unwrap().revision();
+            let release = Txn::new()
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    rev,
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            c.txn(release).await.unwrap();
+        })
+    });
     let session = Session::builder(backend.clone())
         .namespace("bench")
         .start()
@@ -73,13 +112,14 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         })
     });
     // Interleaved in blocks, so that drift on the machine hits every row alike.
-    let mut ops = [ours, raw, recipe];
+    let mut ops = [ours, raw, recipe, raw_ours];
     let samples = time_interleaved(args.rounds, &mut ops).await;
     super::latency_rows(
         &[
             "fencelock Mutex lock + release",
             "raw txn create + delete",
             "etcd-client lock() + unlock()",
+            "raw, our requests' shape (enqueue txn + guarded delete)",
         ],
         &samples,
         samples[1].pct(0.5),
