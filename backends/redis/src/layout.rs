@@ -73,6 +73,16 @@ pub(crate) fn entries_glob(namespace: &str) -> String {
     glob
 }
 
+/// The channel that gets a message when entry `name` is deleted or its value changes.
+pub(crate) fn chan_entry(name: &str) -> String {
+    format!("{KEY_PREFIX}:c:{name}")
+}
+
+/// The channel that gets a message when the head of `queue` changes.
+pub(crate) fn chan_head(queue: &QueueId) -> String {
+    format!("{KEY_PREFIX}:h:{}", queue.path())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,8 +91,10 @@ mod error;
 mod guarded;
 pub mod layout;
 mod notify;
+mod owned;
 mod redlock;
 mod replicas;
+mod reply;
 mod scripts;
 mod session;
 

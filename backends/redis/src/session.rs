@@ -1,6 +1,5 @@
 //! One Redis session: a session key with a TTL and the queue operations, each one script.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime};
 
@@ -17,9 +16,13 @@ use uuid::Uuid;
 
 use crate::config::RedisConfig;
 use crate::error::{map, unexpected};
-use crate::layout::{entries_glob, entry_name, filter_code, kind_code, kind_of, KEY_PREFIX};
+use crate::layout::{
+    chan_entry, chan_head, entries_glob, entry_name, filter_code, kind_code, kind_of, KEY_PREFIX,
+};
 use crate::notify::Notifier;
+use crate::owned::Owned;
 use crate::replicas::Acked;
+use crate::reply::{arg, array, bytes, entry, int, ms, peers, text, Args};
 use crate::scripts;
 
 /// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
@@ -42,50 +45,6 @@ pub(crate) struct RedisSession {
     gate: RwLock<()>,
 }
 
-/// What this session believes it owns on the server, to find out when a failover to a replica
-/// lost some of its changes: a release lost that way brings the entry back, and the session's
-/// own heartbeat would keep it alive for ever, blocking the lock.
-///
-/// Every script that changes what the session owns, and the heartbeat, carries the highest
-/// version the client has seen; the server compares it with its own before it changes
-/// anything. A version the client has seen was made before the request was sent, so a server
-/// below it lost changes, whatever order the replies are handled in.
-#[derive(Default)]
-struct Owned {
-    /// The highest version of the session's entries the server reported.
-    version: i64,
-    /// The server said it is behind that version: it lost changes.
-    diverged: bool,
-    /// The names of the entries created or being created, with how many times (a name repeats
-    /// when a session re-queues on a lock before the release of its previous entry finished).
-    names: HashMap<String, usize>,
-}
-
-impl Owned {
-    /// A reply: the server's version, and whether it was behind the one the request carried.
-    fn saw(&mut self, version: Option<i64>, behind: Option<i64>) {
-        if let Some(v) = version {
-            self.version = self.version.max(v);
-        }
-        if behind == Some(1) {
-            self.diverged = true;
-        }
-    }
-
-    fn track(&mut self, name: &str) {
-        *self.names.entry(name.to_string()).or_default() += 1;
-    }
-
-    fn untrack(&mut self, name: &str) {
-        if let Some(n) = self.names.get_mut(name) {
-            *n -= 1;
-            if *n == 0 {
-                self.names.remove(name);
-            }
-        }
-    }
-}
-
 impl std::fmt::Debug for RedisSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSession")
@@ -95,80 +54,16 @@ impl std::fmt::Debug for RedisSession {
     }
 }
 
-/// A script call's arguments.
-type Args = Vec<Vec<u8>>;
-
-fn arg(v: impl ToString) -> Vec<u8> {
-    v.to_string().into_bytes()
-}
-
-fn ms(d: Duration) -> u128 {
-    d.as_millis().max(1)
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
+/// The backstop of the contract: a value over the limit is refused before anything is sent (the
+/// core checks first).
+fn check_value(value: &[u8]) -> Result<()> {
+    if value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
+        return Err(Error::InvalidValue(fencelock::InvalidInput::new(
+            format!("{} bytes", value.len()),
+            "longer than the largest value accepted",
+        )));
     }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn bytes(v: &Value) -> Vec<u8> {
-    match v {
-        Value::BulkString(b) => b.clone(),
-        Value::SimpleString(s) => s.clone().into_bytes(),
-        _ => Vec::new(),
-    }
-}
-
-fn array(v: &Value) -> Option<&[Value]> {
-    match v {
-        Value::Array(a) => Some(a),
-        Value::Nil => Some(&[]),
-        _ => None,
-    }
-}
-
-fn chan_entry(name: &str) -> String {
-    format!("{KEY_PREFIX}:c:{name}")
-}
-
-fn chan_head(queue: &QueueId) -> String {
-    format!("{KEY_PREFIX}:h:{}", queue.path())
-}
-
-fn entry(key: String, kind: EntryKind, token: u64) -> Entry {
-    Entry {
-        key,
-        token: FencingToken::new(token),
-        order: token,
-        kind,
-    }
-}
-
-/// The `{name, token, kind, …}` list of the scripts, nearest first, in queue order.
-fn peers(v: &Value) -> Option<Vec<Peer>> {
-    let flat = array(v)?;
-    let mut out = Vec::with_capacity(flat.len() / 3);
-    for t in flat.chunks(3) {
-        let [name, token, kind] = t else { return None };
-        out.push(Peer {
-            key: text(name)?,
-            order: u64::try_from(int(token)?).ok()?,
-            kind: kind_of(&text(kind)?),
-        });
-    }
-    out.reverse();
-    Some(out)
+    Ok(())
 }
 
 impl RedisSession {
@@ -363,12 +258,7 @@ impl BackendSession for RedisSession {
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
-        if req.value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
-            return Err(Error::InvalidValue(fencelock::InvalidInput::new(
-                format!("{} bytes", req.value.len()),
-                "longer than the largest value accepted",
-            )));
-        }
+        check_value(req.value)?;
         let name = entry_name(req.queue, &self.sid, req.kind, req.attempt);
         let _changing = self.gate.read().await;
         let args = vec![
@@ -610,12 +500,7 @@ impl BackendSession for RedisSession {
     }
 
     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
-        if value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
-            return Err(Error::InvalidValue(fencelock::InvalidInput::new(
-                format!("{} bytes", value.len()),
-                "longer than the largest value accepted",
-            )));
-        }
+        check_value(value)?;
         let reply = self
             .call(
                 "proclaim",
