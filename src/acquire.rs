@@ -467,31 +467,38 @@ struct PendingAll {
 
 impl Drop for PendingAll {
     fn drop(&mut self) {
-        let queues = std::mem::take(&mut self.queues);
-        let locals = std::mem::take(&mut self.locals);
-        let work = match self.inflight.take() {
-            Some(inflight) => Cleanup::EnqueuedAll {
-                queues,
-                inflight,
-                locals,
-            },
-            // An earlier try may have created entries, and no reply says which: abandon every
-            // attempt (an `Ok(None)` here would leave them behind).
-            None if self.maybe_created => Cleanup::EnqueuedAll {
-                queues,
-                inflight: tokio::spawn(async {
-                    Err(crate::Error::backend(
-                        "core",
-                        "enqueue all",
-                        true,
-                        "an earlier try may have created entries",
-                    ))
-                }),
-                locals,
-            },
-            None => return,
-        };
-        self.shared.hand_off(work);
+        let inflight = self.inflight.take();
+        if inflight.is_none() && !self.maybe_created {
+            return;
+        }
+        // With `maybe_created`, an earlier try may have created entries and no reply says
+        // which: every attempt is abandoned. (No task is spawned here: a drop may happen
+        // outside any runtime.)
+        self.shared.hand_off(Cleanup::EnqueuedAll {
+            queues: std::mem::take(&mut self.queues),
+            inflight,
+            maybe_created: self.maybe_created,
+            locals: std::mem::take(&mut self.locals),
+        });
+    }
+}
+
+impl PendingAll {
+    /// Abandons every attempt *now* (an earlier try may have created entries that the last
+    /// answer does not report), so that `try_lock` leaves nothing when it returns. Falls back to
+    /// the background task (on drop) if that fails.
+    async fn abandon_now(&mut self) {
+        let remote = self.shared.remote.clone();
+        for (queue, attempt) in &self.queues {
+            let res = self
+                .shared
+                .retry(|| remote.abandon(queue, EntryKind::Exclusive, *attempt))
+                .await;
+            if res.is_err() && self.shared.end().is_none() {
+                return;
+            }
+        }
+        self.maybe_created = false;
     }
 }
 
@@ -559,9 +566,11 @@ pub(crate) async fn acquire_all(
         }
     };
     let Some(entries) = entries else {
-        // Nothing was created (the contract of `enqueue_all`), not even by an earlier try of
-        // these attempts: a retry finds or removes those.
-        pending.maybe_created = false;
+        // This try created nothing (the contract of `enqueue_all`); an earlier one whose reply
+        // was lost may have, in queues the retry then found taken: abandon those.
+        if pending.maybe_created {
+            pending.abandon_now().await;
+        }
         return Ok(None);
     };
     pending.maybe_created = false;

@@ -155,7 +155,8 @@ impl Election {
     /// including `None` when the last candidate leaves and a new value proclaimed by the same
     /// leader. After a temporary error it yields the error, re-reads the state (after a
     /// pause) and goes on. Once the session is lost or closed it yields one
-    /// [`Error::SessionLost`] and ends.
+    /// [`Error::SessionLost`] and ends; after a permanent error (say
+    /// [`Error::PermissionDenied`]: retrying cannot help) it yields that error and ends.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<LeaderInfo>>> + Send + 'static {
         let shared = self.session.shared().clone();
         let queue = self.queue.clone();
@@ -172,7 +173,7 @@ impl Election {
                     return None;
                 }
                 let item = st.next(&shared, &queue).await;
-                if matches!(item, Err(Error::SessionLost(_))) {
+                if item.as_ref().is_err_and(|e| !e.is_temporary()) {
                     st.done = true;
                 }
                 Some((item, st))

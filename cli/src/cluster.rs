@@ -27,7 +27,28 @@ pub(crate) enum Url {
 }
 
 fn bad(url: &str, reason: &'static str) -> Error {
-    Error::invalid_config(url, reason)
+    Error::invalid_config(redact(url), reason)
+}
+
+/// `url` without the credentials a Redis URL may carry (`redis://user:password@host`), for
+/// messages.
+fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((_, hosts)) => format!("***@{hosts}"),
+        None => authority.to_string(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{authority}{path}"),
+        None => format!("{authority}{path}"),
+    }
 }
 
 impl Url {
@@ -265,5 +286,21 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn errors_never_show_a_password() {
+        for url in [
+            "redis://app:s3cret@a:1,b:2",
+            "redis://app:s3cret@a:1/x",
+            "redis://app:s3cret@a b:1",
+            "memcached://app:s3cret@a:1",
+        ] {
+            let e = Url::parse(url).unwrap_err().to_string();
+            assert!(!e.contains("s3cret"), "{e}");
+            assert!(e.contains("***@"), "{e}");
+        }
+        assert_eq!(redact("redis://u:p@h:1/2"), "redis://***@h:1/2");
+        assert_eq!(redact("etcd://a:1,b:2/ns"), "etcd://a:1,b:2/ns");
     }
 }

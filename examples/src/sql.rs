@@ -34,7 +34,16 @@ impl std::fmt::Debug for Db {
 pub type DbResult<T> = std::result::Result<T, String>;
 
 fn pg(e: tokio_postgres::Error) -> String {
-    format!("postgres: {e}")
+    // The Display of a server error is only "db error": say what the server said.
+    match e.as_db_error() {
+        Some(db) => format!(
+            "postgres: {} ({}): {}",
+            db.severity(),
+            db.code().code(),
+            db.message()
+        ),
+        None => format!("postgres: {e}"),
+    }
 }
 
 fn lite(e: rusqlite::Error) -> String {

@@ -328,3 +328,34 @@ pub async fn supervisor_keeps_leading(f: &dyn Factory) {
     wait_entries(&probe, "released on shutdown", |l| l.is_empty()).await;
     probe.close().await.unwrap();
 }
+
+/// A mutex and an election of the same name in one session queue behind each other (on etcd,
+/// in memory and on Redis both make the same entry key): the campaign waits for the mutex
+/// guard instead of adopting its entry, and resigning never deletes the mutex's entry.
+pub async fn mutex_and_election_of_one_name(f: &dyn Factory) {
+    let ns = unique_namespace("mutex_and_election");
+    let (a, b) = (open(f, &ns, TTL).await, open(f, &ns, TTL).await);
+    let guard = a.mutex("x").unwrap().lock().await.unwrap();
+    let election = a.election("x").unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), election.campaign(b"v")).await;
+    assert!(
+        early.is_err(),
+        "the campaign did not wait for the mutex guard"
+    );
+    assert!(guard.is_held());
+    assert!(b.mutex("x").unwrap().try_lock().await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let leader = bounded(
+        WAIT,
+        "the campaign after the release",
+        election.campaign(b"v"),
+    )
+    .await
+    .unwrap();
+    leader.resign().await.unwrap();
+    let g = b.mutex("x").unwrap().try_lock().await.unwrap();
+    assert!(g.is_some(), "nothing of a's is left on x");
+    drop(g);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::{bounded, open, unique_namespace, Factory, TTL, WAIT};
+use futures_util::StreamExt;
+
+use super::{bounded, open, unique_namespace, wait_entries, Factory, TTL, WAIT};
 use crate::{Error, LostReason, Session, SessionEnd};
 
 /// Invalid names, namespaces and TTLs are refused with typed errors before anything is sent.
@@ -204,6 +206,56 @@ pub async fn oversized_values_are_refused(f: &dyn Factory) {
     assert_eq!(e.leader().await.unwrap().unwrap().value, vec![3u8; max]);
     l.resign().await.unwrap();
     s.close().await.unwrap();
+}
+
+/// Five candidates with values of the largest size: `leader()`, `observe()` and
+/// `candidates()` still read them (a reply carrying every value would pass a client's reply
+/// size limit, 4 MiB for gRPC).
+pub async fn largest_values_of_many_candidates(f: &dyn Factory) {
+    let ns = unique_namespace("largest_values");
+    let max = f.backend().max_value_len();
+    let mut sessions = Vec::new();
+    let mut leader = None;
+    let mut waiting = Vec::new();
+    for i in 0..5u8 {
+        let s = open(f, &ns, TTL).await;
+        let e = s.election("big").unwrap();
+        if i == 0 {
+            let l = bounded(WAIT, "the first campaign", e.campaign(vec![i; max])).await;
+            leader = Some(l.unwrap());
+        } else {
+            // Queued behind the first: left waiting (aborted at the end).
+            waiting.push(tokio::spawn(async move {
+                e.campaign(vec![i; max]).await.map(drop)
+            }));
+        }
+        sessions.push(s);
+    }
+    let reader = &sessions[0];
+    wait_entries(reader, "five candidates", |l| l.len() == 5).await;
+    let e = reader.election("big").unwrap();
+    let info = bounded(WAIT, "leader()", e.leader())
+        .await
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(info.value, vec![0u8; max]);
+    let mut observe = Box::pin(e.observe());
+    let first = bounded(WAIT, "observe()", observe.next())
+        .await
+        .expect("an item")
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(first.value, vec![0u8; max]);
+    let all = bounded(WAIT, "candidates()", e.candidates()).await.unwrap();
+    assert_eq!(all.len(), 5);
+    assert!(all.iter().all(|c| c.value.len() == max));
+    for w in waiting {
+        w.abort();
+    }
+    drop(leader);
+    for s in sessions {
+        s.close().await.unwrap();
+    }
 }
 
 /// Odd Unicode names (emoji, characters beyond the Basic Multilingual Plane, right-to-left

@@ -44,6 +44,11 @@ pub struct MemoryBackend {
 struct Inner {
     state: StdMutex<State>,
     changed: watch::Sender<u64>,
+    /// Fault injection: how many creates are still to be carried out and then answered with a
+    /// temporary error, as when a reply is lost on its way back.
+    lost_replies: std::sync::atomic::AtomicUsize,
+    /// Signalled at each reply lost that way.
+    reply_lost: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -90,6 +95,23 @@ impl MemoryBackend {
         alive
     }
 
+    /// Fault injection: the next `n` create requests (an enqueue, or a multi-lock's
+    /// all-or-nothing create) are carried out, then answered with a temporary error, as when
+    /// the cluster committed a request whose reply was lost. For tests of the
+    /// create-succeeded-but-reply-lost case.
+    #[cfg(feature = "testing")]
+    pub fn lose_create_replies(&self, n: usize) {
+        self.inner
+            .lost_replies
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Resolves at the next reply lost by [`lose_create_replies`](Self::lose_create_replies).
+    #[cfg(feature = "testing")]
+    pub async fn reply_lost(&self) {
+        self.inner.reply_lost.notified().await
+    }
+
     /// Deletes the entry at `key` as an outsider would (an operator with a CLI): its holder's
     /// `lost()` fires with [`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted).
     /// Returns whether it existed.
@@ -107,6 +129,25 @@ impl MemoryBackend {
 impl Inner {
     fn notify(&self, st: &State) {
         self.changed.send_replace(st.revision);
+    }
+
+    /// Whether this create's reply is to be lost (see [`MemoryBackend::lose_create_replies`]).
+    fn lose_reply(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let lose = self
+            .lost_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            self.reply_lost.notify_one();
+            return Err(Error::backend(
+                NAME,
+                "create",
+                true,
+                "reply lost (fault injection)",
+            ));
+        }
+        Ok(())
     }
 
     /// Locks the state after expiring every session past its TTL.
@@ -338,6 +379,7 @@ impl BackendSession for MemorySession {
         let key = self.key(req.queue, req.kind, req.attempt);
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
+        self.inner.lose_reply()?;
         Ok(Enqueued::new(entry, ahead))
     }
 
@@ -362,6 +404,7 @@ impl BackendSession for MemorySession {
             .map(|(r, key)| st.enqueue(self.id, r, key).0)
             .collect();
         self.inner.notify(&st);
+        self.inner.lose_reply()?;
         Ok(Some(entries))
     }
 

@@ -40,10 +40,13 @@ pub(crate) enum Cleanup {
         inflight: EnqueueTask,
         local: Option<LocalSlot>,
     },
-    /// Await the all-or-nothing create still in flight, then delete what it created.
+    /// Await the all-or-nothing create still in flight (if any), then delete what it created.
+    /// With `maybe_created`, an earlier try may have created entries that no reply reported:
+    /// every attempt is abandoned, whatever the last answer says.
     EnqueuedAll {
         queues: Vec<(QueueId, Uuid)>,
-        inflight: EnqueueAllTask,
+        inflight: Option<EnqueueAllTask>,
+        maybe_created: bool,
         locals: Vec<LocalSlot>,
     },
     /// Delete whatever this attempt may have created.
@@ -107,18 +110,22 @@ pub(crate) async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<
                 Cleanup::EnqueuedAll {
                     queues,
                     inflight,
+                    maybe_created,
                     locals,
                 } => {
                     let span = info_span!("abandon", queues = queues.len());
-                    let created = inflight.await;
+                    let created = match inflight {
+                        Some(inflight) => inflight.await.ok(),
+                        None => None,
+                    };
                     async {
                         match created {
-                            Ok(Ok(Some(entries))) => {
+                            Some(Ok(Some(entries))) if !maybe_created => {
                                 for entry in &entries {
                                     until_done(&weak, || remote.remove(entry)).await;
                                 }
                             }
-                            Ok(Ok(None)) => {}
+                            Some(Ok(None)) if !maybe_created => {}
                             _ => {
                                 for (queue, attempt) in &queues {
                                     until_done(&weak, || {

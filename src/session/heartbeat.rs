@@ -123,8 +123,14 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else { return };
                             crate::metrics::heartbeat(shared.backend_name(), sent.elapsed());
-                            *shared.deadline.lock().unwrap() = sent + (ttl - margin);
-                            shared.set_state(SessionState::Live);
+                            let extended = sent + (ttl - margin);
+                            *shared.deadline.lock().unwrap() = extended;
+                            // A reply that comes after the deadline it would extend (the
+                            // process was paused in between) confirms nothing: the deadline
+                            // branch declares the session lost next, without a "resumed" first.
+                            if Instant::now() < extended {
+                                shared.set_state(SessionState::Live);
+                            }
                             backoff = Backoff::new();
                             next = sent + period;
                         }

@@ -354,7 +354,12 @@ impl Session {
                         .unwrap_or(SessionEnd::Closed);
                     return Some((SessionState::Lost(end), (rx, true, true)));
                 }
-                let state = *rx.borrow_and_update();
+                let mut state = *rx.borrow_and_update();
+                if !first {
+                    // The state as of now: a session past its deadline is lost even before
+                    // its background task has said so.
+                    state = shared.upgrade().map_or(state, |s| s.state());
+                }
                 let lost = matches!(state, SessionState::Lost(_));
                 Some((state, (rx, true, lost)))
             }

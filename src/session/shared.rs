@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::cleanup::Cleanup;
 use super::local::LocalQueue;
 use super::state::{SessionEnd, SessionState};
-use crate::backend::{Backend, BackendSession, QueueId};
+use crate::backend::{Backend, BackendSession, QueueId, QueueKind};
 use crate::race::{race, First};
 use crate::retry::Backoff;
 use crate::{Error, Result};
@@ -201,14 +201,15 @@ impl Shared {
         make: impl FnOnce() -> LocalQueue,
     ) -> LocalQueue {
         let mut map = self.local.lock().unwrap();
-        map.entry(queue.clone()).or_insert_with(make).clone()
+        map.entry(local_key(queue)).or_insert_with(make).clone()
     }
 
     /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
     pub(crate) fn trim_local_queue(&self, queue: &QueueId) {
         let mut map = self.local.lock().unwrap();
-        if map.get(queue).is_some_and(LocalQueue::unused) {
-            map.remove(queue);
+        let key = local_key(queue);
+        if map.get(&key).is_some_and(LocalQueue::unused) {
+            map.remove(&key);
         }
     }
 
@@ -216,5 +217,18 @@ impl Shared {
     pub(crate) fn hand_off(&self, work: Cleanup) {
         // If the worker is gone the session is gone, and so are its entries.
         let _ = self.cleanup.send(work);
+    }
+}
+
+/// The local queue a queue's tasks line up in. A mutex and an election of the same name share
+/// one: on etcd (Go's layout), in memory and on Redis both make the same entry key
+/// `{namespace}/{name}/{session}`, so letting them queue apart would let the second adopt the
+/// first's entry (a grant without waiting, and a release that deletes the other's entry).
+fn local_key(queue: &QueueId) -> QueueId {
+    match queue.kind {
+        QueueKind::Election => {
+            QueueId::new(queue.namespace.clone(), queue.name.clone(), QueueKind::Lock)
+        }
+        _ => queue.clone(),
     }
 }

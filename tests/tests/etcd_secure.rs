@@ -13,6 +13,7 @@ use fencelock_integration::pki::TestPki;
 use fencelock_integration::servers::etcd::{self as harness, EtcdCluster, EtcdOptions, ServerTls};
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
+use futures::StreamExt;
 
 /// How long a wrong setting may take to be reported.
 const BOUND: Duration = Duration::from_secs(5);
@@ -203,6 +204,17 @@ async fn authentication() {
     )
     .await;
     assert!(outside.list_entries().await.is_err());
+    // observe() yields the permanent error once and ends: no stream that retries for ever.
+    let items: Vec<_> = tokio::time::timeout(
+        BOUND,
+        outside.election("e").unwrap().observe().collect::<Vec<_>>(),
+    )
+    .await
+    .expect("observe() ended after a permanent error");
+    assert!(
+        matches!(items[..], [Err(Error::PermissionDenied { .. })]),
+        "{items:?}"
+    );
     outside.close().await.unwrap();
     if let Some(plain) = harness::shared() {
         expect_permanent(

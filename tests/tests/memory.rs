@@ -1,3 +1,35 @@
 //! The conformance suite on the in-memory backend.
 
 fencelock::conformance_tests!(async { Some(fencelock::conformance::MemoryFactory::new()) });
+
+use std::time::Duration;
+
+use fencelock::{MemoryBackend, Session};
+
+/// A multi-lock `try_lock` whose all-or-nothing create committed but whose reply was lost,
+/// retried after another session queued behind it, reports "not acquired" — and leaves no
+/// entry behind: the other session gets the lock at once, not when the first session ends.
+/// (The clock is paused: the retry waits its backoff while the other session queues.)
+#[tokio::test(start_paused = true)]
+async fn multi_lock_retry_after_a_lost_reply_leaves_nothing() {
+    let backend = MemoryBackend::new();
+    let a = Session::builder(backend.clone()).start().await.unwrap();
+    let b = Session::builder(backend.clone()).start().await.unwrap();
+    backend.lose_create_replies(1);
+    let waiter = tokio::spawn({
+        let (backend, b) = (backend.clone(), b.clone());
+        async move {
+            backend.reply_lost().await;
+            b.mutex("y").unwrap().lock().await.unwrap()
+        }
+    });
+    let got = a.multi_lock(["x", "y"]).unwrap().try_lock().await.unwrap();
+    assert!(got.is_none(), "y had a waiter ahead of the retry");
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("b is granted y once a's retry gave up")
+        .unwrap();
+    let entries = a.list_entries().await.unwrap();
+    assert_eq!(entries.len(), 1, "only b's entry is left: {entries:?}");
+    guard.release().await.unwrap();
+}

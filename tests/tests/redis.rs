@@ -153,3 +153,158 @@ async fn wait_for_replicas_without_replicas() {
         "a session is not acknowledged by any replica: {r:?}"
     );
 }
+
+/// A server that wants a password: no password (`NOAUTH`) and a wrong one are
+/// `Unauthenticated`; a user whose ACL forbids fencelock's channels is `PermissionDenied` at
+/// connect, before anything is changed; Redlock returns those at once instead of retrying for
+/// ever. All within a bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_and_permissions_are_permanent_errors() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    use fencelock_redis::Redlock;
+    if !harness::available() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| {
+        let s = RedisServer::start(Durability::None);
+        for args in [
+            &[
+                "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
+            ][..],
+            &[
+                "ACL",
+                "SETUSER",
+                "mute",
+                "on",
+                ">mute-pw",
+                "~*",
+                "resetchannels",
+                "+@all",
+            ][..],
+            &["CONFIG", "SET", "requirepass", "s3cret"][..],
+        ] {
+            assert_eq!(s.cli(args).unwrap().trim(), "OK", "{args:?}");
+        }
+        s
+    })
+    .await
+    .unwrap();
+    let addr = server.addr();
+    let bound = Duration::from_secs(10);
+    let connect = |url: String| async move {
+        tokio::time::timeout(bound, RedisBackend::connect(url))
+            .await
+            .expect("an answer within the bound")
+    };
+    let ok = connect(format!("redis://app:app-pw@{addr}")).await;
+    let s = Session::builder(ok.unwrap()).start().await.unwrap();
+    s.mutex("m")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    for (url, what) in [
+        (format!("redis://{addr}"), "no password"),
+        (format!("redis://:wrong@{addr}"), "wrong password"),
+        (
+            format!("redis://app:wrong@{addr}"),
+            "wrong password of a user",
+        ),
+    ] {
+        let r = connect(url).await;
+        assert!(
+            matches!(r, Err(Error::Unauthenticated { .. })),
+            "{what}: {r:?}"
+        );
+    }
+    let r = connect(format!("redis://mute:mute-pw@{addr}")).await;
+    assert!(matches!(r, Err(Error::PermissionDenied { .. })), "{r:?}");
+
+    for url in [format!("redis://{addr}"), format!("redis://:wrong@{addr}")] {
+        let redlock = Redlock::connect([url.clone()]).unwrap();
+        let r = tokio::time::timeout(
+            bound,
+            redlock.lock_timeout("x", Duration::from_secs(5), Duration::MAX),
+        )
+        .await
+        .expect("Redlock gives up on a permanent error");
+        assert!(
+            matches!(&r, Err(e @ Error::Unauthenticated { .. }) if !e.is_temporary()),
+            "{url}: {r:?}"
+        );
+    }
+}
+
+/// How many clients are subscribed to `channel`.
+async fn subscribers(con: &mut redis::aio::ConnectionManager, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(con)
+        .await
+        .unwrap();
+    n
+}
+
+/// Waits (bounded) until `channel` has `n` subscribers.
+async fn until_subscribers(
+    con: &mut redis::aio::ConnectionManager,
+    channel: &str,
+    n: i64,
+    what: &str,
+) {
+    let start = std::time::Instant::now();
+    while subscribers(con, channel).await != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{what}: not {n} subscribers"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A wait's subscription ends with the wait: once a waiter is granted, or its `lock()` is
+/// dropped (over and over, at every point), nobody is left subscribed to the entry it waited
+/// on — entry names repeat, and a stale subscriber would be woken by the next entry of that
+/// name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_end_with_their_waits() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("subscriptions");
+    let open = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.clone())
+            .start()
+    };
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let mut con = f.redis().connection();
+    let channel = format!("fencelock:c:{ns}/x/{}", a.id());
+
+    // Waits dropped at many points.
+    let held = a.mutex("x").unwrap().lock().await.unwrap();
+    let mb = b.mutex("x").unwrap();
+    for i in 0..200u64 {
+        let _ = tokio::time::timeout(Duration::from_micros(50 * (i % 40)), mb.lock()).await;
+    }
+    b.flush().await;
+    until_subscribers(&mut con, &channel, 0, "after 200 cancelled waits").await;
+
+    // A wait that ends in a grant.
+    let waiter = tokio::spawn(async move { mb.lock().await.unwrap() });
+    until_subscribers(&mut con, &channel, 1, "b waiting").await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("b granted")
+        .unwrap();
+    until_subscribers(&mut con, &channel, 0, "after b's grant").await;
+    guard.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -136,7 +136,14 @@ async fn replicated_grants_survive_failover() {
         .connect()
         .await
         .unwrap();
-    let a = session(backend.clone()).await;
+    // A long TTL: the holder's heartbeats are acknowledged by the replica too, and while the
+    // old primary comes back as a replica none is; the holder must not reach its local
+    // deadline meanwhile (see `replicated_heartbeats_bound_the_deadline`).
+    let a = Session::builder(backend.clone())
+        .ttl(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
     let m = a.mutex("failover").unwrap();
     p.lag();
     let r = m.lock_timeout(Duration::from_secs(1)).await;
@@ -180,6 +187,43 @@ async fn replicated_grants_survive_failover() {
     held_by_b.release().await.unwrap();
     let _ = a.close().await;
     let _ = b.close().await;
+}
+
+/// With `wait_for_replicas`, a heartbeat counts only once the replica has it: a holder whose
+/// replica stopped following loses its lock at its local deadline, while the replica's copy of
+/// its session is still alive — so a failover to that replica can never grant the lock to
+/// someone else before the holder has stepped down. (Without acknowledged heartbeats the
+/// primary keeps confirming the holder, which holds on while the replica's copy expires.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_heartbeats_bound_the_deadline() {
+    let Some(p) = pair().await else { return };
+    let backend = RedisConfig::new(p.front.addr())
+        .wait_for_replicas(1, Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let a = Session::builder(backend).ttl(ttl).start().await.unwrap();
+    let held = a.mutex("deadline").unwrap().lock().await.unwrap();
+    p.lag();
+    let reason = tokio::time::timeout(WITHIN, held.lost())
+        .await
+        .expect("the holder steps down while its heartbeats go unacknowledged");
+    assert_eq!(
+        reason,
+        fencelock::LostReason::Session(fencelock::SessionEnd::LocalDeadline)
+    );
+    let pttl = tokio::task::block_in_place(|| {
+        p.replica
+            .cli(&["PTTL", &format!("fencelock:s:{}", a.id())])
+            .unwrap()
+    });
+    let pttl: i64 = pttl.trim().parse().unwrap();
+    assert!(
+        pttl > 0,
+        "the replica's copy of the session was alive when the holder stepped down ({pttl} ms left)"
+    );
+    p.catch_up();
 }
 
 /// A release lost in the failover brings the released entry back on the promoted replica, owned

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fencelock::Error;
 use fencelock_integration::servers::redis::{self, Durability, RedisServer};
-use fencelock_redis::Redlock;
+use fencelock_redis::{Redlock, RedlockTiming};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -180,4 +180,29 @@ async fn bad_input_is_refused() {
         .lock_timeout("x", TTL, Duration::from_millis(200))
         .await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    // Timing: a retry delay of zero (a hot loop) or past the maximum, a request timeout past
+    // the maximum, are refused; a TTL whose validity would not exceed one request's timeout
+    // is an InvalidTtl, not a lock reported taken for ever.
+    for delay in [Duration::ZERO, Duration::MAX] {
+        let mut timing = RedlockTiming::default();
+        timing.retry_delay = delay;
+        let r = Redlock::with_timing(["redis://127.0.0.1:1"], timing);
+        assert!(
+            matches!(r, Err(Error::InvalidConfig(_))),
+            "{delay:?}: {r:?}"
+        );
+    }
+    let mut timing = RedlockTiming::default();
+    timing.request_timeout = Duration::MAX;
+    let r = Redlock::with_timing(["redis://127.0.0.1:1"], timing);
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    timing.request_timeout = Duration::from_secs(2);
+    let lock = Redlock::with_timing(["redis://127.0.0.1:1"], timing).unwrap();
+    let r = lock.try_lock("x", Duration::from_secs(1)).await;
+    assert!(matches!(r, Err(Error::InvalidTtl(_))), "{r:?}");
+    let mut timing = RedlockTiming::default();
+    timing.drift_factor = 0.999;
+    let lock = Redlock::with_timing(["redis://127.0.0.1:1"], timing).unwrap();
+    let r = lock.try_lock("x", Duration::from_millis(100)).await;
+    assert!(matches!(r, Err(Error::InvalidTtl(_))), "{r:?}");
 }

@@ -62,6 +62,10 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
             Code::Unauthenticated => true,
             Code::InvalidArgument => s.message().contains("revision of auth store is old"),
             Code::FailedPrecondition => s.message().contains("not leader"),
+            // etcd sends two errors with this code: "too many requests" (its apply loop lags
+            // behind commits: back off and retry, as etcd's own client does) and "database
+            // space exceeded" (an operator must compact and defragment: permanent).
+            Code::ResourceExhausted => s.message().ends_with("etcdserver: too many requests"),
             _ => false,
         },
         E::LeaseKeepAliveError(m) if m.contains("lease not found") => {
@@ -149,6 +153,16 @@ mod tests {
         assert!(!m(status(
             Code::InvalidArgument,
             "etcdserver: request is too large"
+        ))
+        .is_temporary());
+        assert!(m(status(
+            Code::ResourceExhausted,
+            "etcdserver: too many requests"
+        ))
+        .is_temporary());
+        assert!(!m(status(
+            Code::ResourceExhausted,
+            "etcdserver: mvcc: database space exceeded"
         ))
         .is_temporary());
         assert!(matches!(

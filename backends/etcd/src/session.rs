@@ -19,13 +19,17 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tracing::debug;
 use uuid::Uuid;
 
-use crate::error::{map, temporary};
+use crate::error::{map, temporary, watch_refused};
 use crate::layout::{ahead_range, entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
 use crate::watch::KeyWatcher;
 
 /// How often [`enqueue_all`](BackendSession::enqueue_all) re-checks queues that changed
 /// between its read and its write before it reports them taken.
 const ENQUEUE_ALL_TRIES: usize = 3;
+
+/// How often [`head`](BackendSession::head) reads the queue again when the head it found went
+/// before its value was read.
+const HEAD_READS: usize = 10;
 
 pub(crate) struct EtcdSession {
     client: Client,
@@ -143,6 +147,14 @@ impl EtcdSession {
             .await
             .map_err(|e| map(op, e))?;
         Ok(resp.kvs().first().map(|kv| kv.create_revision() as u64))
+    }
+
+    /// A KV client for replies that carry entries' values: up to 1 MB each, so that a few of
+    /// them exceed gRPC's default 4 MiB reply limit.
+    fn large_kv(&self) -> etcd_client::KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(usize::MAX)
     }
 
     fn put(&self, key: &str, value: &[u8]) -> TxnOp {
@@ -479,25 +491,40 @@ impl BackendSession for EtcdSession {
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+        // The keys first, then the head's value alone: candidates' values may be up to 1 MB
+        // each, and reading them all would cost the whole queue's values per read (and
+        // overflow a reply's size limit with a few large ones).
         let prefix = prefix_of(queue);
         let options = GetOptions::new()
             .with_prefix()
+            .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = self
-            .client
-            .kv_client()
-            .get(prefix.as_str(), Some(options))
-            .await
-            .map_err(|e| map("leader", e))?;
-        let head = queue_order(queue, &prefix, resp.kvs())
-            .first()
-            .map(|&(kv, kind)| {
-                (
-                    entry_of(key_string(kv), kind, kv.create_revision()),
-                    kv.value().to_vec(),
-                )
-            });
-        Ok(head)
+        for _ in 0..HEAD_READS {
+            let resp = self
+                .client
+                .kv_client()
+                .get(prefix.as_str(), Some(options.clone()))
+                .await
+                .map_err(|e| map("leader", e))?;
+            let Some(&(kv, kind)) = queue_order(queue, &prefix, resp.kvs()).first() else {
+                return Ok(None);
+            };
+            let entry = entry_of(key_string(kv), kind, kv.create_revision());
+            let value = self
+                .large_kv()
+                .get(entry.key.as_str(), None)
+                .await
+                .map_err(|e| map("leader", e))?;
+            // Still the same entry (else the head changed in between: read again).
+            if let Some(kv) = value
+                .kvs()
+                .first()
+                .filter(|kv| kv.create_revision() as u64 == entry.order)
+            {
+                return Ok(Some((entry, kv.value().to_vec())));
+            }
+        }
+        Err(temporary("leader", "the queue's head kept changing"))
     }
 
     async fn wait_queue_change(
@@ -509,6 +536,7 @@ impl BackendSession for EtcdSession {
         let mut stream = self
             .client
             .watch_client()
+            .max_decoding_message_size(usize::MAX)
             .watch(
                 prefix.as_str(),
                 Some(etcd_client::WatchOptions::new().with_prefix()),
@@ -517,6 +545,7 @@ impl BackendSession for EtcdSession {
             .map_err(|e| map("observe", e))?;
         match stream.message().await.map_err(|e| map("observe", e))? {
             Some(r) if r.created() && !r.canceled() => {}
+            Some(r) if r.canceled() => return Err(watch_refused(r.cancel_reason())),
             _ => return Err(temporary("observe", "watch was not created")),
         }
         let now = self.head(queue).await?;
@@ -543,8 +572,7 @@ impl BackendSession for EtcdSession {
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
         let prefix = prefix_of(queue);
         let resp = self
-            .client
-            .kv_client()
+            .large_kv()
             .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
             .await
             .map_err(|e| map("inspect", e))?;
@@ -595,6 +623,7 @@ impl BackendSession for EtcdSession {
             .map_err(|e| map("watch revoke", e))?;
         match stream.message().await.map_err(|e| map("watch revoke", e))? {
             Some(r) if r.created() && !r.canceled() => {}
+            Some(r) if r.canceled() => return Err(watch_refused(r.cancel_reason())),
             _ => return Err(temporary("watch revoke", "watch was not created")),
         }
         let resp = self

@@ -76,9 +76,13 @@ impl RedisConfig {
     /// and fails the acquisition with a temporary error (retried) if fewer did. With it, a
     /// replica promoted after the primary's crash has every entry and token counter a holder
     /// was granted on: the grant and the fencing token survive a failover to an acknowledging
-    /// replica. Creates then go through a connection of their own (`WAIT` blocks the
-    /// connection it runs on): they wait for each other, never the heartbeats. Releases are not
-    /// waited for. Off by default (at most [`MAX_REPLICAS`]).
+    /// replica. Heartbeats are acknowledged the same way (a heartbeat that fewer replicas
+    /// acknowledged counts as failed: the session is suspended, and lost at its local deadline
+    /// if it stays so), so that a promoted replica never expires a session before that
+    /// session's own deadline. The price: with fewer replicas than `replicas` answering, no
+    /// lock is granted and held locks are lost at the deadline. Creates and heartbeats each go
+    /// through a connection of their own (`WAIT` blocks the connection it runs on). Releases
+    /// are not waited for. Off by default (at most [`MAX_REPLICAS`]).
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));
         self

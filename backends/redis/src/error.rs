@@ -3,9 +3,11 @@
 //!
 //! Temporary: I/O errors (refused, reset, timed out), `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
 //! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`, `BUSY` (a
-//! script running long), `MISCONF` (a server that cannot persist refuses writes). Authentication
-//! failures are [`Error::Unauthenticated`], `NOPERM` is [`Error::PermissionDenied`], a bad URL
-//! is [`Error::InvalidConfig`]; every other server error (a script error, `OOM`) is permanent.
+//! script running long), `MISCONF` (a server that cannot persist refuses writes), `NOREPLICAS`
+//! (too few replicas follow the primary for it to accept writes). Authentication failures
+//! (`NOAUTH`, `WRONGPASS`, a failed `AUTH` at connect) are [`Error::Unauthenticated`], `NOPERM`
+//! is [`Error::PermissionDenied`], a bad URL is [`Error::InvalidConfig`]; every other server
+//! error (a script error, `OOM`) is permanent.
 
 use fencelock::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -28,6 +30,14 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
                 source: e.into(),
             }
         }
+        // A server that wants a password and got none (`NOAUTH`), or a rejected `AUTH` sent
+        // by hand (`WRONGPASS`): the client's own parse leaves both as plain codes.
+        _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => {
+            return Error::Unauthenticated {
+                backend: NAME,
+                source: e.into(),
+            }
+        }
         ErrorKind::InvalidClientConfig => return Error::invalid_config("", e.to_string()),
         ErrorKind::Io => true,
         ErrorKind::Server(
@@ -37,8 +47,9 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::ClusterDown,
         ) => true,
-        // A script running past `busy-reply-threshold`, a server that cannot persist.
-        _ if matches!(e.code(), Some("BUSY" | "MISCONF")) => true,
+        // A script running past `busy-reply-threshold`, a server that cannot persist, a
+        // primary refusing writes while fewer than `min-replicas-to-write` replicas follow it.
+        _ if matches!(e.code(), Some("BUSY" | "MISCONF" | "NOREPLICAS")) => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
     };
     Error::backend(NAME, op, temporary, e)

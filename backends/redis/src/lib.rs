@@ -108,7 +108,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
 pub use guarded::guarded_set;
-pub use redlock::{Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MIN_LOCK_TTL};
+pub use redlock::{
+    Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL,
+};
 
 use error::NAME;
 
@@ -122,7 +124,7 @@ pub struct RedisBackend {
     con: ConnectionManager,
     client: redis::Client,
     config: Arc<RedisConfig>,
-    acked: Option<Arc<replicas::Acked>>,
+    acked: Option<Arc<replicas::Acks>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -152,6 +154,14 @@ impl RedisBackend {
         let connect = async {
             let mut con = client.get_connection_manager_with_config(manager).await?;
             redis::cmd("PING").query_async::<()>(&mut con).await?;
+            // Every release publishes on a `fencelock:*` channel from inside its script, and
+            // Redis does not undo a script's earlier writes when a later command fails: a user
+            // whose ACL forbids that channel is refused here, before anything is changed.
+            redis::cmd("PUBLISH")
+                .arg(format!("{}:probe", layout::KEY_PREFIX))
+                .arg("")
+                .query_async::<i64>(&mut con)
+                .await?;
             Ok::<_, redis::RedisError>(con)
         };
         let con = match tokio::time::timeout(config.timeout, connect).await {
@@ -180,12 +190,7 @@ impl RedisBackend {
         };
         warn_if_evicting(con.clone()).await;
         let acked = config.replicas.map(|(n, wait)| {
-            Arc::new(replicas::Acked::new(
-                client.clone(),
-                config.timeout,
-                n,
-                wait,
-            ))
+            Arc::new(replicas::Acks::new(client.clone(), config.timeout, n, wait))
         });
         Ok(RedisBackend {
             con,

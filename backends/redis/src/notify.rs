@@ -4,6 +4,11 @@
 //! so a change published between the two cannot be missed. Redis pub/sub keeps no backlog: if
 //! the connection breaks, every registration is marked broken and its wait fails with a
 //! temporary error, which the core retries (registering again on a new connection).
+//!
+//! A channel is unsubscribed as soon as its last registration goes (by a task of the
+//! connection, so that a `Drop` needs no runtime): entry names repeat (`{queue}/{session}`), and
+//! a subscription left behind would make the next entry of that name wake a waiter that no
+//! longer waits — a herd of stale subscribers.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +18,7 @@ use std::time::Duration;
 use fencelock::Result;
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
-use tokio::sync::{Mutex as AsyncMutex, Notify};
+use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
 
@@ -32,21 +37,28 @@ pub(crate) struct Notifier {
 #[derive(Default)]
 struct Regs {
     by_channel: HashMap<String, Vec<(u64, Arc<Signal>)>>,
-    /// Channels whose last registration went: unsubscribed at the next registration.
-    stale: Vec<String>,
 }
+
+/// The channels a connection is subscribed to (or has sent a `SUBSCRIBE` for). Held across
+/// each subscribe and unsubscribe, so that the two never interleave on one channel.
+type Subscribed = Arc<AsyncMutex<HashSet<String>>>;
 
 struct Conn {
     sink: PubSubSink,
-    subscribed: HashSet<String>,
+    subscribed: Subscribed,
     alive: Arc<AtomicBool>,
-    /// The task that reads the messages: the connection lives as long as it runs.
-    reader: tokio::task::AbortHandle,
+    /// Where a registration that goes sends its channel, to be unsubscribed if it was the last.
+    unsubscribe: mpsc::UnboundedSender<String>,
+    /// The tasks that read the messages and unsubscribe: the connection lives as long as they
+    /// run.
+    tasks: [tokio::task::AbortHandle; 2],
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.reader.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
@@ -74,6 +86,7 @@ pub(crate) struct Registration {
     id: u64,
     signal: Arc<Signal>,
     regs: Arc<StdMutex<Regs>>,
+    unsubscribe: mpsc::UnboundedSender<String>,
 }
 
 impl Registration {
@@ -97,13 +110,24 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(list) = regs.by_channel.get_mut(&self.channel) {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                regs.by_channel.remove(&self.channel);
-                regs.stale.push(std::mem::take(&mut self.channel));
+        let last = {
+            let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
+            match regs.by_channel.get_mut(&self.channel) {
+                Some(list) => {
+                    list.retain(|(id, _)| *id != self.id);
+                    let last = list.is_empty();
+                    if last {
+                        regs.by_channel.remove(&self.channel);
+                    }
+                    last
+                }
+                None => false,
             }
+        };
+        if last {
+            // The connection's task unsubscribes, unless someone registered again meanwhile
+            // (a closed connection needs nothing: its subscriptions went with it).
+            let _ = self.unsubscribe.send(std::mem::take(&mut self.channel));
         }
     }
 }
@@ -123,8 +147,8 @@ impl Notifier {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a cancelled registration leaves at most a subscription nobody listens to,
-    /// dropped at a later registration.
+    /// Cancel safe: a registration cancelled while its `SUBSCRIBE` is in flight is dropped,
+    /// and its channel unsubscribed, like any other.
     pub(crate) async fn register(&self, channel: String) -> Result<Registration> {
         let mut slot = self.conn.lock().await;
         if slot
@@ -140,23 +164,6 @@ impl Notifier {
         let Some(conn) = slot.as_mut() else {
             return Err(temporary("subscribe", "no pub/sub connection"));
         };
-        // One stale channel at a time, each taken off the list only once handled: a cancelled
-        // registration leaves the rest for the next one.
-        loop {
-            let next = {
-                let mut guard = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-                let Regs { by_channel, stale } = &mut *guard;
-                stale.retain(|c| !by_channel.contains_key(c));
-                stale.last().cloned()
-            };
-            let Some(channel) = next else { break };
-            if conn.subscribed.contains(&channel) {
-                let _ = tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await;
-                conn.subscribed.remove(&channel);
-            }
-            let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-            regs.stale.retain(|c| c != &channel);
-        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let signal = Arc::new(Signal::default());
         self.regs
@@ -171,17 +178,19 @@ impl Notifier {
             id,
             signal,
             regs: self.regs.clone(),
+            unsubscribe: conn.unsubscribe.clone(),
         };
         // The reader may have found the connection dead before the registration was in the
         // list (it would then never be marked broken).
         if !conn.alive.load(Ordering::SeqCst) {
             return Err(temporary("subscribe", "the pub/sub connection broke"));
         }
-        if !conn.subscribed.contains(&channel) {
+        let mut subscribed = conn.subscribed.lock().await;
+        // Recorded before it is sent: if this is cancelled with the request on its way, the
+        // dropped registration has the channel unsubscribed.
+        if subscribed.insert(channel.clone()) {
             match tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await {
-                Ok(Ok(())) => {
-                    conn.subscribed.insert(channel);
-                }
+                Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     conn.alive.store(false, Ordering::SeqCst);
                     return Err(map("subscribe", e));
@@ -192,6 +201,7 @@ impl Notifier {
                 }
             }
         }
+        drop(subscribed);
         Ok(reg)
     }
 
@@ -203,6 +213,7 @@ impl Notifier {
         };
         let (sink, mut stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
+        let subscribed: Subscribed = Arc::default();
         let (regs, flag) = (self.regs.clone(), alive.clone());
         let (mut pinger, timeout) = (sink.clone(), self.timeout);
         let reader = tokio::spawn(async move {
@@ -238,11 +249,38 @@ impl Notifier {
             flag.store(false, Ordering::SeqCst);
             break_all(&regs);
         });
+        let (unsubscribe, mut gone) = mpsc::unbounded_channel::<String>();
+        let unsubscriber = tokio::spawn({
+            let (regs, subscribed, flag) = (self.regs.clone(), subscribed.clone(), alive.clone());
+            let mut sink = sink.clone();
+            async move {
+                while let Some(channel) = gone.recv().await {
+                    let mut subs = subscribed.lock().await;
+                    let wanted = regs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .by_channel
+                        .contains_key(&channel);
+                    if wanted || !subs.contains(&channel) {
+                        continue;
+                    }
+                    match tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await {
+                        Ok(Ok(())) => {
+                            subs.remove(&channel);
+                        }
+                        // A connection that cannot unsubscribe is replaced (its subscriptions
+                        // go with it).
+                        _ => flag.store(false, Ordering::SeqCst),
+                    }
+                }
+            }
+        });
         Ok(Conn {
             sink,
-            subscribed: HashSet::new(),
+            subscribed,
             alive,
-            reader: reader.abort_handle(),
+            unsubscribe,
+            tasks: [reader.abort_handle(), unsubscriber.abort_handle()],
         })
     }
 

@@ -19,6 +19,9 @@ pub const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The shortest lock TTL accepted (10 ms).
 pub const MIN_LOCK_TTL: Duration = Duration::from_millis(10);
 
+/// The longest [`RedlockTiming::retry_delay`] accepted (one minute).
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+
 /// SET NX PX on the lock key; if set, the server's token counter (0 if none), else -1.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -63,8 +66,9 @@ pub struct RedlockTiming {
     pub request_timeout: Duration,
     /// The clock drift allowed, as a fraction of the TTL (default 0.01), plus 2 ms.
     pub drift_factor: f64,
-    /// The first retry delay of [`Redlock::lock_timeout`] (default 50 ms, doubling up to 1 s,
-    /// with jitter so that contenders do not retry in step).
+    /// The first retry delay of [`Redlock::lock_timeout`] (default 50 ms, doubling up to 1 s
+    /// or this delay if longer, with jitter so that contenders do not retry in step). More
+    /// than zero and at most [`MAX_RETRY_DELAY`].
     pub retry_delay: Duration,
 }
 
@@ -174,16 +178,23 @@ impl Redlock {
         urls: impl IntoIterator<Item = U>,
         timing: RedlockTiming,
     ) -> Result<Self> {
-        if timing.request_timeout.is_zero() || timing.request_timeout > MAX_LOCK_TTL {
+        if timing.request_timeout.is_zero() || timing.request_timeout > crate::config::MAX_TIMEOUT {
             return Err(Error::invalid_config(
                 format!("{:?}", timing.request_timeout),
-                "the request timeout must be more than zero and at most a day",
+                "the request timeout must be more than zero and at most an hour",
             ));
         }
         if !(0.0..1.0).contains(&timing.drift_factor) {
             return Err(Error::invalid_config(
                 timing.drift_factor.to_string(),
                 "the drift factor must be in [0, 1)",
+            ));
+        }
+        if timing.retry_delay.is_zero() || timing.retry_delay > MAX_RETRY_DELAY {
+            // Zero would retry in a hot loop (a doubled zero stays zero), without jitter.
+            return Err(Error::invalid_config(
+                format!("{:?}", timing.retry_delay),
+                "the retry delay must be more than zero and at most a minute",
             ));
         }
         let mut servers = Vec::new();
@@ -222,9 +233,9 @@ impl Redlock {
         )
     }
 
-    /// Runs `script` on every server at once, each bounded by the request timeout; `None` for
-    /// a server that failed or did not answer in time.
-    async fn on_all(&self, script: &Script, keys: &[&str], args: &[String]) -> Vec<Option<i64>> {
+    /// Runs `script` on every server at once, each bounded by the request timeout: each
+    /// server's answer, or its error (temporary when it did not answer in time).
+    async fn on_all(&self, script: &Script, keys: &[&str], args: &[String]) -> Vec<Result<i64>> {
         let timeout = self.timing.request_timeout;
         join_all(self.servers.iter().map(|con| {
             let mut con = con.clone();
@@ -237,12 +248,33 @@ impl Redlock {
             }
             async move {
                 match tokio::time::timeout(timeout, inv.invoke_async::<i64>(&mut con)).await {
-                    Ok(Ok(v)) => Some(v),
-                    _ => None,
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(map("redlock", e)),
+                    Err(_) => Err(crate::error::temporary("redlock", "no answer in time")),
                 }
             }
         }))
         .await
+    }
+
+    /// The error when fewer than a majority answered `answers`: permanent (the first
+    /// permanent error, say a wrong password or a missing permission) when the servers that
+    /// failed permanently leave too few to ever make a majority, else temporary.
+    fn no_majority(&self, answers: Vec<Result<i64>>) -> Error {
+        let mut permanent: Vec<Error> = answers
+            .into_iter()
+            .filter_map(Result::err)
+            .filter(|e| !e.is_temporary())
+            .collect();
+        if self.servers.len() - permanent.len() < self.majority() && !permanent.is_empty() {
+            return permanent.swap_remove(0);
+        }
+        Error::backend(
+            NAME,
+            "redlock",
+            true,
+            "fewer than a majority of the Redis servers answered",
+        )
     }
 
     async fn release_all(&self, name: &str, value: &str) -> usize {
@@ -250,13 +282,16 @@ impl Redlock {
         self.on_all(&RELEASE, &[&key], &[value.to_string()])
             .await
             .into_iter()
-            .filter(|r| *r == Some(1))
+            .filter(|r| matches!(r, Ok(1)))
             .count()
     }
 
     /// One attempt: the lock on a majority within its validity, or `None` if a majority
     /// answered but the lock is taken (having released whatever it set). Fewer than a majority
-    /// answering is a temporary [`Error::Backend`].
+    /// answering is a temporary [`Error::Backend`] — permanent when enough servers refuse for
+    /// good (a wrong password, a missing permission: [`Error::is_temporary`] is `false`) that
+    /// no majority can ever answer. A `ttl` whose validity (less the drift allowance) would not
+    /// exceed the request timeout is [`Error::InvalidTtl`].
     ///
     /// # Cancel safety
     ///
@@ -267,6 +302,19 @@ impl Redlock {
         if !(MIN_LOCK_TTL..=MAX_LOCK_TTL).contains(&ttl) {
             return Err(Error::invalid_ttl(ttl, "must be between 10 ms and one day"));
         }
+        let drift = ttl.mul_f64(self.timing.drift_factor) + Duration::from_millis(2);
+        let validity = ttl.saturating_sub(drift);
+        if validity <= self.timing.request_timeout {
+            // A grant could be worth less than one request's time: refuse the setting rather
+            // than report the lock taken for ever.
+            return Err(Error::invalid_ttl(
+                ttl,
+                format!(
+                    "less the drift allowance ({drift:?}), it must exceed the request timeout ({:?})",
+                    self.timing.request_timeout
+                ),
+            ));
+        }
         let value = uuid::Uuid::new_v4().simple().to_string();
         let (key, counter) = Self::keys(name);
         let start = Instant::now();
@@ -274,9 +322,14 @@ impl Redlock {
         let got = self
             .on_all(&ACQUIRE, &[&key, &counter], &[value.clone(), ttl_ms])
             .await;
-        let granted: Vec<i64> = got.iter().flatten().copied().filter(|c| *c >= 0).collect();
-        let drift = ttl.mul_f64(self.timing.drift_factor) + Duration::from_millis(2);
-        let valid_until = start + ttl.saturating_sub(drift);
+        let granted: Vec<i64> = got
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .copied()
+            .filter(|c| *c >= 0)
+            .collect();
+        let valid_until = start + validity;
+        let mut unavailable = None;
         if granted.len() >= self.majority() && Instant::now() < valid_until {
             // The token: above every counter of this majority, then raised on a majority.
             let token = granted.iter().max().copied().unwrap_or(0).saturating_add(1);
@@ -286,11 +339,10 @@ impl Redlock {
                     &[&key, &counter],
                     &[value.clone(), token.to_string()],
                 )
-                .await
-                .into_iter()
-                .filter(|r| *r == Some(1))
-                .count();
-            if fenced >= self.majority() && Instant::now() < valid_until {
+                .await;
+            if fenced.iter().filter(|r| matches!(r, Ok(1))).count() >= self.majority()
+                && Instant::now() < valid_until
+            {
                 return Ok(Some(RedlockGuard {
                     redlock: self.clone(),
                     name: name.to_string(),
@@ -299,23 +351,27 @@ impl Redlock {
                     valid_until,
                 }));
             }
+            // The counters could not be raised on a majority: unavailable, not taken.
+            if fenced.iter().filter(|r| r.is_ok()).count() < self.majority() {
+                unavailable = Some(self.no_majority(fenced));
+            }
         }
         self.release_all(name, &value).await;
         // Fewer than a majority answered: the lock may well be free; unavailable, not taken.
-        if got.iter().flatten().count() < self.majority() {
-            return Err(Error::backend(
-                NAME,
-                "redlock",
-                true,
-                "fewer than a majority of the Redis servers answered",
-            ));
+        if got.iter().filter(|r| r.is_ok()).count() < self.majority() {
+            return Err(self.no_majority(got));
         }
-        Ok(None)
+        match unavailable {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
     }
 
     /// Retries [`try_lock`](Self::try_lock) with exponential backoff and jitter until it
-    /// succeeds or `timeout` passes ([`Error::Timeout`]). Temporary errors (no majority
-    /// answered) are retried too.
+    /// succeeds or `timeout` passes ([`Error::Timeout`]; `Duration::MAX` waits for ever).
+    /// Temporary errors (no majority answered) are retried too; a permanent one (bad input,
+    /// or servers refusing us for good: a wrong password, a missing permission) is returned at
+    /// once.
     ///
     /// # Cancel safety
     ///
@@ -329,7 +385,7 @@ impl Redlock {
         let deadline = Instant::now().checked_add(timeout);
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(self.timing.retry_delay)
-            .with_max_delay(Duration::from_secs(1))
+            .with_max_delay(self.timing.retry_delay.max(Duration::from_secs(1)))
             .with_jitter()
             .without_max_times()
             .build();
@@ -342,7 +398,7 @@ impl Redlock {
             }
             let pause = backoff.next().unwrap_or(Duration::from_secs(1));
             match deadline {
-                Some(d) if Instant::now() + pause >= d => {
+                Some(d) if Instant::now().checked_add(pause).is_none_or(|t| t >= d) => {
                     return Err(Error::Timeout {
                         op: "redlock",
                         after: timeout,

@@ -12,7 +12,30 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::{map, temporary};
 
-/// The connection of acknowledged creates, made on first use and again after a failure.
+/// What a backend with `wait_for_replicas` runs acknowledged, each on a connection of its own:
+/// creates, and heartbeats (so that a heartbeat never waits behind a create's `WAIT`).
+pub(crate) struct Acks {
+    /// Entry and session creates.
+    pub(crate) creates: Acked,
+    /// Heartbeats: a promoted replica must have every expiry the local deadline counts on.
+    pub(crate) heartbeats: Acked,
+}
+
+impl Acks {
+    pub(crate) fn new(
+        client: redis::Client,
+        timeout: Duration,
+        replicas: usize,
+        wait: Duration,
+    ) -> Self {
+        Acks {
+            creates: Acked::new(client.clone(), timeout, replicas, wait),
+            heartbeats: Acked::new(client, timeout, replicas, wait),
+        }
+    }
+}
+
+/// One connection of acknowledged calls, made on first use and again after a failure.
 pub(crate) struct Acked {
     client: redis::Client,
     config: AsyncConnectionConfig,

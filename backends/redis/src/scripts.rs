@@ -48,7 +48,8 @@ end
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
   local out, found = {}, 0
-  local cursor = '(' .. below
+  -- '%d', not `..`: Lua writes a number as '%.14g', which rounds tokens from 10^14 up.
+  local cursor = '(' .. string.format('%d', below)
   while found < nearest do
     local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', 0, 16)
     if #batch == 0 then break end
@@ -87,10 +88,16 @@ local function create(sid, path, name, kind, value, ttl)
     redis.call('ZREM', q, name)
   end
   token = redis.call('INCR', P .. ':t')
+  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
+  if token >= 9007199254740992 then
+    error({err = 'ERR fencelock token counter exhausted (2^53)'})
+  end
   local now = redis.call('TIME')
   local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZADD', q, token, name)
-  redis.call('HSET', e, 'q', path, 't', token, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
+  -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
+  local t = string.format('%d', token)
+  redis.call('ZADD', q, t, name)
+  redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
   redis.call('PEXPIRE', e, ttl)
   redis.call('SADD', okey(sid), name)
   redis.call('HINCRBY', skey(sid), 'v', 1)

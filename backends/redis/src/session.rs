@@ -21,7 +21,7 @@ use crate::layout::{
 };
 use crate::notify::Notifier;
 use crate::owned::Owned;
-use crate::replicas::Acked;
+use crate::replicas::Acks;
 use crate::reply::{arg, array, bytes, entry, int, ms, peers, text, Args};
 use crate::scripts;
 
@@ -34,8 +34,8 @@ const LIST_CHUNK: usize = 1000;
 
 pub(crate) struct RedisSession {
     con: ConnectionManager,
-    /// With `wait_for_replicas`: where creates go, each followed by a `WAIT`.
-    acked: Option<Arc<Acked>>,
+    /// With `wait_for_replicas`: where creates and heartbeats go, each followed by a `WAIT`.
+    acked: Option<Arc<Acks>>,
     sid: String,
     ttl: Duration,
     notifier: Notifier,
@@ -71,7 +71,7 @@ impl RedisSession {
         con: ConnectionManager,
         client: redis::Client,
         config: Arc<RedisConfig>,
-        acked: Option<Arc<Acked>>,
+        acked: Option<Arc<Acks>>,
         ttl: Duration,
     ) -> Result<Self> {
         // A random id: a counter could hand out a live session's id again after a failover
@@ -118,8 +118,22 @@ impl RedisSession {
     /// when the backend is configured to wait for them.
     async fn create_call(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
         match &self.acked {
-            Some(acked) => acked.run(op, Self::invocation(script, args)).await,
+            Some(acks) => acks.creates.run(op, Self::invocation(script, args)).await,
             None => self.call(op, script, args).await,
+        }
+    }
+
+    /// A heartbeat: acknowledged by the replicas too when the backend waits for them, so that
+    /// a promoted replica has the session's renewed expiry (the local deadline counts from the
+    /// heartbeat's send time, and must not outlast what the replica knows).
+    async fn heartbeat_call(&self, script: &Script, args: Args) -> Result<Value> {
+        match &self.acked {
+            Some(acks) => {
+                acks.heartbeats
+                    .run("keep-alive", Self::invocation(script, args))
+                    .await
+            }
+            None => self.call("keep-alive", script, args).await,
         }
     }
 
@@ -195,7 +209,9 @@ impl RedisSession {
             let token = u64::try_from(int(a.get(1)?)?).ok()?;
             let kind = kind_of(&text(a.get(2)?)?);
             let value = bytes(a.get(3)?);
-            let left = Duration::from_millis(u64::try_from(int(a.get(4)?)?).unwrap_or(0));
+            // No expiry at all (-1: persisted by hand): looked at again after a TTL, not
+            // polled.
+            let left = u64::try_from(int(a.get(4)?)?).map_or(self.ttl, Duration::from_millis);
             Some(((entry(key, kind, token), value), left))
         };
         parse().map(Some).ok_or_else(|| unexpected("leader"))
@@ -214,8 +230,7 @@ impl BackendSession for RedisSession {
 
     async fn keep_alive(&self) -> Result<()> {
         let reply = self
-            .call(
-                "keep-alive",
+            .heartbeat_call(
                 &scripts::KEEP_ALIVE,
                 vec![arg(&self.sid), arg(ms(self.ttl)), arg(self.known())],
             )

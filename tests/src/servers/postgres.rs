@@ -123,11 +123,27 @@ impl PgServer {
         as_user(&mut server);
         let child = ManagedChild::spawn("postgres", server, &dir.path().join("postgres.log"))
             .expect("start postgres");
+        // Listening is not ready: while it starts up, the server refuses connections ("the
+        // database system is starting up"). `pg_isready` succeeds once it accepts them.
         let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let ready = || {
+            Command::new(bin.join("pg_isready"))
+                .args([
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        while !ready() {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "postgres did not listen within 60 s: {}",
+                "postgres did not accept connections within 60 s: {}",
                 std::fs::read_to_string(dir.path().join("postgres.log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(50));
