@@ -21,8 +21,11 @@ use tracing::{debug, info};
 use crate::config::EtcdConfig;
 use crate::error::{map, NAME};
 
-/// How often an endpoint left out at connect time is checked again.
-const REJOIN_EVERY: Duration = Duration::from_secs(5);
+/// How often every endpoint of a multi-member cluster is checked (see [`monitor`]).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a member may take to answer a check before it is taken out of the rotation.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The client options of `config`.
 pub(crate) fn options(config: &EtcdConfig) -> ConnectOptions {
@@ -130,29 +133,94 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
     }
 }
 
-/// Adds the endpoints left out at connect time back to `client` once each answers, checking
-/// every few seconds; ends when they all rejoined or the backend is gone.
-pub(crate) async fn rejoin(client: Weak<Client>, config: EtcdConfig, mut left_out: Vec<String>) {
-    while !left_out.is_empty() {
-        tokio::time::sleep(REJOIN_EVERY).await;
+/// Keeps the client's rotation to the members that answer, for as long as the backend lives:
+/// every [`CHECK_EVERY`] each endpoint is asked for its status, with [`CHECK_TIMEOUT`] to
+/// answer. One that stops answering (a member down, or hung: a `SIGSTOP`ped or stalled process
+/// still accepts connections, and requests sent there wait until their timeout) is taken out
+/// of the rotation — never the last one — and one that answers again is put back. Requests
+/// already sent to a hung member still wait for their timeout; new ones, and the heartbeat's
+/// next try, go to the others.
+pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_out: Vec<String>) {
+    let endpoints = config.endpoints.clone();
+    if endpoints.len() < 2 {
+        return;
+    }
+    // One probe client per endpoint, without credentials (a status needs no permission),
+    // made again after a failure.
+    let mut probes: Vec<Option<Client>> = endpoints.iter().map(|_| None).collect();
+    let mut options = options(&config);
+    options = options.with_timeout(CHECK_TIMEOUT);
+    loop {
+        tokio::time::sleep(CHECK_EVERY).await;
+        if client.strong_count() == 0 {
+            return;
+        }
+        let checks = endpoints.iter().zip(probes.iter_mut()).map(|(ep, probe)| {
+            let options = options.clone();
+            async move {
+                let answered = timeout_at(Instant::now() + CHECK_TIMEOUT, async {
+                    if probe.is_none() {
+                        *probe = Some(Client::connect([ep.as_str()], Some(options)).await?);
+                    }
+                    let c = probe.as_mut().expect("a probe client");
+                    c.status().await.map(drop)
+                })
+                .await;
+                match answered {
+                    Ok(Ok(())) => true,
+                    // The member answered, if only to refuse (say, credentials): it is up.
+                    Ok(Err(etcd_client::Error::GRpcStatus(s)))
+                        if !matches!(
+                            s.code(),
+                            tonic::Code::Unavailable
+                                | tonic::Code::DeadlineExceeded
+                                | tonic::Code::Cancelled
+                                | tonic::Code::Unknown
+                        ) =>
+                    {
+                        true
+                    }
+                    _ => {
+                        *probe = None;
+                        false
+                    }
+                }
+            }
+        });
+        let answered = futures::future::join_all(checks).await;
         let Some(client) = client.upgrade() else {
             return;
         };
-        let mut still = Vec::new();
-        for ep in left_out {
-            let deadline = Instant::now() + config.connect_timeout;
-            if check(&ep, &config, deadline).await.is_ok() {
+        for (ep, up) in endpoints.iter().zip(answered) {
+            let out = left_out.contains(ep);
+            if up && out {
                 match client.add_endpoint(ep.as_str()).await {
-                    Ok(()) => info!(endpoint = %ep, "etcd endpoint answers again: added"),
-                    Err(e) => {
-                        debug!(endpoint = %ep, error = %e, "cannot add the endpoint back");
-                        still.push(ep);
+                    Ok(()) => {
+                        info!(endpoint = %ep, "etcd endpoint answers again: back in the rotation");
+                        left_out.retain(|e| e != ep);
                     }
+                    Err(e) => debug!(endpoint = %ep, error = %e, "cannot add the endpoint back"),
                 }
-            } else {
-                still.push(ep);
+            } else if !up && !out && left_out.len() + 1 < endpoints.len() {
+                match client.remove_endpoint(uri_of(ep, &config)).await {
+                    Ok(()) => {
+                        info!(endpoint = %ep, "etcd endpoint does not answer: out of the rotation");
+                        left_out.push(ep.clone());
+                    }
+                    Err(e) => debug!(endpoint = %ep, error = %e, "cannot take the endpoint out"),
+                }
             }
         }
-        left_out = still;
+    }
+}
+
+/// The URI the client knows endpoint `ep` by (what it was added as): with its scheme.
+fn uri_of(ep: &str, config: &EtcdConfig) -> String {
+    if ep.contains("://") {
+        ep.to_string()
+    } else if config.tls.is_some() {
+        format!("https://{ep}")
+    } else {
+        format!("http://{ep}")
     }
 }

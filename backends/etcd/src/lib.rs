@@ -68,7 +68,9 @@ impl EtcdBackend {
     ///
     /// Each endpoint is checked on its own first, and the client uses only those that answer
     /// (the others are added back once they do), so a cluster with a member down connects and
-    /// serves reliably. Fails, within the connect timeout, with:
+    /// serves reliably. Afterwards every endpoint is checked each second: a member that stops
+    /// answering (down, or hung) is taken out of the rotation until it answers again. Fails,
+    /// within the connect timeout, with:
     /// - [`Error::InvalidConfig`](fencelock::Error::InvalidConfig) for bad settings (no
     ///   endpoint, a malformed one, `https://` without TLS, a user when the cluster has no
     ///   authentication, a plaintext client at a TLS port or the reverse);
@@ -80,13 +82,11 @@ impl EtcdBackend {
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
         let (client, left_out) = connect::connect(&config).await?;
         let client = Arc::new(client);
-        if !left_out.is_empty() {
-            tokio::spawn(connect::rejoin(
-                Arc::downgrade(&client),
-                config.clone(),
-                left_out,
-            ));
-        }
+        tokio::spawn(connect::monitor(
+            Arc::downgrade(&client),
+            config.clone(),
+            left_out,
+        ));
         Ok(EtcdBackend {
             client,
             config: Arc::new(config),

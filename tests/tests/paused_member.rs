@@ -1,0 +1,78 @@
+//! A cluster member paused (`SIGSTOP`) after the client connected — a follower, then the
+//! leader: a stopped process still accepts connections, and what is sent to it waits. The
+//! session must stay live and locks keep being granted through the other members (at most the
+//! acquisitions in flight on the paused member fail).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock::SessionState;
+use fencelock_integration::servers::etcd::EtcdCluster;
+use fencelock_integration::servers::zookeeper::ZkEnsemble;
+use fencelock_integration::servers::{available, Cluster};
+use fencelock_integration::target::Kind;
+
+/// How long each member stays paused.
+const PAUSE: Duration = Duration::from_secs(10);
+
+async fn run(cluster: Arc<dyn Cluster>, ttl: Duration) {
+    let s = cluster
+        .target()
+        .session(&fencelock::conformance::unique_namespace("paused"), ttl)
+        .await;
+    let leader = cluster.leader().await;
+    for (what, victim) in [
+        ("follower", (leader + 1) % cluster.size()),
+        ("leader", leader),
+    ] {
+        let m = s.mutex("m").unwrap();
+        cluster.pause(victim);
+        let start = Instant::now();
+        let (mut granted, mut failed) = (0, Vec::new());
+        while start.elapsed() < PAUSE {
+            match m.lock_timeout(ttl).await {
+                Ok(g) => {
+                    let _ = g.release().await;
+                    granted += 1;
+                }
+                Err(e) => failed.push(e.to_string()),
+            }
+            assert!(
+                !matches!(s.state(), SessionState::Lost(_)),
+                "{:?}, {what} paused: the session was lost ({failed:?})",
+                cluster.kind()
+            );
+        }
+        cluster.resume(victim);
+        println!(
+            "{:?}, {what} paused for {PAUSE:?}: {granted} grants, {} failed ({failed:?})",
+            cluster.kind(),
+            failed.len()
+        );
+        assert!(granted >= 50, "{what} paused: only {granted} grants");
+        assert!(failed.len() <= 3, "{what} paused: {failed:?}");
+    }
+    s.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_member_paused() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+        .await
+        .unwrap();
+    run(Arc::new(cluster), Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_server_paused() {
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+        .await
+        .unwrap();
+    run(Arc::new(ensemble), Duration::from_secs(6)).await;
+}
