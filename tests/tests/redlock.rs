@@ -206,3 +206,32 @@ async fn bad_input_is_refused() {
     let r = lock.try_lock("x", Duration::from_millis(100)).await;
     assert!(matches!(r, Err(Error::InvalidTtl(_))), "{r:?}");
 }
+
+/// A cancel storm: 200 `try_lock` calls dropped at every point leave no key behind — the lock
+/// is free at once, not after the 30 s TTL of the keys they may have set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_attempts_leave_no_key() {
+    let Some(servers) = five().await else { return };
+    let lock = Redlock::connect(urls(&servers)).unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut cut = 0;
+    for i in 0..200u64 {
+        let attempt = lock.try_lock("storm", ttl);
+        match tokio::time::timeout(Duration::from_micros(25 * (i % 80)), attempt).await {
+            Ok(Ok(Some(g))) => {
+                g.release().await.unwrap();
+            }
+            Ok(_) => {}
+            Err(_) => cut += 1,
+        }
+    }
+    assert!(
+        cut >= 50,
+        "only {cut} attempts were cut off: the storm proves little"
+    );
+    let g = lock
+        .lock_timeout("storm", ttl, Duration::from_secs(5))
+        .await
+        .expect("free again at once: no attempt left its keys");
+    g.release().await.unwrap();
+}

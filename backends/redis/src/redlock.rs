@@ -166,6 +166,33 @@ impl RedlockGuard {
     }
 }
 
+/// An acquisition in progress: dropped before it settled (its future cancelled), it releases
+/// whatever keys it may have set, in a task of its own.
+struct Attempt<'a> {
+    redlock: &'a Redlock,
+    name: &'a str,
+    value: &'a str,
+    settled: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (redlock, name, value) = (
+                self.redlock.clone(),
+                self.name.to_string(),
+                self.value.to_string(),
+            );
+            rt.spawn(async move {
+                redlock.release_all(&name, &value).await;
+            });
+        }
+    }
+}
+
 impl Redlock {
     /// Redlock over the servers at `urls` (`redis://host:port`), with the default timing.
     /// Connections are made on first use, so a server that is down now does not fail this.
@@ -295,8 +322,10 @@ impl Redlock {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: a cancelled attempt may leave keys on some servers until `ttl`
-    /// expires (the lock is then unavailable for at most `ttl`; exclusion is not affected).
+    /// Cancel safe: an attempt dropped half way releases, in a task of its own, whatever keys
+    /// it may have set (the release follows its requests on each server's connection). Dropped
+    /// outside a Tokio runtime, it leaves them to expire after `ttl`: the lock is then
+    /// unavailable for at most `ttl`; exclusion is not affected.
     pub async fn try_lock(&self, name: &str, ttl: Duration) -> Result<Option<RedlockGuard>> {
         fencelock::validate_name(name)?;
         if !(MIN_LOCK_TTL..=MAX_LOCK_TTL).contains(&ttl) {
@@ -316,6 +345,12 @@ impl Redlock {
             ));
         }
         let value = uuid::Uuid::new_v4().simple().to_string();
+        let mut attempt = Attempt {
+            redlock: self,
+            name,
+            value: &value,
+            settled: false,
+        };
         let (key, counter) = Self::keys(name);
         let start = Instant::now();
         let ttl_ms = ttl.as_millis().to_string();
@@ -343,10 +378,11 @@ impl Redlock {
             if fenced.iter().filter(|r| matches!(r, Ok(1))).count() >= self.majority()
                 && Instant::now() < valid_until
             {
+                attempt.settled = true;
                 return Ok(Some(RedlockGuard {
                     redlock: self.clone(),
                     name: name.to_string(),
-                    value,
+                    value: value.clone(),
                     token: FencingToken::new(token as u64),
                     valid_until,
                 }));
@@ -357,6 +393,7 @@ impl Redlock {
             }
         }
         self.release_all(name, &value).await;
+        attempt.settled = true;
         // Fewer than a majority answered: the lock may well be free; unavailable, not taken.
         if got.iter().filter(|r| r.is_ok()).count() < self.majority() {
             return Err(self.no_majority(got));
@@ -375,7 +412,7 @@ impl Redlock {
     ///
     /// # Cancel safety
     ///
-    /// As [`try_lock`](Self::try_lock).
+    /// As [`try_lock`](Self::try_lock): a dropped call leaves no key behind.
     pub async fn lock_timeout(
         &self,
         name: &str,

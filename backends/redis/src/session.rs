@@ -583,7 +583,9 @@ impl BackendSession for RedisSession {
         let mut names = Vec::new();
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            // Raw bytes: a foreign key that is not UTF-8 under our prefix is skipped, rather
+            // than failing the whole listing (fencelock's own names are UTF-8).
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&glob)
@@ -592,10 +594,12 @@ impl BackendSession for RedisSession {
                 .query_async(&mut con)
                 .await
                 .map_err(|e| map("list", e))?;
-            names.extend(
-                keys.into_iter()
-                    .filter_map(|k| k.strip_prefix(&strip).map(str::to_string)),
-            );
+            names.extend(keys.into_iter().filter_map(|k| {
+                String::from_utf8(k)
+                    .ok()?
+                    .strip_prefix(&strip)
+                    .map(str::to_string)
+            }));
             if next == 0 {
                 break;
             }
