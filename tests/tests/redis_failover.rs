@@ -52,6 +52,16 @@ impl Pair {
         self.link.set(Mode::BlackHole);
     }
 
+    /// A backend on the pair whose grants and heartbeats wait for the replica's
+    /// acknowledgement.
+    async fn replicated(&self) -> RedisBackend {
+        RedisConfig::new(self.front.addr())
+            .wait_for_replicas(1, Duration::from_millis(200))
+            .connect()
+            .await
+            .unwrap()
+    }
+
     /// The replica receives what it missed.
     fn catch_up(&self) {
         self.link.set(Mode::Pass);
@@ -131,11 +141,7 @@ async fn async_failover_grants_twice_and_inverts_the_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_grants_survive_failover() {
     let Some(p) = pair().await else { return };
-    let backend = RedisConfig::new(p.front.addr())
-        .wait_for_replicas(1, Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
+    let backend = p.replicated().await;
     // A long TTL: the holder's heartbeats are acknowledged by the replica too, and while the
     // old primary comes back as a replica none is; the holder must not reach its local
     // deadline meanwhile (see `replicated_heartbeats_bound_the_deadline`).
@@ -197,11 +203,7 @@ async fn replicated_grants_survive_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_heartbeats_bound_the_deadline() {
     let Some(p) = pair().await else { return };
-    let backend = RedisConfig::new(p.front.addr())
-        .wait_for_replicas(1, Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
+    let backend = p.replicated().await;
     let ttl = Duration::from_secs(3);
     let a = Session::builder(backend).ttl(ttl).start().await.unwrap();
     let held = a.mutex("deadline").unwrap().lock().await.unwrap();
