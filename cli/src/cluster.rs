@@ -37,17 +37,14 @@ fn redact(url: &str) -> String {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),
     };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
+    // Everything up to the last '@' may be credentials (a password may hold a '/').
+    let rest = match rest.rsplit_once('@') {
         Some((_, hosts)) => format!("***@{hosts}"),
-        None => authority.to_string(),
+        None => rest.to_string(),
     };
     match scheme {
-        Some(scheme) => format!("{scheme}://{authority}{path}"),
-        None => format!("{authority}{path}"),
+        Some(scheme) => format!("{scheme}://{rest}"),
+        None => rest,
     }
 }
 
@@ -294,10 +291,11 @@ mod tests {
             "redis://app:s3cret@a:1,b:2",
             "redis://app:s3cret@a:1/x",
             "redis://app:s3cret@a b:1",
+            "redis://app:s3/cret@a:1/x",
             "memcached://app:s3cret@a:1",
         ] {
             let e = Url::parse(url).unwrap_err().to_string();
-            assert!(!e.contains("s3cret"), "{e}");
+            assert!(!e.contains("s3cret") && !e.contains("cret@"), "{e}");
             assert!(e.contains("***@"), "{e}");
         }
         assert_eq!(redact("redis://u:p@h:1/2"), "redis://***@h:1/2");

@@ -123,12 +123,13 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else { return };
                             crate::metrics::heartbeat(shared.backend_name(), sent.elapsed());
+                            // A reply that comes after the deadline in force (the process
+                            // was paused in between) confirms nothing: the session is lost
+                            // already (its `state()` says so), and the deadline branch declares
+                            // it next. Lost is terminal: never extended, never "resumed".
                             let extended = sent + (ttl - margin);
-                            *shared.deadline.lock().unwrap() = extended;
-                            // A reply that comes after the deadline it would extend (the
-                            // process was paused in between) confirms nothing: the deadline
-                            // branch declares the session lost next, without a "resumed" first.
-                            if Instant::now() < extended {
+                            if Instant::now() < deadline.min(extended) {
+                                *shared.deadline.lock().unwrap() = extended;
                                 shared.set_state(SessionState::Live);
                             }
                             backoff = Backoff::new();

@@ -1,14 +1,14 @@
-//! A cluster member paused (`SIGSTOP`) after the client connected — a follower, then the
-//! leader: a stopped process still accepts connections, and what is sent to it waits. The
-//! session must stay live and locks keep being granted through the other members (at most the
-//! acquisitions in flight on the paused member fail).
+//! An etcd member paused (`SIGSTOP`) after the client connected — a follower, then the leader:
+//! a stopped process still accepts connections, and what is sent to it waits. The session must
+//! stay live and locks keep being granted through the other members (at most the acquisitions
+//! in flight on the paused member fail). (ZooKeeper's client talks to one server at a time; see
+//! the README on a hung ZooKeeper server.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fencelock::SessionState;
 use fencelock_integration::servers::etcd::EtcdCluster;
-use fencelock_integration::servers::zookeeper::ZkEnsemble;
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
 
@@ -63,16 +63,5 @@ async fn etcd_member_paused() {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
         .await
         .unwrap();
-    run(Arc::new(cluster), Duration::from_secs(5)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_server_paused() {
-    if !available(Kind::ZooKeeper) {
-        return;
-    }
-    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
-        .await
-        .unwrap();
-    run(Arc::new(ensemble), Duration::from_secs(6)).await;
+    run(Arc::new(cluster), Duration::from_secs(8)).await;
 }

@@ -22,10 +22,13 @@ use crate::config::EtcdConfig;
 use crate::error::{map, NAME};
 
 /// How often every endpoint of a multi-member cluster is checked (see [`monitor`]).
-const CHECK_EVERY: Duration = Duration::from_secs(1);
+const CHECK_EVERY: Duration = Duration::from_millis(500);
 
-/// How long a member may take to answer a check before it is taken out of the rotation.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a member may take to answer a check.
+const CHECK_TIMEOUT: Duration = Duration::from_millis(700);
+
+/// How many checks in a row a member must miss to be taken out of the rotation.
+const MISSES_TO_REMOVE: u32 = 2;
 
 /// The client options of `config`.
 pub(crate) fn options(config: &EtcdConfig) -> ConnectOptions {
@@ -135,21 +138,32 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
 
 /// Keeps the client's rotation to the members that answer, for as long as the backend lives:
 /// every [`CHECK_EVERY`] each endpoint is asked for its status, with [`CHECK_TIMEOUT`] to
-/// answer. One that stops answering (a member down, or hung: a `SIGSTOP`ped or stalled process
+/// answer. One that misses [`MISSES_TO_REMOVE`] checks in a row (a member down, or hung: a `SIGSTOP`ped or stalled process
 /// still accepts connections, and requests sent there wait until their timeout) is taken out
 /// of the rotation — never the last one — and one that answers again is put back. Requests
 /// already sent to a hung member still wait for their timeout; new ones, and the heartbeat's
 /// next try, go to the others.
 pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_out: Vec<String>) {
-    let endpoints = config.endpoints.clone();
+    // The endpoints as the client knows them (with their scheme), the form `left_out` has too.
+    let Ok(endpoints) = config.validate() else {
+        return;
+    };
     if endpoints.len() < 2 {
         return;
     }
-    // One probe client per endpoint, without credentials (a status needs no permission),
-    // made again after a failure.
+    // One probe client per endpoint, made again after a failure. Without credentials: a
+    // status needs no permission, and any answer but "unavailable" or a timeout counts.
     let mut probes: Vec<Option<Client>> = endpoints.iter().map(|_| None).collect();
-    let mut options = options(&config);
-    options = options.with_timeout(CHECK_TIMEOUT);
+    // Nor asking for a leader: during an election every member would refuse, and the check
+    // is whether the member answers at all.
+    let options = options(&EtcdConfig {
+        user: None,
+        ..config.clone()
+    })
+    .with_require_leader(false)
+    .with_timeout(CHECK_TIMEOUT);
+    // Consecutive missed checks per endpoint: one miss is not enough to take it out.
+    let mut misses = vec![0u32; endpoints.len()];
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
         if client.strong_count() == 0 {
@@ -191,7 +205,12 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
         let Some(client) = client.upgrade() else {
             return;
         };
-        for (ep, up) in endpoints.iter().zip(answered) {
+        // A round where most members fail (the host itself stalled, say) takes nobody out: the
+        // rotation would churn for nothing.
+        let failing = answered.iter().filter(|up| !**up).count();
+        let may_remove = failing * 2 <= endpoints.len();
+        for ((ep, up), missed) in endpoints.iter().zip(answered).zip(misses.iter_mut()) {
+            *missed = if up { 0 } else { missed.saturating_add(1) };
             let out = left_out.contains(ep);
             if up && out {
                 match client.add_endpoint(ep.as_str()).await {
@@ -201,8 +220,13 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
                     }
                     Err(e) => debug!(endpoint = %ep, error = %e, "cannot add the endpoint back"),
                 }
-            } else if !up && !out && left_out.len() + 1 < endpoints.len() {
-                match client.remove_endpoint(uri_of(ep, &config)).await {
+            } else if !up
+                && !out
+                && may_remove
+                && *missed >= MISSES_TO_REMOVE
+                && left_out.len() + 1 < endpoints.len()
+            {
+                match client.remove_endpoint(ep.as_str()).await {
                     Ok(()) => {
                         info!(endpoint = %ep, "etcd endpoint does not answer: out of the rotation");
                         left_out.push(ep.clone());
@@ -211,16 +235,5 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
                 }
             }
         }
-    }
-}
-
-/// The URI the client knows endpoint `ep` by (what it was added as): with its scheme.
-fn uri_of(ep: &str, config: &EtcdConfig) -> String {
-    if ep.contains("://") {
-        ep.to_string()
-    } else if config.tls.is_some() {
-        format!("https://{ep}")
-    } else {
-        format!("http://{ep}")
     }
 }

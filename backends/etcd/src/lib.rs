@@ -68,9 +68,9 @@ impl EtcdBackend {
     ///
     /// Each endpoint is checked on its own first, and the client uses only those that answer
     /// (the others are added back once they do), so a cluster with a member down connects and
-    /// serves reliably. Afterwards every endpoint is checked each second: a member that stops
-    /// answering (down, or hung) is taken out of the rotation until it answers again. Fails,
-    /// within the connect timeout, with:
+    /// serves reliably. Afterwards every endpoint is checked twice a second: a member that
+    /// misses two checks in a row (down, or hung) is taken out of the rotation until it answers
+    /// again. Fails, within the connect timeout, with:
     /// - [`Error::InvalidConfig`](fencelock::Error::InvalidConfig) for bad settings (no
     ///   endpoint, a malformed one, `https://` without TLS, a user when the cluster has no
     ///   authentication, a plaintext client at a TLS port or the reverse);

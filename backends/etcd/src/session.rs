@@ -510,9 +510,10 @@ impl BackendSession for EtcdSession {
                 return Ok(None);
             };
             let entry = entry_of(key_string(kv), kind, kv.create_revision());
+            // By the key's bytes: a foreign key that is not UTF-8 is read back as itself.
             let value = self
                 .large_kv()
-                .get(entry.key.as_str(), None)
+                .get(kv.key(), None)
                 .await
                 .map_err(|e| map("leader", e))?;
             // Still the same entry (else the head changed in between: read again).

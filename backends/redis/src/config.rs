@@ -72,7 +72,8 @@ impl RedisConfig {
     }
 
     /// After creating an entry (or a session), waits until `replicas` replicas acknowledged it
-    /// (Redis `WAIT`, at most `timeout`, which must be shorter than [`timeout`](Self::timeout)),
+    /// (Redis `WAIT`, at most `timeout`, which must be shorter than [`timeout`](Self::timeout)
+    /// and, since heartbeats wait too, under a third of each session's TTL),
     /// and fails the acquisition with a temporary error (retried) if fewer did. With it, a
     /// replica promoted after the primary's crash has every entry and token counter a holder
     /// was granted on: the grant and the fencing token survive a failover to an acknowledging

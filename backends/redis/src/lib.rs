@@ -158,7 +158,9 @@ impl RedisBackend {
             // Redis does not undo a script's earlier writes when a later command fails: a user
             // whose ACL forbids that channel is refused here, before anything is changed.
             redis::cmd("PUBLISH")
-                .arg(format!("{}:probe", layout::KEY_PREFIX))
+                // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'),
+                // so that an ACL granting exactly fencelock's channels passes.
+                .arg(format!("{}:h:probe", layout::KEY_PREFIX))
                 .arg("")
                 .query_async::<i64>(&mut con)
                 .await?;
@@ -238,6 +240,16 @@ impl Backend for RedisBackend {
     }
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
+        // Each heartbeat then waits for the replicas: that wait must fit in the third of the
+        // TTL a heartbeat has to be confirmed.
+        if let Some((_, wait)) = self.config.replicas {
+            if wait.saturating_mul(3) >= ttl {
+                return Err(Error::invalid_ttl(
+                    ttl,
+                    format!("with wait_for_replicas(_, {wait:?}), the TTL must exceed three times that wait"),
+                ));
+            }
+        }
         Ok(Arc::new(
             session::RedisSession::open(
                 self.con.clone(),

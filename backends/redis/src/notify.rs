@@ -10,7 +10,7 @@
 //! a subscription left behind would make the next entry of that name wake a waiter that no
 //! longer waits — a herd of stale subscribers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -32,23 +32,28 @@ pub(crate) struct Notifier {
     conn: AsyncMutex<Option<Conn>>,
     regs: Arc<StdMutex<Regs>>,
     next_id: AtomicU64,
+    /// Where a registration that goes sends its channel: the current connection's task (a
+    /// channel unsubscribed on the connection it is subscribed on now, whichever one the
+    /// registration was made on).
+    unsubscribe: Unsubscribe,
 }
+
+type Unsubscribe = Arc<StdMutex<Option<mpsc::UnboundedSender<String>>>>;
 
 #[derive(Default)]
 struct Regs {
     by_channel: HashMap<String, Vec<(u64, Arc<Signal>)>>,
 }
 
-/// The channels a connection is subscribed to (or has sent a `SUBSCRIBE` for). Held across
-/// each subscribe and unsubscribe, so that the two never interleave on one channel.
-type Subscribed = Arc<AsyncMutex<HashSet<String>>>;
+/// The channels a connection has sent a `SUBSCRIBE` for, each with whether the server
+/// confirmed it. Held across each subscribe and unsubscribe, so that the two never interleave
+/// on one channel.
+type Subscribed = Arc<AsyncMutex<HashMap<String, bool>>>;
 
 struct Conn {
     sink: PubSubSink,
     subscribed: Subscribed,
     alive: Arc<AtomicBool>,
-    /// Where a registration that goes sends its channel, to be unsubscribed if it was the last.
-    unsubscribe: mpsc::UnboundedSender<String>,
     /// The tasks that read the messages and unsubscribe: the connection lives as long as they
     /// run.
     tasks: [tokio::task::AbortHandle; 2],
@@ -86,7 +91,7 @@ pub(crate) struct Registration {
     id: u64,
     signal: Arc<Signal>,
     regs: Arc<StdMutex<Regs>>,
-    unsubscribe: mpsc::UnboundedSender<String>,
+    unsubscribe: Unsubscribe,
 }
 
 impl Registration {
@@ -127,7 +132,10 @@ impl Drop for Registration {
         if last {
             // The connection's task unsubscribes, unless someone registered again meanwhile
             // (a closed connection needs nothing: its subscriptions went with it).
-            let _ = self.unsubscribe.send(std::mem::take(&mut self.channel));
+            let current = self.unsubscribe.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(tx) = current.as_ref() {
+                let _ = tx.send(std::mem::take(&mut self.channel));
+            }
         }
     }
 }
@@ -140,6 +148,7 @@ impl Notifier {
             conn: AsyncMutex::new(None),
             regs: Arc::default(),
             next_id: AtomicU64::new(0),
+            unsubscribe: Arc::default(),
         }
     }
 
@@ -178,7 +187,7 @@ impl Notifier {
             id,
             signal,
             regs: self.regs.clone(),
-            unsubscribe: conn.unsubscribe.clone(),
+            unsubscribe: self.unsubscribe.clone(),
         };
         // The reader may have found the connection dead before the registration was in the
         // list (it would then never be marked broken).
@@ -186,11 +195,18 @@ impl Notifier {
             return Err(temporary("subscribe", "the pub/sub connection broke"));
         }
         let mut subscribed = conn.subscribed.lock().await;
-        // Recorded before it is sent: if this is cancelled with the request on its way, the
-        // dropped registration has the channel unsubscribed.
-        if subscribed.insert(channel.clone()) {
+        // Checked again under the lock: a subscribe that failed meanwhile marked it dead.
+        if !conn.alive.load(Ordering::SeqCst) {
+            return Err(temporary("subscribe", "the pub/sub connection broke"));
+        }
+        // Recorded as sent before it is sent: if this is cancelled with the request on its way,
+        // the dropped registration has the channel unsubscribed. Until the server confirms it,
+        // every registration sends it again and waits for the confirmation (a repeated
+        // SUBSCRIBE is harmless), so that none returns before it can hear a message.
+        let confirmed = subscribed.entry(channel.clone()).or_insert(false);
+        if !*confirmed {
             match tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => *confirmed = true,
                 Ok(Err(e)) => {
                     conn.alive.store(false, Ordering::SeqCst);
                     return Err(map("subscribe", e));
@@ -261,7 +277,7 @@ impl Notifier {
                         .unwrap_or_else(|e| e.into_inner())
                         .by_channel
                         .contains_key(&channel);
-                    if wanted || !subs.contains(&channel) {
+                    if wanted || !subs.contains_key(&channel) {
                         continue;
                     }
                     match tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await {
@@ -275,11 +291,11 @@ impl Notifier {
                 }
             }
         });
+        *self.unsubscribe.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsubscribe);
         Ok(Conn {
             sink,
             subscribed,
             alive,
-            unsubscribe,
             tasks: [reader.abort_handle(), unsubscriber.abort_handle()],
         })
     }

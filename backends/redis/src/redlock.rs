@@ -16,7 +16,9 @@ use crate::layout::KEY_PREFIX;
 /// The longest lock TTL accepted (one day).
 pub const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// The shortest lock TTL accepted (10 ms).
+/// The shortest lock TTL accepted (10 ms). A TTL must also leave, less the drift allowance,
+/// more than the request timeout ([`RedlockTiming::request_timeout`], 50 ms by default): with
+/// the default timing, the shortest usable TTL is about 53 ms.
 pub const MIN_LOCK_TTL: Duration = Duration::from_millis(10);
 
 /// The longest [`RedlockTiming::retry_delay`] accepted (one minute).
