@@ -138,9 +138,10 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
 
 /// Keeps the client's rotation to the members that answer, for as long as the backend lives:
 /// every [`CHECK_EVERY`] each endpoint is asked for its status, with [`CHECK_TIMEOUT`] to
-/// answer. One that misses [`MISSES_TO_REMOVE`] checks in a row (a member down, or hung: a `SIGSTOP`ped or stalled process
-/// still accepts connections, and requests sent there wait until their timeout) is taken out
-/// of the rotation — never the last one — and one that answers again is put back. Requests
+/// answer. One that misses [`MISSES_TO_REMOVE`] checks in a row (a member down, or hung: a
+/// `SIGSTOP`ped or stalled process still accepts connections, and requests sent there wait
+/// until their timeout) is taken out of the rotation — never the last one — and one that
+/// answers again is put back. Requests
 /// already sent to a hung member still wait for their timeout; new ones, and the heartbeat's
 /// next try, go to the others.
 pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_out: Vec<String>) {
@@ -172,7 +173,7 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
         let checks = endpoints.iter().zip(probes.iter_mut()).map(|(ep, probe)| {
             let options = options.clone();
             async move {
-                let answered = timeout_at(Instant::now() + CHECK_TIMEOUT, async {
+                let answered = tokio::time::timeout(CHECK_TIMEOUT, async {
                     if probe.is_none() {
                         *probe = Some(Client::connect([ep.as_str()], Some(options)).await?);
                     }

@@ -189,13 +189,10 @@ impl Notifier {
             regs: self.regs.clone(),
             unsubscribe: self.unsubscribe.clone(),
         };
-        // The reader may have found the connection dead before the registration was in the
-        // list (it would then never be marked broken).
-        if !conn.alive.load(Ordering::SeqCst) {
-            return Err(temporary("subscribe", "the pub/sub connection broke"));
-        }
         let mut subscribed = conn.subscribed.lock().await;
-        // Checked again under the lock: a subscribe that failed meanwhile marked it dead.
+        // The reader may have found the connection dead before the registration was in the
+        // list (it would then never be marked broken), or a subscribe that failed meanwhile
+        // marked it dead: checked under the lock, after the registration went in.
         if !conn.alive.load(Ordering::SeqCst) {
             return Err(temporary("subscribe", "the pub/sub connection broke"));
         }
