@@ -8,19 +8,30 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// The longest duration any option accepts (a day): longer values are refused, not clamped.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
-/// Run a command under a distributed lock, or while leader, on etcd or ZooKeeper, with the
-/// fencing token in its environment.
+/// Run a command under a distributed lock, or while leader, on etcd, ZooKeeper or Redis, with
+/// the fencing token in its environment.
 ///
 /// The command gets FENCELOCK_TOKEN (the grant's fencing token: pass it with every write to the
 /// protected resource, which refuses tokens lower than one it has seen), FENCELOCK_KEY (the
-/// lock's key or node) and FENCELOCK_NAME. If the lock is lost while it runs, it gets SIGTERM,
-/// then SIGKILL after the grace period, and fencelock exits with status 76.
+/// lock's key or node) and FENCELOCK_NAME; never the credentials (FENCELOCK_PASSWORD is removed,
+/// FENCELOCK_ENDPOINTS loses its user info).
+///
+/// The command's whole process tree goes with the grant: the command leads a process group of
+/// its own and fencelock adopts its orphans (even a daemon that called setsid). If the grant is
+/// lost, the tree gets SIGTERM, then SIGKILL after --grace, and fencelock exits 76. When the
+/// command exits, whatever it left running is stopped the same way before the lock is released.
+///
+/// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT): while connecting or waiting, fencelock removes its
+/// entry and exits 128 + N; while the command runs, they are passed on to its tree once (in a
+/// terminal's foreground the command gets the terminal and its signals directly); while
+/// releasing, they are held back.
 ///
 /// Exit status: the command's own (128 + N if a signal N ended it); 75 the lock or leadership
-/// was not acquired (--try, --timeout); 76 it was lost while the command ran; 69 the cluster
-/// could not be reached or the session was lost before the command started; 78 bad
-/// configuration or input (names, TLS files, credentials, permissions); 126 / 127 the command
-/// could not be run / was not found; 2 a usage error.
+/// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
+/// lost as the command exited); 69 the cluster could not be reached or the session was lost
+/// before the command started; 78 bad configuration or input (names, TLS files, credentials,
+/// permissions); 126 / 127 the command could not be run / was not found; 128 + N fencelock was
+/// stopped by signal N before the command ran; 2 a usage error.
 #[derive(Parser, Debug)]
 #[command(
     name = "fencelock",
@@ -44,8 +55,10 @@ pub(crate) struct ClusterArgs {
         short,
         long,
         env = "FENCELOCK_ENDPOINTS",
+        // The URL may carry a password: `--help` must not print it.
+        hide_env_values = true,
         global = true,
-        help = "The cluster: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]"
+        help = "The cluster: etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/CHROOT] or redis://[[USER]:PASSWORD@]HOST:PORT[/DB] (user info percent-encoded; prefer FENCELOCK_PASSWORD)"
     )]
     pub(crate) endpoints: Option<String>,
 
@@ -111,8 +124,9 @@ pub(crate) enum Output {
 pub(crate) enum Command {
     /// Wait for the lock NAME, run CMD holding it, release it when CMD exits.
     ///
-    /// SIGINT and SIGTERM sent to fencelock are passed on to CMD; once CMD exits the lock is
-    /// released at once (the next holder gets it in milliseconds, not after a TTL).
+    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to fencelock are passed on to CMD's process
+    /// tree; once CMD exits (and what it left running is stopped) the lock is released at once
+    /// (the next holder gets it in milliseconds, not after a TTL).
     Lock {
         /// The lock's name (`/`-separated segments, as in `jobs/reindex`).
         name: String,

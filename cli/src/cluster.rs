@@ -9,7 +9,32 @@ use fencelock_zookeeper::ZooKeeperBackend;
 
 use crate::args::ClusterArgs;
 
-/// A parsed cluster URL.
+/// A user and password, from the URL (`scheme://USER:PASSWORD@hosts`, percent-encoded) or the
+/// options.
+#[derive(PartialEq, Eq)]
+pub(crate) struct Credentials {
+    user: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// A parsed cluster URL: where, and the credentials it carries (if any).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Parsed {
+    pub(crate) url: Url,
+    /// The URL's user and password (`None` if it has no `@`); a missing password is empty.
+    pub(crate) user_info: Option<(String, Option<String>)>,
+}
+
+/// Where the cluster is.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Url {
     /// `etcd://h1:2379,h2:2379[/namespace]`.
@@ -30,33 +55,33 @@ fn bad(url: &str, reason: &'static str) -> Error {
     Error::invalid_config(redact(url), reason)
 }
 
-/// `url` without the credentials a Redis URL may carry (`redis://user:password@host`), for
-/// messages.
-fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    // Everything up to the last '@' may be credentials (a password may hold a '/').
-    let rest = match rest.rsplit_once('@') {
-        Some((_, hosts)) => format!("***@{hosts}"),
-        None => rest.to_string(),
-    };
-    match scheme {
-        Some(scheme) => format!("{scheme}://{rest}"),
-        None => rest,
-    }
-}
+use fencelock_net::redact;
 
 impl Url {
-    /// Parses `etcd://…`, `zk://…` (also `zookeeper://…`) or `redis://…`.
-    pub(crate) fn parse(url: &str) -> Result<Url, Error> {
+    /// Parses `etcd://…`, `zk://…` (also `zookeeper://…`) or `redis://…`, each optionally
+    /// with `USER:PASSWORD@` before the hosts.
+    pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             bad(
                 url,
                 "not a cluster URL: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]",
             )
         })?;
+        // User info ends at the last '@' before the path (a '/' or '@' in a password must be
+        // percent-encoded, as in any URL).
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let (user_info, rest) = match rest[..authority_end].rfind('@') {
+            Some(at) => (Some(user_info(url, &rest[..at])?), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        Ok(Parsed {
+            url: Url::parse_plain(url, scheme, rest)?,
+            user_info,
+        })
+    }
+
+    /// Parses what follows `scheme://` and the user info.
+    fn parse_plain(url: &str, scheme: &str, rest: &str) -> Result<Url, Error> {
         let (hosts, path) = match rest.split_once('/') {
             Some((h, p)) => (h, Some(p.trim_end_matches('/'))),
             None => (rest, None),
@@ -92,6 +117,74 @@ impl Url {
             }
             _ => Err(bad(url, "unknown scheme (etcd://, zk:// or redis://)")),
         }
+    }
+}
+
+/// `USER[:PASSWORD]`, percent-decoded.
+fn user_info(url: &str, info: &str) -> Result<(String, Option<String>), Error> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| bad(url, "the user info is not percent-encoded UTF-8"))
+    };
+    Ok(match info.split_once(':') {
+        Some((user, password)) => (decode(user)?, Some(decode(password)?)),
+        None => (decode(info)?, None),
+    })
+}
+
+/// The user and password to authenticate with: from the URL, the options
+/// (`--user`/`FENCELOCK_USER`, `--password`/`FENCELOCK_PASSWORD`), or both if they agree.
+fn credentials(
+    args: &ClusterArgs,
+    from_url: Option<(String, Option<String>)>,
+) -> fencelock::Result<Option<Credentials>> {
+    let (url_user, url_password) = match from_url {
+        Some((u, p)) => (Some(u), p),
+        None => (None, None),
+    };
+    let pick = |what: &'static str, a: Option<String>, b: &Option<String>| match (a, b) {
+        (Some(a), Some(b)) if &a != b => Err(Error::invalid_config(
+            "--user / --password",
+            format!("two different {what}s: the URL's and the option's"),
+        )),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b.clone()),
+    };
+    let user = pick("user", url_user, &args.user)?;
+    let password = pick("password", url_password, &args.password)?;
+    match (user, password) {
+        (None, None) => Ok(None),
+        (Some(user), Some(password)) => Ok(Some(Credentials { user, password })),
+        _ => Err(Error::invalid_config(
+            "--user / --password",
+            "authentication needs both a user and a password (FENCELOCK_USER, FENCELOCK_PASSWORD, or USER:PASSWORD@ in the URL)",
+        )),
+    }
+}
+
+/// What the command's environment must not inherit from fencelock's: the password, and the
+/// credentials a `FENCELOCK_ENDPOINTS` URL may carry (the command gets the URL without them).
+pub(crate) fn command_env() -> Vec<(String, Option<String>)> {
+    let mut env = vec![("FENCELOCK_PASSWORD".to_string(), None)];
+    if let Some(url) = std::env::var_os("FENCELOCK_ENDPOINTS") {
+        let url = url.to_string_lossy();
+        let clean = without_user_info(&url);
+        if clean != url {
+            env.push(("FENCELOCK_ENDPOINTS".to_string(), Some(clean)));
+        }
+    }
+    env
+}
+
+/// `url` without the user info before its hosts (everything up to the last `@` before the
+/// path, or up to the last `@` at all if that cannot be told apart).
+fn without_user_info(url: &str) -> String {
+    let redacted = redact(url);
+    match redacted.split_once("***@") {
+        Some((scheme, rest)) => format!("{scheme}{rest}"),
+        None => url.to_string(),
     }
 }
 
@@ -131,13 +224,17 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
         )
     })?;
     let tls = tls(args)?;
-    if args.user.is_some() != args.password.is_some() {
-        return Err(Error::invalid_config(
-            "--user / --password",
-            "authentication needs both a user and a password (FENCELOCK_USER, FENCELOCK_PASSWORD)",
-        ));
+    let parsed = Url::parse(url)?;
+    let credentials = credentials(args, parsed.user_info)?;
+    if let Some(c) = &credentials {
+        if c.user.is_empty() && !matches!(parsed.url, Url::Redis { .. }) {
+            return Err(Error::invalid_config(
+                "--user",
+                "the user name is empty (only Redis has a default user)",
+            ));
+        }
     }
-    match Url::parse(url)? {
+    match parsed.url {
         Url::Etcd {
             endpoints,
             namespace,
@@ -162,8 +259,8 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             if let Some(tls) = tls {
                 config = config.tls(tls);
             }
-            if let (Some(u), Some(p)) = (&args.user, &args.password) {
-                config = config.user(u, p);
+            if let Some(c) = &credentials {
+                config = config.user(&c.user, &c.password);
             }
             Ok((
                 Arc::new(EtcdBackend::connect_with(config).await?),
@@ -179,8 +276,8 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             if let Some(tls) = tls {
                 config = config.tls(tls);
             }
-            if let (Some(u), Some(p)) = (&args.user, &args.password) {
-                config = config.sasl_digest_md5(u, p);
+            if let Some(c) = &credentials {
+                config = config.sasl_digest_md5(&c.user, &c.password);
             }
             let namespace = args
                 .namespace
@@ -195,9 +292,9 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                     "TLS is not supported by the Redis backend in this version",
                 ));
             }
-            let auth = match (&args.user, &args.password) {
-                (Some(u), Some(p)) => format!("{}:{}@", percent(u), percent(p)),
-                _ => String::new(),
+            let auth = match &credentials {
+                Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),
+                None => String::new(),
             };
             let db = db.map(|d| format!("/{d}")).unwrap_or_default();
             let config = fencelock_redis::RedisConfig::new(format!("redis://{auth}{addr}{db}"))
@@ -242,28 +339,28 @@ mod tests {
     #[test]
     fn urls() {
         assert_eq!(
-            Url::parse("etcd://a:2379,b:2379/svc/locks").unwrap(),
+            Url::parse("etcd://a:2379,b:2379/svc/locks").unwrap().url,
             Url::Etcd {
                 endpoints: vec!["a:2379".into(), "b:2379".into()],
                 namespace: Some("svc/locks".into())
             }
         );
         assert_eq!(
-            Url::parse("etcd://a:2379").unwrap(),
+            Url::parse("etcd://a:2379").unwrap().url,
             Url::Etcd {
                 endpoints: vec!["a:2379".into()],
                 namespace: None
             }
         );
         assert_eq!(
-            Url::parse("zk://a:2181,b:2181/apps/billing/").unwrap(),
+            Url::parse("zk://a:2181,b:2181/apps/billing/").unwrap().url,
             Url::ZooKeeper {
                 servers: "a:2181,b:2181".into(),
                 chroot: Some("/apps/billing".into())
             }
         );
         assert_eq!(
-            Url::parse("redis://a:6379/2").unwrap(),
+            Url::parse("redis://a:6379/2").unwrap().url,
             Url::Redis {
                 addr: "a:6379".into(),
                 db: Some("2".into())
@@ -300,5 +397,37 @@ mod tests {
         }
         assert_eq!(redact("redis://u:p@h:1/2"), "redis://***@h:1/2");
         assert_eq!(redact("etcd://a:1,b:2/ns"), "etcd://a:1,b:2/ns");
+    }
+
+    #[test]
+    fn user_info() {
+        let p = Url::parse("etcd://app:s%2Fc%40ret@a:1,b:2/ns").unwrap();
+        assert_eq!(
+            p.user_info,
+            Some(("app".to_string(), Some("s/c@ret".to_string())))
+        );
+        assert_eq!(
+            p.url,
+            Url::Etcd {
+                endpoints: vec!["a:1".into(), "b:2".into()],
+                namespace: Some("ns".into())
+            }
+        );
+        let p = Url::parse("zk://app@a:1/chroot").unwrap();
+        assert_eq!(p.user_info, Some(("app".to_string(), None)));
+        let p = Url::parse("redis://:pw@a:1").unwrap();
+        assert_eq!(p.user_info, Some((String::new(), Some("pw".to_string()))));
+        // An '@' in the path is not user info.
+        let p = Url::parse("etcd://a:1/ns@x").unwrap();
+        assert_eq!(p.user_info, None);
+        assert!(matches!(
+            Url::parse("etcd://u:%ff@a:1"),
+            Err(Error::InvalidConfig(_))
+        ));
+        assert_eq!(
+            without_user_info("redis://u:p@h:1/2"),
+            "redis://h:1/2".to_string()
+        );
+        assert_eq!(without_user_info("etcd://h:1"), "etcd://h:1".to_string());
     }
 }

@@ -6,17 +6,20 @@ mod child;
 mod cluster;
 mod exit;
 mod show;
+mod signals;
+mod tree;
 
-use std::future::Future;
+use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use fencelock::{Result, Session};
 use futures_util::StreamExt;
-use tokio::signal::unix::{signal, SignalKind};
 
 use args::{Cli, Command, Output, WaitArgs};
 use child::Grant;
+use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -43,16 +46,38 @@ fn main() -> ExitCode {
     ExitCode::from(runtime.block_on(run(cli)))
 }
 
+/// Signal handling, by phase: while connecting, waiting for the grant, reading (`leader`,
+/// `list`) or observing, SIGINT / SIGTERM / SIGHUP / SIGQUIT stop fencelock: whatever it queued
+/// is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
+/// it (see `child::run_under`). While releasing and closing they are held back: both are
+/// bounded, and they are what hands the lock to the next holder at once.
 async fn run(cli: Cli) -> u8 {
-    let session = match until_signal(cluster::session(&cli.cluster)).await {
-        Stopped::Signal(code) => return code,
+    let mut signals = match Signals::catch() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fencelock: cannot catch signals: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    // Releasing and closing wait at most this long for the cluster (past it, the TTL removes
+    // what is left).
+    let bound = cli.cluster.connect_timeout.max(Duration::from_secs(1));
+    let session = match signals.until(cluster::session(&cli.cluster)).await {
+        Stopped::Signal(sig) => return status_of(sig),
         Stopped::Done(Ok(s)) => s,
         Stopped::Done(Err(e)) => {
             eprintln!("fencelock: {e}");
             return exit::of_error(&e);
         }
     };
-    let code = match command(&session, cli.command, cli.cluster.output).await {
+    let env = cluster::command_env();
+    let ctx = Ctx {
+        session: &session,
+        output: cli.cluster.output,
+        env: &env,
+        bound,
+    };
+    let code = match command(ctx, cli.command, &mut signals).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fencelock: {e}");
@@ -60,27 +85,52 @@ async fn run(cli: Cli) -> u8 {
         }
     };
     // Ends the session on the cluster: whatever it still holds goes at once.
-    if let Err(e) = session.close().await {
-        eprintln!("fencelock: closing the session: {e}");
+    match tokio::time::timeout(bound, session.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("fencelock: closing the session: {e}"),
+        Err(_) => eprintln!("fencelock: closing the session: no answer within {bound:?}"),
     }
     code
 }
 
-async fn command(session: &Session, command: Command, output: Output) -> Result<u8> {
+/// What every command needs.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    session: &'a Session,
+    output: Output,
+    /// Changes to the command's environment (`None`: removed).
+    env: &'a [(String, Option<String>)],
+    /// How long a release or a close may wait for the cluster.
+    bound: Duration,
+}
+
+/// Prints a line on stdout; false once nobody reads it (`fencelock list | head -1`).
+fn print(line: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+}
+
+async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Result<u8> {
+    let Ctx {
+        session, output, ..
+    } = ctx;
     match command {
         Command::Lock { name, wait, run } => {
             let m = session.mutex(&name)?;
-            let acquired = until_signal(async {
-                match wait_args(wait) {
-                    Wait::No => m.try_lock().await,
-                    Wait::At(t) => m.lock_timeout(t).await.map(Some),
-                    Wait::Forever => m.lock().await.map(Some),
-                }
-            })
-            .await;
+            let acquired = signals
+                .until(async {
+                    match wait_args(wait) {
+                        Wait::No => m.try_lock().await,
+                        Wait::At(t) => m.lock_timeout(t).await.map(Some),
+                        Wait::Forever => m.lock().await.map(Some),
+                    }
+                })
+                .await;
             Ok(match acquired {
-                Stopped::Signal(code) => code,
-                Stopped::Done(Ok(Some(g))) => child::run_under(Grant::Lock(g), &name, &run).await,
+                Stopped::Signal(sig) => status_of(sig),
+                Stopped::Done(Ok(Some(g))) => {
+                    child::run_under(Grant::Lock(g), &name, &run, ctx.env, signals, ctx.bound).await
+                }
                 Stopped::Done(Ok(None)) => {
                     eprintln!("fencelock: {name:?} is held: not acquired");
                     exit::NOT_ACQUIRED
@@ -95,17 +145,21 @@ async fn command(session: &Session, command: Command, output: Output) -> Result<
             run,
         } => {
             let e = session.election(&name)?;
-            let acquired = until_signal(async {
-                match wait_args(wait) {
-                    Wait::No => e.try_campaign(&value).await,
-                    Wait::At(t) => e.campaign_timeout(&value, t).await.map(Some),
-                    Wait::Forever => e.campaign(&value).await.map(Some),
-                }
-            })
-            .await;
+            let acquired = signals
+                .until(async {
+                    match wait_args(wait) {
+                        Wait::No => e.try_campaign(&value).await,
+                        Wait::At(t) => e.campaign_timeout(&value, t).await.map(Some),
+                        Wait::Forever => e.campaign(&value).await.map(Some),
+                    }
+                })
+                .await;
             Ok(match acquired {
-                Stopped::Signal(code) => code,
-                Stopped::Done(Ok(Some(l))) => child::run_under(Grant::Leader(l), &name, &run).await,
+                Stopped::Signal(sig) => status_of(sig),
+                Stopped::Done(Ok(Some(l))) => {
+                    child::run_under(Grant::Leader(l), &name, &run, ctx.env, signals, ctx.bound)
+                        .await
+                }
                 Stopped::Done(Ok(None)) => {
                     eprintln!("fencelock: {name:?} has a leader: not elected");
                     exit::NOT_ACQUIRED
@@ -114,8 +168,12 @@ async fn command(session: &Session, command: Command, output: Output) -> Result<
             })
         }
         Command::Leader { name } => {
-            let leader = session.election(&name)?.leader().await?;
-            println!("{}", show::leader(&name, leader.as_ref(), output));
+            let election = session.election(&name)?;
+            let leader = match signals.until(election.leader()).await {
+                Stopped::Signal(sig) => return Ok(status_of(sig)),
+                Stopped::Done(leader) => leader?,
+            };
+            print(&show::leader(&name, leader.as_ref(), output));
             Ok(if leader.is_some() {
                 0
             } else {
@@ -124,27 +182,39 @@ async fn command(session: &Session, command: Command, output: Output) -> Result<
         }
         Command::Observe { name } => {
             let changes = session.election(&name)?.observe();
-            let watched = until_signal(async {
-                tokio::pin!(changes);
-                while let Some(change) = changes.next().await {
-                    match change {
-                        Ok(leader) => println!("{}", show::leader(&name, leader.as_ref(), output)),
-                        Err(e) if e.is_temporary() => eprintln!("fencelock: {e} (retrying)"),
-                        Err(e) => return Err(e),
+            let watched = signals
+                .until(async {
+                    tokio::pin!(changes);
+                    while let Some(change) = changes.next().await {
+                        match change {
+                            Ok(leader) => {
+                                if !print(&show::leader(&name, leader.as_ref(), output)) {
+                                    return Ok(0);
+                                }
+                            }
+                            Err(e) if e.is_temporary() => eprintln!("fencelock: {e} (retrying)"),
+                            Err(e) => return Err(e),
+                        }
                     }
-                }
-                Ok(())
-            })
-            .await;
+                    // The stream ends with its session.
+                    Ok(exit::UNAVAILABLE)
+                })
+                .await;
             match watched {
                 Stopped::Signal(_) => Ok(0),
-                Stopped::Done(r) => r.map(|()| exit::UNAVAILABLE),
+                Stopped::Done(r) => r,
             }
         }
         Command::List { prefix } => {
-            for q in session.queues(&prefix).await? {
+            let queues = match signals.until(session.queues(&prefix)).await {
+                Stopped::Signal(sig) => return Ok(status_of(sig)),
+                Stopped::Done(q) => q?,
+            };
+            for q in queues {
                 for line in show::queue(&q, output) {
-                    println!("{line}");
+                    if !print(&line) {
+                        return Ok(0);
+                    }
                 }
             }
             Ok(0)
@@ -164,27 +234,5 @@ fn wait_args(w: WaitArgs) -> Wait {
         (true, _) => Wait::No,
         (false, Some(t)) => Wait::At(t),
         (false, None) => Wait::Forever,
-    }
-}
-
-/// A future's outcome, or the exit status of the signal that stopped it first.
-enum Stopped<T> {
-    Done(T),
-    Signal(u8),
-}
-
-/// Runs `fut` until it completes or SIGINT / SIGTERM arrives (then drops it: every fencelock
-/// future is cancel-safe, so nothing is left queued).
-async fn until_signal<T>(fut: impl Future<Output = T>) -> Stopped<T> {
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return Stopped::Done(fut.await);
-    };
-    tokio::select! {
-        v = fut => Stopped::Done(v),
-        _ = int.recv() => Stopped::Signal(128 + 2),
-        _ = term.recv() => Stopped::Signal(128 + 15),
     }
 }

@@ -4,148 +4,17 @@
 //! proxy), signals passed on and a hand-off in milliseconds, exit statuses, the election and
 //! inspection commands, and interop with `etcdctl lock` / `etcdctl elect`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
-use std::sync::Arc;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fencelock::conformance::{unique_namespace, Factory};
-use fencelock::Session;
+use fencelock::conformance::unique_namespace;
 use fencelock_integration::process::ManagedChild;
 use fencelock_integration::proxy::{Mode, Proxy};
-use fencelock_integration::servers::etcd::EtcdFactory;
-use fencelock_integration::servers::redis::RedisFactory;
-use fencelock_integration::servers::zookeeper::ZkFactory;
-use fencelock_integration::servers::Cluster;
 use rustix::process::Signal;
 
-const WITHIN: Duration = Duration::from_secs(30);
-
-/// One cluster to run the binary against.
-struct Target {
-    url: String,
-    factory: Arc<dyn Factory>,
-}
-
-impl Target {
-    async fn etcd() -> Option<Target> {
-        let f = EtcdFactory::shared().await?;
-        Some(Target {
-            url: format!("etcd://{}", f.cluster.endpoint(0)),
-            factory: Arc::new(f),
-        })
-    }
-
-    async fn zookeeper() -> Option<Target> {
-        let f = ZkFactory::shared().await?;
-        Some(Target {
-            url: format!("zk://{}", f.server().connect_string()),
-            factory: Arc::new(f),
-        })
-    }
-
-    async fn redis() -> Option<Target> {
-        let f = RedisFactory::shared().await?;
-        Some(Target {
-            url: format!("redis://{}", f.server.addr()),
-            factory: Arc::new(f),
-        })
-    }
-
-    /// A library session in `ns`, to hold or inspect what the binary does.
-    async fn session(&self, ns: &str) -> Session {
-        Session::builder(self.factory.backend())
-            .namespace(ns)
-            .start()
-            .await
-            .unwrap()
-    }
-}
-
-/// A `fencelock` process, its output in `dir/{label}.log`.
-struct Run {
-    child: ManagedChild,
-    log: PathBuf,
-}
-
-fn command(url: &str, ns: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    cmd.env("FENCELOCK_ENDPOINTS", url)
-        .env("FENCELOCK_NAMESPACE", ns)
-        .env("FENCELOCK_TTL", "3s");
-    cmd
-}
-
-impl Run {
-    fn start(url: &str, ns: &str, dir: &Path, label: &str, args: &[&str]) -> Run {
-        let log = dir.join(format!("{label}.log"));
-        let mut cmd = command(url, ns);
-        cmd.args(args).current_dir(dir);
-        let child = ManagedChild::spawn(label, cmd, &log).expect("start fencelock");
-        Run { child, log }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits (bounded) for the process to exit.
-    async fn exit(&mut self, within: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait() {
-                return s;
-            }
-            assert!(
-                start.elapsed() < within,
-                "{} did not exit within {within:?}; output:\n{}",
-                self.child.name(),
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn code(&mut self, within: Duration) -> i32 {
-        let status = self.exit(within).await;
-        status
-            .code()
-            .unwrap_or_else(|| panic!("{status:?}: {}", self.output()))
-    }
-}
-
-/// Runs `fencelock args…` to its end (bounded); returns its exit code and output.
-async fn run(url: &str, ns: &str, dir: &Path, args: &[&str]) -> (i32, String) {
-    let label = format!("run-{}", uuid());
-    let mut r = Run::start(url, ns, dir, &label, args);
-    let code = r.code(WITHIN).await;
-    (code, r.output())
-}
-
-fn uuid() -> String {
-    unique_namespace("x")
-        .rsplit('-')
-        .next()
-        .unwrap()
-        .to_string()
-}
-
-/// Waits (bounded) until the file at `path` contains `needle`; returns its content.
-async fn file_contains(path: &Path, needle: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let s = std::fs::read_to_string(path).unwrap_or_default();
-        if s.contains(needle) {
-            return s;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "{} never contained {needle:?}: {s:?}",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+mod common;
+use common::*;
 
 /// Three processes contend: their commands never overlap, each sees its token, key and name,
 /// and tokens increase.

@@ -111,6 +111,35 @@ async fn user_authentication() {
     ];
     let (code, out) = fencelock(&bad, &["--user", "ops", "lock", "m", "--", "true"]);
     assert_eq!(code, 78, "{out}");
+    // The credentials in the URL: used, and never shown to the command or printed.
+    let with_creds = format!("etcd://ops:s3cret@{}/billing", cluster.endpoint(0));
+    let (code, out) = fencelock(
+        &[("FENCELOCK_ENDPOINTS", with_creds.as_str())],
+        &[
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "echo env=[$FENCELOCK_ENDPOINTS] pw=[$FENCELOCK_PASSWORD]",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("s3cret"), "{out}");
+    assert!(out.contains(&format!("env=[{url}] pw=[]")), "{out}");
+    let wrong = format!("etcd://ops:wr0ng@{}/billing", cluster.endpoint(0));
+    let (code, out) = fencelock(
+        &[("FENCELOCK_ENDPOINTS", wrong.as_str())],
+        &["lock", "m", "--", "true"],
+    );
+    assert_eq!(code, 78, "{out}");
+    assert!(!out.contains("wr0ng"), "{out}");
+    // The URL's user and the option's disagree: refused, not guessed.
+    let (code, out) = fencelock(
+        &[("FENCELOCK_ENDPOINTS", with_creds.as_str())],
+        &["--user", "root", "lock", "m", "--", "true"],
+    );
+    assert_eq!(code, 78, "{out}");
     // A namespace the user has no permission on.
     let other = format!("etcd://{}/payroll", cluster.endpoint(0));
     let (code, out) = fencelock(
@@ -121,4 +150,31 @@ async fn user_authentication() {
         &["--user", "ops", "lock", "m", "--", "true"],
     );
     assert_eq!(code, 78, "{out}");
+}
+
+/// A password in the URL never shows: not in `--help` (from the environment), not in connect
+/// errors, whatever the scheme; etcd and ZooKeeper use the URL's user and password (here the
+/// server is unreachable: 69, and the password is not in the message).
+#[test]
+fn credentials_never_printed() {
+    let dead = fencelock_integration::free_port();
+    for scheme in ["etcd", "zk", "redis"] {
+        let url = format!("{scheme}://app:s3cret@127.0.0.1:{dead}");
+        let (code, out) = fencelock(
+            &[("FENCELOCK_ENDPOINTS", url.as_str())],
+            &["lock", "m", "--", "true"],
+        );
+        assert_eq!(code, 69, "{scheme}: {out}");
+        assert!(!out.contains("s3cret"), "{scheme}: {out}");
+        let (code, out) = fencelock(&[("FENCELOCK_ENDPOINTS", url.as_str())], &["--help"]);
+        assert_eq!(code, 0, "{out}");
+        assert!(!out.contains("s3cret"), "--help: {out}");
+        // A user without a password is refused, not ignored.
+        let url = format!("{scheme}://app@127.0.0.1:{dead}");
+        let (code, out) = fencelock(
+            &[("FENCELOCK_ENDPOINTS", url.as_str())],
+            &["lock", "m", "--", "true"],
+        );
+        assert_eq!(code, 78, "{scheme}: {out}");
+    }
 }

@@ -144,6 +144,12 @@ impl EtcdConfig {
                     Some((s, r)) => (Some(s), r),
                     None => (None, ep.as_str()),
                 };
+                if rest.contains('@') {
+                    return Err(Error::invalid_config(
+                        fencelock_net::redact(ep),
+                        "credentials in an endpoint are not used: give them with EtcdConfig::user",
+                    ));
+                }
                 if split_host_port(rest, None).is_none() {
                     return Err(Error::invalid_config(ep, "not an endpoint: expected host:port"));
                 }
@@ -187,5 +193,11 @@ mod tests {
         assert!(bad(EtcdConfig::new(["a:1"]).user("", "p")));
         let dbg = format!("{:?}", EtcdConfig::new(["a:1"]).user("u", "secret"));
         assert!(!dbg.contains("secret"));
+        // Credentials in an endpoint are refused (never silently ignored), and not echoed.
+        let e = EtcdConfig::new(["http://u:secret@a:1"])
+            .validate()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        assert!(!e.to_string().contains("secret"), "{e}");
     }
 }

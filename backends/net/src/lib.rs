@@ -11,11 +11,13 @@
 #![forbid(unsafe_code)]
 
 mod probe;
+mod redact;
 mod tls;
 
 use std::sync::Arc;
 
 pub use probe::{connect_error, probe, split_host_port, Probe};
+pub use redact::redact;
 pub use tls::TlsConfig;
 
 /// The one crypto provider of every TLS connection fencelock makes (the client libraries'

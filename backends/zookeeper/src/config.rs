@@ -190,6 +190,12 @@ impl ZooKeeperConfig {
                 "the connect string names no server".into(),
             ));
         }
+        if servers.contains('@') {
+            return Err(invalid(
+                &fencelock_net::redact(servers),
+                "credentials in the connect string are not used: give them with sasl_digest_md5 or digest_auth".into(),
+            ));
+        }
         let mut hosts = Vec::new();
         for server in servers.split(',') {
             let server = server.trim();
@@ -378,6 +384,16 @@ mod tests {
         assert_eq!(split_chroot("a:1,b:2/x/y"), ("a:1,b:2", Some("/x/y")));
         assert_eq!(split_chroot("tcp://a:1/x"), ("tcp://a:1", Some("/x")));
         assert_eq!(split_chroot("a:1,tcp://b:2"), ("a:1,tcp://b:2", None));
+    }
+
+    #[test]
+    fn credentials_in_the_connect_string() {
+        let e = ZooKeeperConfig::new("u:secret@a:1,b:2/x")
+            .resolve()
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        assert!(!e.to_string().contains("secret"), "{e}");
     }
 
     #[test]

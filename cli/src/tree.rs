@@ -1,0 +1,221 @@
+//! The command's process tree: everything the command starts, found and stopped as one.
+//!
+//! The command is spawned as the leader of a process group of its own, and fencelock is a
+//! *child subreaper* (Linux `PR_SET_CHILD_SUBREAPER`): a process the command starts that outlives
+//! its parent (a daemonising grandchild, even one that left the group with `setsid`) is
+//! re-parented to fencelock rather than to init. The tree is then every process of the
+//! command's group plus every descendant of fencelock; signals go to each of them, and fencelock
+//! waits until none is left before it releases the grant or exits. What escapes: a process
+//! that another service starts on the command's behalf (`systemd-run`, `at`, a D-Bus
+//! activation) is not a descendant and is not stopped.
+
+use std::collections::{HashMap, HashSet};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use rustix::process::{
+    getpgrp, getpid, kill_process, kill_process_group, waitid, waitpid, Pid, Signal, WaitId,
+    WaitIdOptions, WaitOptions,
+};
+
+/// How often the tree is looked at while waiting for it to end.
+const POLL: Duration = Duration::from_millis(20);
+/// How long SIGKILL is given to take effect (it cannot be caught; a process in an
+/// uninterruptible sleep takes as long as its I/O).
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Makes fencelock the reaper of the command's orphans (Linux; elsewhere a no-op). Call before
+/// spawning.
+pub(crate) fn adopt_orphans() {
+    // Failure only means orphans go to init: the process group still reaches most of them.
+    let _ = rustix::process::set_child_subreaper(Some(getpid()));
+}
+
+/// The tree of one spawned command.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tree {
+    /// The command's PID, which is also its process group's id.
+    leader: Pid,
+}
+
+impl Tree {
+    /// The tree of the command with PID `leader`, spawned as the leader of its own group.
+    pub(crate) fn new(leader: Pid) -> Tree {
+        Tree { leader }
+    }
+
+    /// Hands the terminal to the command's group if fencelock is the terminal's foreground job,
+    /// so that an interactive command can read it and the terminal's signals (Ctrl-C, Ctrl-\,
+    /// Ctrl-Z) reach the command once, directly. True if it did. The shell takes the terminal
+    /// back when fencelock exits or stops.
+    pub(crate) fn take_terminal(&self) -> bool {
+        let stdin = std::io::stdin();
+        stdin.is_terminal()
+            && rustix::termios::tcgetpgrp(&stdin).ok() == Some(getpgrp())
+            && rustix::termios::tcsetpgrp(&stdin, self.leader).is_ok()
+    }
+
+    /// Whether the command is stopped (Ctrl-Z, SIGTSTP), without reaping anything.
+    pub(crate) fn is_stopped(&self) -> bool {
+        let opts = WaitIdOptions::STOPPED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        matches!(waitid(WaitId::Pid(self.leader), opts), Ok(Some(s)) if s.stopped())
+    }
+
+    /// Job control for a command that has the terminal: the command stopped (Ctrl-Z), so
+    /// fencelock stops too, for the shell to see its job stopped; once continued (`fg`, `bg`),
+    /// it gives the terminal back to the command if it is in the foreground again, and
+    /// continues the command's group.
+    pub(crate) fn follow_stop(&self) {
+        let _ = kill_process(getpid(), Signal::STOP);
+        // Here once continued.
+        let _ = self.take_terminal();
+        let _ = kill_process_group(self.leader, Signal::CONT);
+    }
+
+    /// The live processes of the tree (zombies left out; ours are reaped on the way).
+    pub(crate) fn members(&self) -> Vec<Pid> {
+        self.live().into_iter().map(|(pid, _)| pid).collect()
+    }
+
+    /// The live processes of the tree, each with whether it is in the command's group.
+    fn live(&self) -> Vec<(Pid, bool)> {
+        let me = getpid();
+        let procs = processes();
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for p in &procs {
+            children.entry(p.ppid).or_default().push(p.pid);
+        }
+        // Descendants of fencelock, then the command's group (members whose parent left it).
+        let mut tree = HashSet::new();
+        let mut todo = vec![me.as_raw_nonzero().get()];
+        while let Some(pid) = todo.pop() {
+            for &c in children.get(&pid).into_iter().flatten() {
+                if tree.insert(c) {
+                    todo.push(c);
+                }
+            }
+        }
+        let group = self.leader.as_raw_nonzero().get();
+        let mut live = Vec::new();
+        for p in &procs {
+            if !(tree.contains(&p.pid) || p.pgrp == group) {
+                continue;
+            }
+            if p.zombie {
+                // An orphan re-parented to us: reap it. The command itself is reaped by
+                // whoever waits for it (Tokio), never here.
+                if p.ppid == me.as_raw_nonzero().get() && p.pid != group {
+                    if let Some(pid) = Pid::from_raw(p.pid) {
+                        let _ = waitpid(Some(pid), WaitOptions::NOHANG);
+                    }
+                }
+                continue;
+            }
+            if let Some(pid) = Pid::from_raw(p.pid) {
+                live.push((pid, p.pgrp == group));
+            }
+        }
+        live
+    }
+
+    /// Sends `sig` once to every process of the tree: to the command's group, and to each
+    /// descendant that left it.
+    pub(crate) fn signal(&self, sig: Signal) {
+        let _ = kill_process_group(self.leader, sig);
+        for (pid, in_group) in self.live() {
+            if !in_group {
+                let _ = kill_process(pid, sig);
+            }
+        }
+    }
+
+    /// Stops the whole tree: SIGTERM (with SIGCONT, so that a stopped process gets it), then
+    /// SIGKILL to whatever is left after `grace`. Returns once nothing of it runs (or after a
+    /// bounded wait for SIGKILL to take effect).
+    pub(crate) async fn stop(&self, grace: Duration) {
+        if self.members().is_empty() {
+            return;
+        }
+        self.signal(Signal::TERM);
+        self.signal(Signal::CONT);
+        if self.gone_within(grace).await {
+            return;
+        }
+        eprintln!(
+            "fencelock: the command's processes did not exit within {grace:?} of SIGTERM: SIGKILL"
+        );
+        let until = tokio::time::Instant::now() + KILL_WAIT;
+        loop {
+            self.signal(Signal::KILL);
+            if self.gone_within(POLL).await || tokio::time::Instant::now() >= until {
+                return;
+            }
+        }
+    }
+
+    /// Waits up to `d` for the tree to be empty; true if it is.
+    async fn gone_within(&self, d: Duration) -> bool {
+        let until = tokio::time::Instant::now() + d;
+        loop {
+            if self.members().is_empty() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// One process, as `/proc/PID/stat` shows it.
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+    zombie: bool,
+}
+
+/// Every process of the machine that can be read (the others are not ours to stop).
+fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        parse_stat(pid, &stat)
+    })
+    .collect()
+}
+
+/// Reads `pid (comm) state ppid pgrp …`; the command name may hold spaces and parentheses,
+/// so the fields are read after its last `)`.
+fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(Proc {
+        pid,
+        ppid,
+        pgrp,
+        zombie: state == "Z" || state == "X",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines() {
+        let p = parse_stat(42, "42 (a) b) c) S 7 42 42 0 -1 4194560").unwrap();
+        assert_eq!((p.pid, p.ppid, p.pgrp, p.zombie), (42, 7, 42, false));
+        let p = parse_stat(9, "9 (sleep) Z 1 5 5 0").unwrap();
+        assert!(p.zombie);
+        assert!(parse_stat(1, "garbage").is_none());
+    }
+}

@@ -1,0 +1,280 @@
+//! The command's whole process tree goes with the grant (pipelines, background jobs, a
+//! daemonising grandchild), the exit status says when the grant was lost while the command ran,
+//! and signals are handled in every phase: end to end against real servers.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fencelock::conformance::unique_namespace;
+use rustix::process::{kill_process_group, Pid, Signal};
+
+mod common;
+use common::*;
+
+/// A script that starts a pipeline, a background job and a daemon (a grandchild in a session
+/// of its own, orphaned at once), writes their PIDs, then loops appending its token to `out`.
+const TREE: &str = r#"
+sleep 1000 & echo $! > bg
+(setsid sleep 1000 & echo $! > daemon)
+echo $$ > pid
+while :; do echo "$FENCELOCK_TOKEN" >> out; sleep 0.05; done | cat > /dev/null
+"#;
+
+/// The PIDs the [`TREE`] script wrote in `dir`.
+async fn tree_pids(dir: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for f in ["pid", "bg", "daemon"] {
+        pids.push(pid_in(&dir.join(f)).await);
+    }
+    pids
+}
+
+/// Asserts that none of `pids` runs any more and that `out` stopped growing.
+async fn all_gone(label: &str, pids: &[i32], dir: &Path) {
+    for &pid in pids {
+        assert!(!alive(pid), "{label}: process {pid} outlived fencelock");
+    }
+    let out = dir.join("out");
+    let before = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    // The loop appends every 50 ms: 500 ms without growth means it is gone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(before, after, "{label}: the work went on without the lock");
+}
+
+/// The holder's entry deleted on the server: fencelock exits 76 and every process of the
+/// command's tree is gone (the issue's `while …; done | cat` pipeline kept running before).
+async fn lost_grant_stops_the_tree(t: Target) {
+    let ns = unique_namespace("cli_tree_lost");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let s = t.session(&ns).await;
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "lost",
+        &["lock", "m", "--grace", "1s", "--", "bash", "-c", TREE],
+    );
+    let pids = tree_pids(d).await;
+    file_contains(&d.join("out"), "\n").await;
+    let holder = s.mutex("m").unwrap().holder().await.unwrap().expect("held");
+    t.factory.delete_as_admin(&holder.key).await.unwrap();
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    all_gone("lost", &pids, d).await;
+    s.close().await.unwrap();
+}
+
+/// A command that exits leaving processes behind: they are stopped before the lock is released
+/// and fencelock exits with the command's status; SIGTERM to fencelock stops the whole tree.
+async fn nothing_outlives_fencelock(t: Target) {
+    let ns = unique_namespace("cli_tree_exit");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = format!("{TREE_BACKGROUND} exit 3");
+    let (code, out) = run(
+        &t.url,
+        &ns,
+        d,
+        &["lock", "m", "--grace", "1s", "--", "bash", "-c", &script],
+    )
+    .await;
+    assert_eq!(code, 3, "{out}");
+    let pids = [pid_in(&d.join("bg")).await, pid_in(&d.join("daemon")).await];
+    all_gone("exited", &pids, d).await;
+    // The lock was released: a new holder gets it at once.
+    let s = t.session(&ns).await;
+    let g = s.mutex("m").unwrap().try_lock().await.unwrap();
+    assert!(g.is_some(), "released");
+    drop(g);
+
+    // SIGTERM to fencelock while the tree runs.
+    for f in ["pid", "bg", "daemon", "out"] {
+        let _ = std::fs::remove_file(d.join(f));
+    }
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "term",
+        &["lock", "m", "--grace", "1s", "--", "bash", "-c", TREE],
+    );
+    let pids = tree_pids(d).await;
+    file_contains(&d.join("out"), "\n").await;
+    assert!(r.child.signal(Signal::TERM));
+    let status = r.exit(WITHIN).await;
+    assert!(
+        status.code().is_some(),
+        "fencelock exited by itself: {status:?}"
+    );
+    all_gone("sigterm", &pids, d).await;
+    s.close().await.unwrap();
+}
+
+/// The background part of [`TREE`] alone.
+const TREE_BACKGROUND: &str =
+    r#"sleep 1000 & echo $! > bg; (setsid sleep 1000 & echo $! > daemon);"#;
+
+/// fencelock paused (SIGSTOP) past its TTL while the command runs to its end: when it resumes,
+/// the grant is gone and the status is 76, not the command's 0.
+async fn lost_while_paused(t: Target) {
+    let ns = unique_namespace("cli_paused");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    cmd.env("FENCELOCK_TTL", "2s").args([
+        "lock",
+        "m",
+        "--",
+        "sh",
+        "-c",
+        "echo started > started; sleep 1; exit 0",
+    ]);
+    let mut r = Run::spawn(cmd, d, "paused");
+    file_contains(&d.join("started"), "started").await;
+    r.child.pause();
+    // Past the TTL: the cluster expires the session; another holder may take the lock.
+    let s = t.session(&ns).await;
+    let next = tokio::time::timeout(WITHIN, s.mutex("m").unwrap().lock())
+        .await
+        .expect("granted after the paused holder's TTL")
+        .unwrap();
+    r.child.resume();
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    assert!(r.output().contains("lost"), "{}", r.output());
+    next.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+macro_rules! on_each {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::etcd().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::zookeeper().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::redis().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+    };
+}
+
+on_each!(
+    lost_grant_stops_the_tree,
+    nothing_outlives_fencelock,
+    lost_while_paused
+);
+
+/// A signal sent to fencelock's whole process group (Ctrl-C in a terminal) reaches the command
+/// once, not once from the kernel and once passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_signal_reaches_the_command_once() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_group_signal");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    // fencelock as a shell's job: the leader of a group of its own.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.args([
+        "lock",
+        "m",
+        "--",
+        "sh",
+        "-c",
+        r#"trap 'echo INT >> ints' INT; echo ready > ready; while :; do sleep 0.05; done"#,
+    ]);
+    let mut r = Run::spawn(cmd, d, "group");
+    file_contains(&d.join("ready"), "ready").await;
+    let group = Pid::from_raw(r.child.pid().unwrap() as i32).unwrap();
+    kill_process_group(group, Signal::INT).unwrap();
+    file_contains(&d.join("ints"), "INT").await;
+    // A second delivery would follow within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ints = std::fs::read_to_string(d.join("ints")).unwrap();
+    assert_eq!(ints.lines().count(), 1, "delivered {ints:?}");
+    assert!(r.child.signal(Signal::TERM));
+    assert_eq!(r.code(WITHIN).await, 143, "{}", r.output());
+}
+
+/// SIGHUP while waiting for the lock: fencelock removes its queue entry and exits 129 (it used
+/// to die at once, its entry left until the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_while_waiting_leaves_no_entry() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_hup");
+    let dir = tempfile::tempdir().unwrap();
+    let s = t.session(&ns).await;
+    let held = s.mutex("m").unwrap().lock().await.unwrap();
+    let mut w = Run::start(&t.url, &ns, dir.path(), "w", &["lock", "m", "--", "true"]);
+    let start = Instant::now();
+    while s.list_entries().await.unwrap().len() < 2 {
+        assert!(start.elapsed() < WITHIN, "never queued: {}", w.output());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(w.child.signal(Signal::HUP));
+    assert_eq!(w.code(WITHIN).await, 129, "{}", w.output());
+    assert_eq!(
+        s.list_entries().await.unwrap(),
+        vec![held.key().to_string()]
+    );
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A server that accepts connections and never answers: SIGTERM, SIGINT and SIGHUP stop
+/// fencelock while it connects, for every subcommand, with 128 + N (not killed by the signal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_while_connecting() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for scheme in ["etcd", "zk", "redis"] {
+        for (args, sig, want) in [
+            (&["lock", "m", "--", "true"][..], Signal::TERM, 143),
+            (&["leader", "e"][..], Signal::INT, 130),
+            (&["list"][..], Signal::HUP, 129),
+        ] {
+            let url = format!("{scheme}://{silent}");
+            let mut cmd = command(&url, "ns");
+            cmd.args(["--connect-timeout", "20s"]).args(args);
+            let label = format!("{scheme}-{}", args[0]);
+            let mut r = Run::spawn(cmd, dir.path(), &label);
+            // Connected to the silent server (or still trying): either way, not done.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(r.child.try_wait().is_none(), "{label}: {}", r.output());
+            assert!(r.child.signal(sig));
+            let status = r.exit(Duration::from_secs(10)).await;
+            assert_eq!(
+                status.code(),
+                Some(want),
+                "{label}: {status:?} {}",
+                r.output()
+            );
+        }
+    }
+    drop(listener);
+}
