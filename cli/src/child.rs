@@ -204,6 +204,13 @@ pub(crate) async fn run_under(
     }
     match grant.release(release_within).await {
         Ok(()) => code,
+        // Held when the command exited; the session ended since (it cannot have lasted past
+        // the local deadline that `is_held` checked): the command's status stands.
+        Err(reason @ LostReason::Session(_)) => {
+            eprintln!("fencelock: releasing the {}: {reason}", grant.what());
+            code
+        }
+        // Deleted at some moment we cannot place: maybe while the command still ran.
         Err(reason) => lost_meanwhile(&grant, name, Some(reason)),
     }
 }
