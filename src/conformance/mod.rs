@@ -108,6 +108,7 @@ macro_rules! conformance_tests {
             dropped_guard_releases,
             close_frees_everything,
             entry_deleted_fires_lost,
+            a_suspend_past_the_deadline_loses_every_lock,
             waiter_fails_when_session_lost,
             session_states,
             bad_input,

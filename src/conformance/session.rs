@@ -38,6 +38,32 @@ pub async fn close_frees_everything(f: &dyn Factory) {
     b.close().await.unwrap();
 }
 
+/// A machine suspended past the local deadline (played with `Session::simulate_suspend`: the
+/// clock that counts through suspend jumps ahead, the monotonic one does not): on resume the
+/// session reports lost at once, no guard says it is held, and `lost()` fires within a
+/// heartbeat period, before any new heartbeat could be mistaken for a confirmation.
+pub async fn a_suspend_past_the_deadline_loses_every_lock(f: &dyn Factory) {
+    let ns = unique_namespace("suspend");
+    let a = open(f, &ns, TTL).await;
+    let g = a.mutex("s").unwrap().lock().await.unwrap();
+    // A short suspend (well inside the deadline) changes nothing.
+    a.simulate_suspend(Duration::from_millis(1));
+    assert!(g.is_held());
+    assert!(!matches!(a.state(), SessionState::Lost(_)));
+    let lost = g.lost();
+    a.simulate_suspend(a.ttl());
+    assert_eq!(a.state(), SessionState::Lost(SessionEnd::LocalDeadline));
+    assert!(!g.is_held());
+    assert_eq!(
+        bounded(a.ttl(), "lost fires within a heartbeat period", lost).await,
+        LostReason::Session(SessionEnd::LocalDeadline)
+    );
+    assert!(matches!(
+        a.mutex("t").unwrap().try_lock().await,
+        Err(Error::SessionLost(SessionEnd::LocalDeadline))
+    ));
+}
+
 /// Deleting our entry from outside makes `lost()` fire with [`LostReason::EntryDeleted`], and
 /// the next waiter is granted.
 pub async fn entry_deleted_fires_lost(f: &dyn Factory) {

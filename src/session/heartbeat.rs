@@ -47,10 +47,16 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     async move {
         loop {
             let Some(shared) = weak.upgrade() else { return };
-            let deadline = shared.deadline();
+            let deadline_at = shared.deadline_stamp();
+            let deadline = deadline_at.mono;
             let halted = shared.halted.load(Ordering::SeqCst);
+            // Past the deadline on the clock that counts through suspend, though Tokio's timer
+            // has not fired (the machine slept): declared at once.
+            let slept_past = shared.clock.passed(deadline_at);
             drop(shared);
-            let wake = {
+            let wake = if slept_past {
+                Wake::Deadline
+            } else {
                 let mut stopped = pin!(stop.cancelled());
                 let mut deadline_passed = pin!(sleep_until(deadline));
                 let mut event = pin!(remote.next_event());
@@ -109,31 +115,36 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     }
                 }
                 Wake::Beat => {
-                    if weak
-                        .upgrade()
-                        .is_none_or(|s| s.halted.load(Ordering::SeqCst))
-                    {
+                    if weak.upgrade().is_none_or(|s| {
+                        s.halted.load(Ordering::SeqCst) || s.clock.passed(deadline_at)
+                    }) {
+                        // Halted; or past the deadline (the loop's top declares it).
                         continue;
                     }
-                    let sent = Instant::now();
+                    let Some(clock_of) = weak.upgrade() else {
+                        return;
+                    };
+                    let sent = clock_of.clock.now();
+                    drop(clock_of);
                     // A heartbeat unanswered for a period is a failed one: the session is
                     // suspended at once, not when the deadline comes.
-                    let patience = deadline.min(sent + ttl / 3);
+                    let patience = deadline.min(sent.mono + ttl / 3);
                     match timeout_at(patience, remote.keep_alive()).await {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else { return };
-                            crate::metrics::heartbeat(shared.backend_name(), sent.elapsed());
+                            crate::metrics::heartbeat(shared.backend_name(), sent.mono.elapsed());
                             // A reply that comes after the deadline in force (the process
-                            // was paused in between) confirms nothing: the session is lost
-                            // already (its `state()` says so), and the deadline branch declares
-                            // it next. Lost is terminal: never extended, never "resumed".
-                            let extended = sent + (ttl - margin);
-                            if Instant::now() < deadline.min(extended) {
+                            // was paused or the machine suspended in between) confirms
+                            // nothing: the session is lost already (its `state()` says so),
+                            // and the deadline branch declares it next. Lost is terminal:
+                            // never extended, never "resumed".
+                            let extended = sent.after(ttl - margin);
+                            if !shared.clock.passed(deadline_at.min(extended)) {
                                 *shared.deadline.lock().unwrap() = extended;
                                 shared.set_state(SessionState::Live);
                             }
                             backoff = Backoff::new();
-                            next = sent + period;
+                            next = sent.mono + period;
                         }
                         Ok(Err(Error::SessionLost(reason))) => {
                             if let Some(shared) = weak.upgrade() {

@@ -1,6 +1,7 @@
 //! The session: one lease / ZooKeeper session per process, one heartbeat for every lock.
 
 mod cleanup;
+mod clock;
 mod heartbeat;
 mod local;
 mod shared;
@@ -110,8 +111,9 @@ impl SessionBuilder {
         );
         let give_up = Instant::now().checked_add(self.start_timeout);
         let mut backoff = Backoff::new();
+        let clock = clock::Clock::default();
         let (sent, remote) = loop {
-            let sent = Instant::now();
+            let sent = clock.now();
             match backend
                 .open_session(self.ttl)
                 .instrument(span.clone())
@@ -140,13 +142,14 @@ impl SessionBuilder {
             let _ = remote.close().await;
             return Err(e);
         }
-        let mut deadline = sent + (ttl - margin);
-        if Instant::now() >= sent + ttl / 3 {
+        let mut deadline = sent.after(ttl - margin);
+        if Instant::now() >= sent.mono + ttl / 3 {
             // A slow open: confirm the session now rather than hand out one whose deadline is
             // near (or past).
-            let again = Instant::now();
-            match timeout_at(deadline.max(again + (ttl - margin)), remote.keep_alive()).await {
-                Ok(Ok(())) => deadline = again + (ttl - margin),
+            let again = clock.now();
+            let patience = deadline.mono.max(again.mono + (ttl - margin));
+            match timeout_at(patience, remote.keep_alive()).await {
+                Ok(Ok(())) => deadline = again.after(ttl - margin),
                 Ok(Err(e)) => {
                     let _ = remote.close().await;
                     return Err(e);
@@ -167,6 +170,7 @@ impl SessionBuilder {
             self.namespace,
             ttl,
             margin,
+            clock,
             deadline,
             cleanup_tx,
             span,
@@ -414,6 +418,17 @@ impl Session {
         self.shared()
             .halted
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// **Testing only** (feature `testing`; not a stable API): plays a suspend of the machine
+    /// for `d` (a laptop lid closed, a VM paused by its host): the clock that keeps counting
+    /// through suspend (`CLOCK_BOOTTIME` on Linux) jumps ahead by `d`, the monotonic clock and
+    /// Tokio's timers do not. A suspend past the local deadline loses the session at once in
+    /// [`state`](Self::state) and every guard's `is_held()`, and its `lost()` futures fire
+    /// within a heartbeat period.
+    #[cfg(feature = "testing")]
+    pub fn simulate_suspend(&self, d: Duration) {
+        self.shared().clock.suspend(d);
     }
 }
 

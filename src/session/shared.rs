@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cleanup::Cleanup;
+use super::clock::{Clock, Stamp};
 use super::local::LocalQueue;
 use super::state::{SessionEnd, SessionState};
 use crate::backend::{Backend, BackendSession, QueueId, QueueKind};
@@ -26,8 +27,10 @@ pub(crate) struct Shared {
     pub(crate) namespace: String,
     pub(crate) ttl: Duration,
     pub(crate) margin: Duration,
+    /// The clock the local deadline is measured on (see [`super::clock`]).
+    pub(crate) clock: Clock,
     /// The local deadline: past it without a confirmed heartbeat, the session is lost.
-    pub(crate) deadline: StdMutex<Instant>,
+    pub(crate) deadline: StdMutex<Stamp>,
     pub(crate) state: watch::Sender<SessionState>,
     /// Cancelled when the session closes or its last handle goes.
     pub(crate) stop: CancellationToken,
@@ -48,7 +51,8 @@ impl Shared {
         namespace: String,
         ttl: Duration,
         margin: Duration,
-        deadline: Instant,
+        clock: Clock,
+        deadline: Stamp,
         cleanup: mpsc::UnboundedSender<Cleanup>,
         span: tracing::Span,
         metrics_names: bool,
@@ -60,6 +64,7 @@ impl Shared {
             namespace,
             ttl,
             margin,
+            clock,
             deadline: StdMutex::new(deadline),
             state: watch::channel(SessionState::Live).0,
             stop: CancellationToken::new(),
@@ -75,7 +80,13 @@ impl Shared {
         self.backend.name()
     }
 
+    /// The local deadline on Tokio's clock (for timers).
     pub(crate) fn deadline(&self) -> Instant {
+        self.deadline_stamp().mono
+    }
+
+    /// The local deadline on both clocks.
+    pub(crate) fn deadline_stamp(&self) -> Stamp {
         *self.deadline.lock().unwrap()
     }
 
@@ -85,7 +96,9 @@ impl Shared {
         let state = *self.state.borrow();
         match state {
             SessionState::Lost(_) => state,
-            _ if Instant::now() >= self.deadline() => SessionState::Lost(SessionEnd::LocalDeadline),
+            _ if self.clock.passed(self.deadline_stamp()) => {
+                SessionState::Lost(SessionEnd::LocalDeadline)
+            }
             _ => state,
         }
     }

@@ -1,0 +1,142 @@
+//! The clock of the local deadline.
+//!
+//! Tokio's `Instant` (`CLOCK_MONOTONIC` on Linux) stops while the machine is suspended: a
+//! laptop or VM that sleeps past the TTL would wake up with its deadline still ahead, reporting
+//! `Live` and `is_held() == true` while the cluster has expired the session and granted its
+//! locks to someone else. So every deadline is also measured on a clock that keeps counting
+//! through suspend, and it has passed as soon as either clock says so:
+//!
+//! - Linux and Android: `CLOCK_BOOTTIME`.
+//! - macOS, iOS, FreeBSD and the other Unix systems: `CLOCK_MONOTONIC`, which counts sleep
+//!   there (FreeBSD: `CLOCK_UPTIME` would not).
+//! - Elsewhere (Windows): the monotonic `Instant` alone (`QueryPerformanceCounter` counts
+//!   through sleep on current Windows).
+//!
+//! Timers still run on Tokio's clock (so tests can pause and advance it); after a resume the
+//! heartbeat task notices the passed deadline at its next tick (at most a heartbeat period),
+//! and `state()`/`is_held()` at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A moment on both clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    /// Tokio's monotonic clock (the one timers use).
+    pub(crate) mono: Instant,
+    /// The clock that counts through suspend, if the platform has one.
+    boot: Option<Duration>,
+}
+
+impl Stamp {
+    /// `d` later.
+    pub(crate) fn after(self, d: Duration) -> Stamp {
+        Stamp {
+            mono: self.mono + d,
+            boot: self.boot.map(|b| b.saturating_add(d)),
+        }
+    }
+
+    /// The earlier of two moments, on each clock.
+    pub(crate) fn min(self, other: Stamp) -> Stamp {
+        Stamp {
+            mono: self.mono.min(other.mono),
+            boot: match (self.boot, other.boot) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+}
+
+/// A session's clock: the two clocks, plus (for tests) time the machine spent suspended.
+#[derive(Debug, Default)]
+pub(crate) struct Clock {
+    /// Nanoseconds of simulated suspend, added to the suspend-counting clock.
+    suspended: AtomicU64,
+}
+
+impl Clock {
+    /// Now, on both clocks.
+    pub(crate) fn now(&self) -> Stamp {
+        Stamp {
+            mono: Instant::now(),
+            boot: self.boot_now(),
+        }
+    }
+
+    /// Whether `at` has passed on either clock.
+    pub(crate) fn passed(&self, at: Stamp) -> bool {
+        let now = self.now();
+        now.mono >= at.mono || matches!((now.boot, at.boot), (Some(n), Some(a)) if n >= a)
+    }
+
+    /// Plays a suspend of the machine for `d`: the suspend-counting clock jumps ahead, Tokio's
+    /// does not.
+    #[cfg(feature = "testing")]
+    pub(crate) fn suspend(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.suspended.fetch_add(nanos, Ordering::SeqCst);
+    }
+
+    fn boot_now(&self) -> Option<Duration> {
+        let extra = Duration::from_nanos(self.suspended.load(Ordering::SeqCst));
+        suspend_counting_now().map(|t| t.saturating_add(extra))
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn suspend_counting_now() -> Option<Duration> {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
+#[cfg(all(unix, not(any(target_os = "linux", target_os = "android"))))]
+fn suspend_counting_now() -> Option<Duration> {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
+#[cfg(not(unix))]
+fn suspend_counting_now() -> Option<Duration> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspend_passes_the_deadline() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = Clock::default();
+            let deadline = clock.now().after(Duration::from_secs(60));
+            assert!(!clock.passed(deadline));
+            #[cfg(feature = "testing")]
+            {
+                clock.suspend(Duration::from_secs(61));
+                assert_eq!(clock.passed(deadline), cfg!(unix));
+            }
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_time_still_counts() {
+        let clock = Clock::default();
+        let deadline = clock.now().after(Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(clock.passed(deadline));
+    }
+}
