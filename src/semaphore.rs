@@ -91,6 +91,8 @@ impl Semaphore {
     }
 
     async fn acquire_permit(&self, wait: Wait) -> Result<Option<Permit>> {
+        let value = format!("{PERMITS_TAG}{}", self.permits);
+        check_value(self.session.shared(), value.as_bytes())?;
         // Through the gate first: the one acquirer at its head takes a lease or waits for one.
         let gate = match wait {
             Wait::No => match self.gate.try_lock().await? {
@@ -103,19 +105,19 @@ impl Semaphore {
                 self.gate.lock_timeout(left).await?
             }
         };
-        let value = format!("{PERMITS_TAG}{}", self.permits);
-        check_value(self.session.shared(), value.as_bytes())?;
         let req = Request {
             queue: &self.leases,
             kind: EntryKind::Shared,
             rule: Rule::Permits(self.permits),
             value: value.as_bytes(),
         };
-        let tenure = acquire(&self.session, req, None, wait).await?;
-        // The next acquirer through the gate. (On an error the gate guard is dropped instead:
-        // the background task releases it.)
+        let tenure = acquire(&self.session, req, None, wait).await;
+        // The next acquirer through the gate, whatever the outcome: released and confirmed
+        // before this returns, so that a timeout (or `None`) leaves no gate entry behind, as
+        // `Mutex::lock_timeout` promises for its own entry. (If this future is dropped here
+        // instead, the gate guard's drop hands the release to the background task.)
         let _ = gate.release().await;
-        let Some(tenure) = tenure else {
+        let Some(tenure) = tenure? else {
             return Ok(None);
         };
         let permit = Permit {
@@ -162,7 +164,8 @@ impl Semaphore {
     }
 
     /// Like [`acquire`](Self::acquire), but gives up after `timeout` with
-    /// [`Error::Timeout`], leaving no entry.
+    /// [`Error::Timeout`], leaving no entry: when it returns the timeout error, its entries (at
+    /// the gate and among the leases) have already been removed (confirmed by the cluster).
     ///
     /// # Cancel safety
     ///

@@ -103,6 +103,7 @@ macro_rules! conformance_tests {
             local_queue_one_remote_entry,
             cancelled_lock_leaves_no_entry,
             lock_timeout_leaves_no_entry,
+            every_timeout_leaves_no_entry,
             stale_holder_is_fenced,
             release_twice,
             dropped_guard_releases,
