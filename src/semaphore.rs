@@ -14,7 +14,8 @@ const PERMITS_TAG: &str = "fencelock-permits=";
 impl Session {
     /// A counting semaphore named `name` in this session's namespace with `permits` permits
     /// (at least 1): at most that many holders at once. The name rules are those of
-    /// [`mutex`](Self::mutex).
+    /// [`mutex`](Self::mutex), limit included: the suffixes of its two queues on the cluster
+    /// (`{name}/locks`, `{name}/leases`) do not count against it.
     pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
         if permits == 0 {
             return Err(Error::invalid_config(
@@ -22,13 +23,13 @@ impl Session {
                 "a semaphore needs at least one permit",
             ));
         }
-        let locks = self.queue(&format!("{name}/locks"), QueueKind::Lock)?;
+        let locks = self.sub_queue(name, "locks", QueueKind::Lock)?;
         Ok(Semaphore {
             session: self.clone(),
             name: name.to_string(),
             permits,
             gate: Mutex::new(self.clone(), locks),
-            leases: self.queue(&format!("{name}/leases"), QueueKind::Semaphore)?,
+            leases: self.sub_queue(name, "leases", QueueKind::Semaphore)?,
         })
     }
 }

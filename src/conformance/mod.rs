@@ -112,6 +112,7 @@ macro_rules! conformance_tests {
             waiter_fails_when_session_lost,
             session_states,
             bad_input,
+            every_primitive_takes_every_valid_name,
             use_after_close,
             use_after_lost,
             single_leader_among_five,
