@@ -130,6 +130,8 @@ macro_rules! conformance_tests {
             odd_unicode_names,
             observe_ends_when_session_ends,
             supervisor_keeps_leading,
+            supervisor_ends_when_the_work_releases,
+            supervisor_campaigns_again_when_its_entry_is_deleted,
             state_changes_until_closed,
             readers_share_writer_excludes,
             queued_writer_holds_back_later_readers,
