@@ -145,6 +145,7 @@ macro_rules! conformance_tests {
             multi_lock_takes_all,
             multi_try_lock_is_all_or_nothing,
             multi_locks_never_deadlock,
+            multi_lock_at_the_backend_limit,
             inspection_shows_holder_and_waiters,
             revocation_request_reaches_the_holder,
             reentrant_guard_keeps_token,
