@@ -36,7 +36,7 @@ impl Session {
         found.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out = Vec::with_capacity(found.len());
         for (name, kind) in found {
-            let queue = self.queue(&name, kind)?;
+            let queue = self.found_queue(&name, kind)?;
             let entries = shared.retry(|| shared.remote.inspect(&queue)).await?;
             if !entries.is_empty() {
                 out.push(QueueInfo {

@@ -12,6 +12,12 @@ use crate::{Error, FencingToken, Guard, LostReason, Mutex, Result, Session};
 impl Session {
     /// The mutexes named `names` taken together: a [`MultiLock`]. Duplicates are ignored; the
     /// names are validated as [`mutex`](Self::mutex) does, and at least one is required.
+    ///
+    /// A set must fit in one atomic request of the backend (for
+    /// [`try_lock`](MultiLock::try_lock)): at most
+    /// [`Backend::max_multi_lock`](crate::backend::Backend::max_multi_lock) distinct names (64
+    /// on etcd and in memory, 128 on ZooKeeper, 256 on Redis); a larger set is refused here with
+    /// [`Error::InvalidConfig`].
     pub fn multi_lock<I, S>(&self, names: I) -> Result<MultiLock>
     where
         I: IntoIterator<Item = S>,
@@ -25,6 +31,16 @@ impl Session {
             return Err(Error::invalid_config(
                 "",
                 "a multi-lock needs at least one name",
+            ));
+        }
+        let max = self.shared().backend.max_multi_lock();
+        if names.len() > max {
+            return Err(Error::invalid_config(
+                format!("{} names", names.len()),
+                format!(
+                    "more than the {} backend takes in one atomic request: at most {max} locks in a multi-lock",
+                    self.backend_name()
+                ),
             ));
         }
         let mutexes = names
@@ -89,24 +105,48 @@ impl MultiLock {
         self.lock_until(None).await
     }
 
-    /// Like [`lock`](Self::lock), but gives up after `timeout` (for the whole set) with
-    /// [`Error::Timeout`], having released what it took.
+    /// Like [`lock`](Self::lock), but gives up after `timeout` for the whole set with
+    /// [`Error::Timeout`], having released what it took (confirmed by the cluster) and left no
+    /// entry.
+    ///
+    /// The deadline is checked before each lock: once it has passed, no further lock is tried,
+    /// so the error comes at most about two round trips after the deadline (the lock in flight,
+    /// then the releases, sent together), whatever the size of the set. So
+    /// `lock_timeout(Duration::ZERO)` takes a set of one free lock, and times out on a larger
+    /// set: to take a set only if all of it is free now, use [`try_lock`](Self::try_lock).
+    /// A timeout too large for the clock waits forever.
     ///
     /// # Cancel safety
     ///
     /// As [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        self.lock_until(Instant::now().checked_add(timeout)).await
+        let deadline = Instant::now().checked_add(timeout);
+        self.lock_until(deadline.map(|d| (d, timeout))).await
     }
 
-    async fn lock_until(&self, deadline: Option<Instant>) -> Result<MultiGuard> {
+    async fn lock_until(&self, deadline: Option<(Instant, Duration)>) -> Result<MultiGuard> {
         let mut guards = Vec::with_capacity(self.mutexes.len());
         for (name, m) in self.names.iter().zip(&self.mutexes) {
             let guard = match deadline {
                 None => m.lock().await,
-                Some(d) => {
-                    m.lock_timeout(d.saturating_duration_since(Instant::now()))
-                        .await
+                Some((d, after)) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    // Past the deadline, even a free lock costs a round trip: with many locks
+                    // left those would add up far past it.
+                    if left.is_zero() && !guards.is_empty() {
+                        Err(Error::Timeout {
+                            op: "multi-lock",
+                            after,
+                        })
+                    } else {
+                        m.lock_timeout(left).await.map_err(|e| match e {
+                            Error::Timeout { .. } => Error::Timeout {
+                                op: "multi-lock",
+                                after,
+                            },
+                            e => e,
+                        })
+                    }
                 }
             };
             match guard {
@@ -151,11 +191,10 @@ impl MultiLock {
     }
 }
 
-/// Releases every guard, last first, ignoring errors (an error path).
+/// Releases every guard, ignoring errors (an error path), all at once: one round trip for the
+/// set rather than one per lock, so that a timeout returns soon after its deadline.
 async fn release_all(guards: &[(String, Guard)]) {
-    for (_, g) in guards.iter().rev() {
-        let _ = g.release().await;
-    }
+    futures_util::future::join_all(guards.iter().map(|(_, g)| g.release())).await;
 }
 
 /// Proof of holding every lock of a [`MultiLock`], with one fencing token per lock.

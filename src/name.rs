@@ -9,10 +9,19 @@ fn invalid(name: &str, reason: &'static str) -> Error {
     Error::invalid_name(name, reason)
 }
 
+/// The longest name of a queue the core makes: a user's name of up to [`MAX_NAME_LEN`] bytes
+/// plus the suffix a primitive made of several queues appends to it (a semaphore's `/leases`
+/// and `/locks`), so that every primitive accepts every name [`validate_name`] accepts.
+pub(crate) const MAX_QUEUE_NAME_LEN: usize = MAX_NAME_LEN + 16;
+
 fn check_segments(name: &str) -> Result<()> {
     if name.len() > MAX_NAME_LEN {
         return Err(invalid(name, "longer than 512 bytes"));
     }
+    check_rest(name)
+}
+
+fn check_rest(name: &str) -> Result<()> {
     if name.contains('\0') {
         return Err(invalid(name, "contains NUL"));
     }
@@ -49,6 +58,22 @@ pub fn validate_name(name: &str) -> Result<()> {
         return Err(invalid(name, "starts with '/'"));
     }
     check_segments(name)
+}
+
+/// Checks the name of a queue the core makes or finds (a user's name with a primitive's suffix,
+/// or a name read back from a listing): the rules of [`validate_name`], with room for the
+/// suffix ([`MAX_QUEUE_NAME_LEN`]).
+pub(crate) fn validate_queue_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(invalid(name, "empty"));
+    }
+    if name.starts_with('/') {
+        return Err(invalid(name, "starts with '/'"));
+    }
+    if name.len() > MAX_QUEUE_NAME_LEN {
+        return Err(invalid(name, "longer than a queue name may be"));
+    }
+    check_rest(name)
 }
 
 /// Checks a namespace: empty, or a name as for [`validate_name`] that may also start with `/`.

@@ -14,7 +14,8 @@ const PERMITS_TAG: &str = "fencelock-permits=";
 impl Session {
     /// A counting semaphore named `name` in this session's namespace with `permits` permits
     /// (at least 1): at most that many holders at once. The name rules are those of
-    /// [`mutex`](Self::mutex).
+    /// [`mutex`](Self::mutex), limit included: the suffixes of its two queues on the cluster
+    /// (`{name}/locks`, `{name}/leases`) do not count against it.
     pub fn semaphore(&self, name: &str, permits: usize) -> Result<Semaphore> {
         if permits == 0 {
             return Err(Error::invalid_config(
@@ -22,13 +23,13 @@ impl Session {
                 "a semaphore needs at least one permit",
             ));
         }
-        let locks = self.queue(&format!("{name}/locks"), QueueKind::Lock)?;
+        let locks = self.sub_queue(name, "locks", QueueKind::Lock)?;
         Ok(Semaphore {
             session: self.clone(),
             name: name.to_string(),
             permits,
             gate: Mutex::new(self.clone(), locks),
-            leases: self.queue(&format!("{name}/leases"), QueueKind::Semaphore)?,
+            leases: self.sub_queue(name, "leases", QueueKind::Semaphore)?,
         })
     }
 }
@@ -91,6 +92,8 @@ impl Semaphore {
     }
 
     async fn acquire_permit(&self, wait: Wait) -> Result<Option<Permit>> {
+        let value = format!("{PERMITS_TAG}{}", self.permits);
+        check_value(self.session.shared(), value.as_bytes())?;
         // Through the gate first: the one acquirer at its head takes a lease or waits for one.
         let gate = match wait {
             Wait::No => match self.gate.try_lock().await? {
@@ -103,19 +106,19 @@ impl Semaphore {
                 self.gate.lock_timeout(left).await?
             }
         };
-        let value = format!("{PERMITS_TAG}{}", self.permits);
-        check_value(self.session.shared(), value.as_bytes())?;
         let req = Request {
             queue: &self.leases,
             kind: EntryKind::Shared,
             rule: Rule::Permits(self.permits),
             value: value.as_bytes(),
         };
-        let tenure = acquire(&self.session, req, None, wait).await?;
-        // The next acquirer through the gate. (On an error the gate guard is dropped instead:
-        // the background task releases it.)
+        let tenure = acquire(&self.session, req, None, wait).await;
+        // The next acquirer through the gate, whatever the outcome: released and confirmed
+        // before this returns, so that a timeout (or `None`) leaves no gate entry behind, as
+        // `Mutex::lock_timeout` promises for its own entry. (If this future is dropped here
+        // instead, the gate guard's drop hands the release to the background task.)
         let _ = gate.release().await;
-        let Some(tenure) = tenure else {
+        let Some(tenure) = tenure? else {
             return Ok(None);
         };
         let permit = Permit {
@@ -162,7 +165,8 @@ impl Semaphore {
     }
 
     /// Like [`acquire`](Self::acquire), but gives up after `timeout` with
-    /// [`Error::Timeout`], leaving no entry.
+    /// [`Error::Timeout`], leaving no entry: when it returns the timeout error, its entries (at
+    /// the gate and among the leases) have already been removed (confirmed by the cluster).
     ///
     /// # Cancel safety
     ///

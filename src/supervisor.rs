@@ -24,6 +24,15 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 /// the session is closed at once, so that a successor takes over in milliseconds rather than
 /// a TTL.
 ///
+/// Supervision ends when your future returns. Releasing the guard, resigning the leadership or
+/// dropping it inside your code is your decision, not a loss: no new term is started, your
+/// future is left to run to its end (the release is never cut short), and supervision then ends
+/// as for a future that returned. (To step down for a while and take part again, return and
+/// call `lead`/`hold` again.)
+///
+/// Errors end supervision only when they are permanent: a temporary error, a lost session, or a
+/// waiting entry deleted by someone else (an operator) leads to another try.
+///
 /// ```
 /// # #[tokio::main] async fn main() -> fencelock::Result<()> {
 /// use std::time::Duration;
@@ -63,7 +72,9 @@ impl Supervisor {
     /// Campaigns in election `name` with `value` and runs `lead` with each leadership won, until
     /// `shutdown` resolves or a `lead` future returns (then it resigns). Leadership lost
     /// (session expired, local deadline, entry deleted) drops the `lead` future and starts a
-    /// new campaign, in a new session if the old one is lost.
+    /// new campaign, in a new session if the old one is lost. A `lead` future that resigns
+    /// (or drops its leadership) is not deposed: it runs on until it returns, and supervision
+    /// ends then. A waiting candidacy whose entry is deleted campaigns again.
     ///
     /// Returns `Ok(())` after a shutdown or a `lead` that returned, with the session closed;
     /// an error only if it is permanent (an invalid name or value, authentication, permission).
@@ -98,7 +109,8 @@ impl Supervisor {
 
     /// Locks `name` and runs `work` with each guard, until `shutdown` resolves or a `work`
     /// future returns (then it releases). A lost lock drops the `work` future and locks again,
-    /// in a new session if the old one is lost.
+    /// in a new session if the old one is lost. A `work` future that releases (or drops) its
+    /// guard runs on until it returns, and supervision ends then.
     ///
     /// Returns as [`lead`](Self::lead) does.
     pub async fn hold<F, Fut>(
@@ -176,6 +188,17 @@ impl Supervisor {
                     session = None;
                     continue;
                 }
+                First::Right(Err(Error::EntryVanished { key })) => {
+                    // Our waiting entry was deleted by someone else (an operator) while the
+                    // session lives on: nothing permanent, so queue again (after a pause, in
+                    // case someone keeps deleting it). A lost session is seen at the loop's top.
+                    warn!(%key, "our waiting entry was deleted: queueing again");
+                    if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
+                        let _ = s.close().await;
+                        return Ok(());
+                    }
+                    continue;
+                }
                 First::Right(Err(e)) if e.is_temporary() => {
                     warn!(error = %e, "cannot acquire yet, retrying");
                     if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
@@ -191,8 +214,18 @@ impl Supervisor {
             };
             backoff = Backoff::new();
             let (lost, user) = start(tenure);
-            let end = match race(shutdown.as_mut(), race(lost, user)).await {
+            let mut user = pin!(user);
+            let end = match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
                 First::Left(()) => TermEnd::Shutdown,
+                First::Right(First::Left(LostReason::Released)) => {
+                    // The user's own code released, resigned or dropped the grant: its choice,
+                    // not a loss. Let it finish (dropping it now would cut its release short),
+                    // then end as for a returned future.
+                    match race(shutdown.as_mut(), user.as_mut()).await {
+                        First::Left(()) => TermEnd::Shutdown,
+                        First::Right(()) => TermEnd::Done,
+                    }
+                }
                 First::Right(First::Left(reason)) => TermEnd::Lost(reason),
                 First::Right(First::Right(())) => TermEnd::Done,
             };

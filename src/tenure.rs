@@ -225,6 +225,16 @@ impl Tenure {
         if self.settled.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Dropping the grant releases it: a pending `lost()` reports that (rather than the
+        // deletion it would see next), unless the grant was lost already.
+        if self.session.shared().end().is_none() {
+            self.ended.send_if_modified(|v| {
+                v.is_none() && {
+                    *v = Some(LostReason::Released);
+                    true
+                }
+            });
+        }
         self.record_end();
         let local = self.local.lock().unwrap().take();
         // Never blocks, needs no runtime: the background task deletes the entry, then lets

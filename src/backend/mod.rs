@@ -77,6 +77,11 @@ use crate::Result;
 /// and an etcd request under its default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_VALUE_LEN: usize = 1_000_000;
 
+/// The most locks one multi-lock may take by default ([`Backend::max_multi_lock`]): 64, what fits
+/// in one etcd transaction under etcd's default `--max-txn-ops` of 128 (two operations per
+/// lock).
+pub const DEFAULT_MAX_MULTI_LOCK: usize = 64;
+
 /// A backend: a factory of sessions. Object safe; the core holds it as `Arc<dyn Backend>`.
 ///
 /// # Validation
@@ -102,6 +107,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The largest entry value accepted (default [`DEFAULT_MAX_VALUE_LEN`]).
     fn max_value_len(&self) -> usize {
         DEFAULT_MAX_VALUE_LEN
+    }
+
+    /// The most locks one multi-lock may take: what [`BackendSession::enqueue_all`] can create
+    /// in one atomic request (an etcd transaction's operation limit, a ZooKeeper packet, the
+    /// time a Redis script may block the server). [`Session::multi_lock`](crate::Session::multi_lock)
+    /// refuses larger sets with [`Error::InvalidConfig`](crate::Error::InvalidConfig). Default
+    /// [`DEFAULT_MAX_MULTI_LOCK`].
+    fn max_multi_lock(&self) -> usize {
+        DEFAULT_MAX_MULTI_LOCK
     }
 
     /// Checks what this backend forbids in a lock or election name beyond the core's rules

@@ -61,6 +61,67 @@ pub async fn bad_input(f: &dyn Factory) {
     s.close().await.unwrap();
 }
 
+/// One name limit for every primitive: a name of exactly [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)
+/// bytes (ASCII, and two-byte characters) works end to end as a mutex, an election, a
+/// read-write lock, a semaphore (whose queues on the cluster append `/locks` and `/leases` to
+/// it) and in a multi-lock, and shows in [`Session::queues`]; one byte more is
+/// [`Error::InvalidName`] from every constructor, before anything is sent.
+pub async fn every_primitive_takes_every_valid_name(f: &dyn Factory) {
+    let ns = unique_namespace("name_limit");
+    let s = open(f, &ns, TTL).await;
+    let max = crate::MAX_NAME_LEN;
+    for name in ["n".repeat(max), "é".repeat(max / 2)] {
+        assert_eq!(name.len(), max);
+        let g = bounded(WAIT, "mutex", s.mutex(&name).unwrap().lock()).await;
+        g.unwrap().release().await.unwrap();
+        let l = bounded(WAIT, "election", s.election(&name).unwrap().campaign(b"v")).await;
+        l.unwrap().resign().await.unwrap();
+        let rw = s.rwlock(&name).unwrap();
+        bounded(WAIT, "read", rw.read())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        bounded(WAIT, "write", rw.write())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let sem = s
+            .semaphore(&name, 1)
+            .unwrap_or_else(|e| panic!("semaphore of a {max}-byte name: {e:?}"));
+        let p = bounded(WAIT, "semaphore", sem.acquire()).await.unwrap();
+        let queues = bounded(WAIT, "queues", s.queues("")).await.unwrap();
+        assert!(
+            queues.iter().any(|q| q.name.starts_with(name.as_str())),
+            "the semaphore's queue is listed"
+        );
+        p.release().await.unwrap();
+        let ml = s.multi_lock([name.as_str(), "other"]).unwrap();
+        let g = bounded(WAIT, "multi try_lock", ml.try_lock())
+            .await
+            .unwrap();
+        g.expect("a free set").release().await.unwrap();
+        let g = bounded(WAIT, "multi lock", ml.lock()).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let over = "n".repeat(max + 1);
+    let refused = |what: &str, r: Option<Error>| match r {
+        Some(Error::InvalidName(_)) => {}
+        other => panic!("{what} of {} bytes: {other:?}", max + 1),
+    };
+    refused("mutex", s.mutex(&over).err());
+    refused("election", s.election(&over).err());
+    refused("rwlock", s.rwlock(&over).err());
+    refused("semaphore", s.semaphore(&over, 1).err());
+    refused("multi_lock", s.multi_lock([over.as_str(), "other"]).err());
+    s.flush().await;
+    assert!(s.list_entries().await.unwrap().is_empty(), "nothing left");
+    s.close().await.unwrap();
+}
+
 /// After `close()`, every operation fails with [`Error::SessionLost`] and closing again is
 /// harmless; guards taken before report the loss ([`Error::NotHeld`] with the session's end).
 pub async fn use_after_close(f: &dyn Factory) {

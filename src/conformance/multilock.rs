@@ -88,3 +88,51 @@ pub async fn multi_locks_never_deadlock(f: &dyn Factory) {
         bounded(WAIT * 2, "no deadlock", t).await.unwrap();
     }
 }
+
+/// A multi-lock of as many names as the backend takes in one atomic request
+/// ([`Backend::max_multi_lock`](crate::backend::Backend::max_multi_lock)) works: `try_lock` takes
+/// them all, or nothing (and leaves nothing) when one is held, `lock_timeout` gives up leaving
+/// nothing, `lock` takes them one by one. One name more is refused by `multi_lock()` with
+/// [`Error::InvalidConfig`] before anything is sent (duplicates do not count).
+pub async fn multi_lock_at_the_backend_limit(f: &dyn Factory) {
+    let ns = unique_namespace("multi_limit");
+    let (a, b) = (open(f, &ns, TTL).await, open(f, &ns, TTL).await);
+    let max = f.backend().max_multi_lock();
+    let names: Vec<String> = (0..max).map(|i| format!("n/{i:05}")).collect();
+    let ml = a.multi_lock(&names).unwrap();
+    let g = bounded(WAIT, "try_lock at the limit", ml.try_lock()).await;
+    let g = g.unwrap().expect("every lock is free");
+    assert_eq!(g.tokens().len(), max);
+    bounded(WAIT, "release", g.release()).await.unwrap();
+    let held = b.mutex(&names[max / 2]).unwrap().lock().await.unwrap();
+    let r = bounded(WAIT, "try_lock with one held", ml.try_lock()).await;
+    assert!(r.unwrap().is_none());
+    let r = bounded(
+        WAIT,
+        "lock_timeout",
+        ml.lock_timeout(Duration::from_millis(100)),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    a.flush().await;
+    assert_eq!(
+        a.list_entries().await.unwrap(),
+        vec![held.key().to_string()],
+        "nothing left"
+    );
+    held.release().await.unwrap();
+    let g = bounded(WAIT * 2, "lock at the limit", ml.lock())
+        .await
+        .unwrap();
+    assert_eq!(g.tokens().len(), max);
+    bounded(WAIT, "release", g.release()).await.unwrap();
+    let mut dup = names.clone();
+    dup.push(names[0].clone());
+    assert!(a.multi_lock(&dup).is_ok(), "duplicates do not count");
+    let over: Vec<String> = (0..=max).map(|i| format!("n/{i:05}")).collect();
+    let r = a.multi_lock(&over);
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    assert!(a.list_entries().await.unwrap().is_empty());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -288,6 +288,67 @@ pub async fn lock_timeout_leaves_no_entry(f: &dyn Factory) {
     b.close().await.unwrap();
 }
 
+/// Every `*_timeout` of the lock family (a semaphore's `acquire_timeout`, a read-write lock's
+/// `read_timeout` and `write_timeout`, an election's `campaign_timeout`, a multi-lock's
+/// `lock_timeout`) has removed its entries, confirmed by the cluster, when it returns
+/// [`Error::Timeout`]: a read of the server right after the error finds only the holders'
+/// entries, every time (a removal left to the background task would lose that race often).
+pub async fn every_timeout_leaves_no_entry(f: &dyn Factory) {
+    const TRIES: usize = 10;
+    let ns = unique_namespace("every_timeout");
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, TTL).await;
+    let permit = a.semaphore("s", 1).unwrap().acquire().await.unwrap();
+    let writer = a.rwlock("rw").unwrap().write().await.unwrap();
+    let leader = a.election("e").unwrap().campaign(b"a").await.unwrap();
+    let held = a.mutex("m/2").unwrap().lock().await.unwrap();
+    let mut expected: Vec<String> = [permit.key(), writer.key(), leader.key(), held.key()]
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    expected.sort();
+    let check = |what: &str, r: crate::Result<()>, list: Vec<String>| {
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{what}: {r:?}");
+        assert_eq!(list, expected, "{what}: an entry was left when it returned");
+    };
+    let sem = b.semaphore("s", 1).unwrap();
+    let rw = b.rwlock("rw").unwrap();
+    let e = b.election("e").unwrap();
+    let ml = b.multi_lock(["m/1", "m/2", "m/3"]).unwrap();
+    for i in 0..TRIES {
+        let d = Duration::from_millis([0, 20, 50][i % 3]);
+        let r = bounded(WAIT, "acquire_timeout", sem.acquire_timeout(d)).await;
+        check(
+            "acquire_timeout",
+            r.map(drop),
+            b.list_entries().await.unwrap(),
+        );
+        let r = bounded(WAIT, "read_timeout", rw.read_timeout(d)).await;
+        check("read_timeout", r.map(drop), b.list_entries().await.unwrap());
+        let r = bounded(WAIT, "write_timeout", rw.write_timeout(d)).await;
+        check(
+            "write_timeout",
+            r.map(drop),
+            b.list_entries().await.unwrap(),
+        );
+        let r = bounded(WAIT, "campaign_timeout", e.campaign_timeout(b"b", d)).await;
+        check(
+            "campaign_timeout",
+            r.map(drop),
+            b.list_entries().await.unwrap(),
+        );
+        let r = bounded(WAIT, "multi lock_timeout", ml.lock_timeout(d)).await;
+        check(
+            "multi lock_timeout",
+            r.map(drop),
+            b.list_entries().await.unwrap(),
+        );
+    }
+    drop((permit, writer, leader, held));
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// The seeds' timeline: A holds token t; A's heartbeats stop (as if paused); A's `lost()`
 /// fires before B is granted; B's token is larger; A's late write is refused by the fence.
 pub async fn stale_holder_is_fenced(f: &dyn Factory) {

@@ -292,6 +292,25 @@ impl Session {
         Ok(QueueId::new(shared.namespace.clone(), name, kind))
     }
 
+    /// The queue `{name}/{suffix}` of a primitive made of several queues (a semaphore's gate
+    /// and leases). The user's `name` is held to the rules of every name, so that such a
+    /// primitive accepts every name a mutex does: the suffix is ours, and does not count
+    /// against [`MAX_NAME_LEN`](crate::MAX_NAME_LEN).
+    pub(crate) fn sub_queue(&self, name: &str, suffix: &str, kind: QueueKind) -> Result<QueueId> {
+        validate_name(name)?;
+        self.found_queue(&format!("{name}/{suffix}"), kind)
+    }
+
+    /// The queue id of a queue name the core made ([`sub_queue`](Self::sub_queue)) or read
+    /// back from the cluster's listing: a name as [`queue`](Self::queue) accepts, or one with
+    /// a primitive's suffix.
+    pub(crate) fn found_queue(&self, name: &str, kind: QueueKind) -> Result<QueueId> {
+        crate::name::validate_queue_name(name)?;
+        let shared = self.shared();
+        shared.backend.check_name(&shared.namespace, name)?;
+        Ok(QueueId::new(shared.namespace.clone(), name, kind))
+    }
+
     /// The session id as the cluster knows it (etcd lease id in hex, ZooKeeper session id).
     pub fn id(&self) -> String {
         self.shared().remote.id()

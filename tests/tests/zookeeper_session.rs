@@ -422,3 +422,47 @@ async fn heartbeat_packets_match_a_bare_client() {
     many.close().await.unwrap();
     one.close().await.unwrap();
 }
+
+/// A multi-lock's `lock_timeout` bounds the whole set: with every round trip slowed (a proxy
+/// delaying each chunk by 25 ms) and the last of 30 locks held elsewhere, `lock_timeout(300 ms)`
+/// fails with `Timeout` well before the 29 free locks could all be taken one by one (≥ 1.5 s),
+/// having released what it took: nothing of it is left on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_timeout_bounds_the_whole_set() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.server().connect_string()).await;
+    let backend = ZooKeeperBackend::connect(&proxy.addr()).await.unwrap();
+    let ns = unique_namespace("zk_multi_deadline");
+    let slow = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    let other = session(&f, &ns).await;
+    let names: Vec<String> = (0..30).map(|i| format!("m/{i:02}")).collect();
+    let held = other.mutex(&names[29]).unwrap().lock().await.unwrap();
+    let ml = slow.multi_lock(&names).unwrap();
+    proxy.set(Mode::Delay(Duration::from_millis(25)));
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let r = bounded(WAIT, "multi lock_timeout", ml.lock_timeout(timeout)).await;
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(
+        took < timeout + Duration::from_millis(700),
+        "the deadline of the whole set was not kept: {took:?}"
+    );
+    proxy.set(Mode::Pass);
+    slow.flush().await;
+    assert_eq!(
+        other.list_entries().await.unwrap(),
+        vec![held.key().to_string()],
+        "nothing left"
+    );
+    held.release().await.unwrap();
+    slow.close().await.unwrap();
+    other.close().await.unwrap();
+}

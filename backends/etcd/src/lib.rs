@@ -105,6 +105,10 @@ impl EtcdBackend {
 /// smaller requests).
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
+/// The most locks in one multi-lock on etcd (see [`Backend::max_multi_lock`]): half of etcd's
+/// default `--max-txn-ops` (128), as its one transaction takes two operations per lock.
+pub const MAX_MULTI_LOCK: usize = 64;
+
 /// The largest lease TTL etcd grants (its `MaxLeaseTTL`, 9,000,000,000 s).
 pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 
@@ -120,6 +124,13 @@ impl Backend for EtcdBackend {
 
     fn max_ttl(&self) -> Duration {
         MAX_TTL
+    }
+
+    /// 64: a multi-lock's `try_lock` is one transaction of two operations per lock (a put and
+    /// a read of its create revision), and etcd refuses a transaction of more than
+    /// `--max-txn-ops` operations, 128 by default ("too many operations in txn request").
+    fn max_multi_lock(&self) -> usize {
+        MAX_MULTI_LOCK
     }
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {

@@ -114,6 +114,9 @@ pub use redlock::{
 
 use error::NAME;
 
+/// The most locks in one multi-lock on Redis (see [`Backend::max_multi_lock`]).
+pub const MAX_MULTI_LOCK: usize = 256;
+
 /// The smallest session TTL accepted (1 s).
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 
@@ -237,6 +240,12 @@ impl Backend for RedisBackend {
 
     fn min_ttl(&self) -> Duration {
         MIN_TTL
+    }
+
+    /// 256: a multi-lock's `try_lock` is one Lua script, which blocks the server while it
+    /// runs; the bound keeps it short.
+    fn max_multi_lock(&self) -> usize {
+        MAX_MULTI_LOCK
     }
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {

@@ -231,7 +231,13 @@ pub(crate) fn namespace_root(namespace: &str, chrooted: bool) -> Result<String> 
 /// The parent node of a queue called `name` in `namespace`: `/{namespace}/{name}`, or
 /// `/{name}` for the empty namespace.
 pub(crate) fn queue_path_of(namespace: &str, name: &str, chrooted: bool) -> Result<String> {
-    fencelock::validate_name(name)?;
+    // Not `fencelock::validate_name`: the core has checked the user's name already, and a
+    // primitive made of several queues (a semaphore's `{name}/locks`, `{name}/leases`) appends a
+    // suffix that may take the queue's name past `MAX_NAME_LEN`, which ZooKeeper does not limit.
+    // What ZooKeeper itself refuses is checked below, on the whole path.
+    if name.is_empty() {
+        return Err(invalid(name, "empty"));
+    }
     let root = namespace_root(namespace, chrooted)?;
     let path = join(&root, name);
     check_zk_path(&path, name, chrooted)?;

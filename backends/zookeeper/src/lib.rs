@@ -117,6 +117,9 @@ impl ZooKeeperBackend {
     }
 }
 
+/// The most locks in one multi-lock on ZooKeeper (see [`Backend::max_multi_lock`]).
+pub const MAX_MULTI_LOCK: usize = 128;
+
 /// The largest session timeout a ZooKeeper client can ask for (the protocol carries it as
 /// 32-bit milliseconds); servers cap it lower, at their `maxSessionTimeout`.
 pub const MAX_TTL: Duration = Duration::from_millis(i32::MAX as u64);
@@ -133,6 +136,13 @@ impl Backend for ZooKeeperBackend {
 
     fn max_ttl(&self) -> Duration {
         MAX_TTL
+    }
+
+    /// 128: a multi-lock's `try_lock` is one `multi` of one create per lock, which must fit in
+    /// one packet under the server's `jute.maxbuffer` (1 MiB by default) even with the longest
+    /// names and namespace (about 1.1 KB a create), and is followed by a read of each queue.
+    fn max_multi_lock(&self) -> usize {
+        MAX_MULTI_LOCK
     }
 
     fn check_name(&self, namespace: &str, name: &str) -> Result<()> {
