@@ -20,10 +20,34 @@ use crate::error::{map, temporary, watch_refused};
 
 type Waker = oneshot::Sender<Result<()>>;
 
+/// A created watch: its id and the stream it lives on. Ids are numbered per stream (from 0 on
+/// each new stream), so an id alone names a different watch once the stream was replaced: a
+/// watch is cancelled on its own stream, never on whichever is current.
+#[derive(Clone)]
+struct WatchRef {
+    id: i64,
+    stream: Arc<StdMutex<Stream>>,
+    sender: Arc<AsyncMutex<WatchRequestSender>>,
+}
+
+impl WatchRef {
+    /// Cancels the watch on its own stream (nothing to do if that stream is gone).
+    async fn cancel(self) {
+        {
+            let mut ss = self.stream.lock().unwrap();
+            if ss.dead {
+                return;
+            }
+            ss.ids.remove(&self.id);
+        }
+        let _ = self.sender.lock().await.cancel(self.id).await;
+    }
+}
+
 #[derive(Default)]
 struct KeyState {
-    /// The server's id for this key's watch, once created.
-    watch_id: Option<i64>,
+    /// This key's watch, once created.
+    watch: Option<WatchRef>,
     /// Registrations waiting for the watch to be created.
     creating: Vec<oneshot::Sender<Result<()>>>,
     /// Registrations waiting for the key's deletion.
@@ -76,7 +100,6 @@ pub(crate) struct Registration {
     rx: Option<oneshot::Receiver<Result<()>>>,
     key: String,
     state: Arc<StdMutex<State>>,
-    conn: Arc<AsyncMutex<Option<Conn>>>,
 }
 
 impl Registration {
@@ -101,18 +124,10 @@ impl Drop for Registration {
             if !ks.waiters.is_empty() || !ks.creating.is_empty() {
                 return;
             }
-            let id = ks.watch_id;
-            st.keys.remove(&self.key);
-            id
+            st.keys.remove(&self.key).and_then(|ks| ks.watch)
         };
-        if let (Some(id), Ok(rt)) = (idle, tokio::runtime::Handle::try_current()) {
-            let conn = self.conn.clone();
-            rt.spawn(async move {
-                if let Some(c) = conn.lock().await.as_mut() {
-                    c.stream.lock().unwrap().ids.remove(&id);
-                    let _ = c.sender.lock().await.cancel(id).await;
-                }
-            });
+        if let (Some(watch), Ok(rt)) = (idle, tokio::runtime::Handle::try_current()) {
+            rt.spawn(watch.cancel());
         }
     }
 }
@@ -138,7 +153,7 @@ impl KeyWatcher {
             let ks = st.keys.entry(key.to_string()).or_default();
             ks.waiters.retain(|w| !w.is_closed());
             ks.waiters.push(tx);
-            if ks.watch_id.is_some() {
+            if ks.watch.is_some() {
                 let _ = created_tx.send(Ok(()));
                 false
             } else {
@@ -172,7 +187,6 @@ impl KeyWatcher {
             rx: Some(rx),
             key: key.to_string(),
             state: self.state.clone(),
-            conn: self.conn.clone(),
         };
         match created_rx.await {
             Ok(Ok(())) => Ok(registration),
@@ -188,14 +202,6 @@ impl KeyWatcher {
         }
     }
 
-    /// Cancels the watch with `id` (best effort; the key has no waiter left).
-    async fn cancel(&self, id: i64) {
-        if let Some(c) = self.conn.lock().await.as_mut() {
-            c.stream.lock().unwrap().ids.remove(&id);
-            let _ = c.sender.lock().await.cancel(id).await;
-        }
-    }
-
     /// Cancels watches whose key has no waiter left, once more than a few are idle.
     pub(crate) async fn prune_if_large(&self) {
         if self.state.lock().unwrap().keys.len() > 32 {
@@ -205,21 +211,21 @@ impl KeyWatcher {
 
     /// Cancels watches whose key has no waiter left.
     async fn prune(&self) {
-        let idle: Vec<i64> = {
+        let idle: Vec<WatchRef> = {
             let mut st = self.state.lock().unwrap();
             let mut idle = Vec::new();
             st.keys.retain(|_, ks| {
                 ks.waiters.retain(|w| !w.is_closed());
                 let keep = !ks.waiters.is_empty() || !ks.creating.is_empty();
                 if !keep {
-                    idle.extend(ks.watch_id);
+                    idle.extend(ks.watch.take());
                 }
                 keep
             });
             idle
         };
-        for id in idle {
-            self.cancel(id).await;
+        for watch in idle {
+            watch.cancel().await;
         }
     }
 }
@@ -256,7 +262,11 @@ async fn read_loop(
             }
             if let Some(ks) = st.keys.get_mut(&key) {
                 if ok {
-                    ks.watch_id = Some(resp.watch_id());
+                    ks.watch = Some(WatchRef {
+                        id: resp.watch_id(),
+                        stream: stream.clone(),
+                        sender: sender.clone(),
+                    });
                 }
                 for c in ks.creating.drain(..) {
                     let _ = c.send(if ok {
@@ -274,7 +284,10 @@ async fn read_loop(
         if resp.canceled() {
             // A watch ended by the server (compaction) or by our cancel: its waiters re-read.
             if let Some(key) = ss.ids.remove(&resp.watch_id()) {
-                if st.keys.get(&key).and_then(|k| k.watch_id) == Some(resp.watch_id()) {
+                let ours = st.keys.get(&key).and_then(|k| k.watch.as_ref()).is_some_and(|w| {
+                    w.id == resp.watch_id() && Arc::ptr_eq(&w.stream, &stream)
+                });
+                if ours {
                     if let Some(ks) = st.keys.remove(&key) {
                         for w in ks.waiters {
                             let _ = w.send(Err(temporary("watch", "watch canceled")));
@@ -298,13 +311,18 @@ async fn read_loop(
                 for w in ks.waiters.drain(..) {
                     let _ = w.send(Ok(()));
                 }
-                if let Some(id) = ks.watch_id {
-                    st.keys.remove(key);
-                    ss.ids.remove(&id);
-                    let sender = sender.clone();
-                    tokio::spawn(async move {
-                        let _ = sender.lock().await.cancel(id).await;
-                    });
+                if ks.watch.is_some() {
+                    if let Some(watch) = st.keys.remove(key).and_then(|ks| ks.watch) {
+                        if Arc::ptr_eq(&watch.stream, &stream) {
+                            ss.ids.remove(&watch.id);
+                            let sender = sender.clone();
+                            tokio::spawn(async move {
+                                let _ = sender.lock().await.cancel(watch.id).await;
+                            });
+                        } else {
+                            tokio::spawn(watch.cancel());
+                        }
+                    }
                 }
             }
         }
