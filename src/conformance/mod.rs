@@ -108,6 +108,7 @@ macro_rules! conformance_tests {
             dropped_guard_releases,
             close_frees_everything,
             entry_deleted_fires_lost,
+            dropped_loss_watches_leave_no_task,
             waiter_fails_when_session_lost,
             session_states,
             bad_input,
