@@ -487,7 +487,7 @@ impl BackendSession for ZkSession {
         let root = namespace_root(namespace, self.chrooted())?;
         let skip_reserved = !self.chrooted();
         let mut out = Vec::new();
-        let mut dirs = vec![root];
+        let mut dirs = vec![root.clone()];
         while !dirs.is_empty() {
             let client = self.client()?;
             let lists =
@@ -497,6 +497,13 @@ impl BackendSession for ZkSession {
                 let children = match res {
                     Ok(c) => c,
                     Err(zk::Error::NoNode) => continue,
+                    // A node below the namespace that another client made unreadable to us
+                    // holds nothing of ours (we make our nodes readable): skipped, rather than
+                    // fail the listing of the whole namespace.
+                    Err(zk::Error::NoAuth) if *dir != root => {
+                        debug!(node = %dir, "skipped a node we may not read");
+                        continue;
+                    }
                     Err(e) => return Err(error::map(OP, e)),
                 };
                 for child in children {
