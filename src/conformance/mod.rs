@@ -143,6 +143,7 @@ macro_rules! conformance_tests {
             cancelled_campaign_leaves_no_entry,
             candidates_in_one_session,
             mutex_and_election_of_one_name,
+            one_name_several_primitives,
             lock_timeout_zero_behaves_as_try_lock,
             huge_durations_never_panic,
             oversized_values_are_refused,
