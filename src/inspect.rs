@@ -1,5 +1,7 @@
 //! Inspection of a whole namespace: every queue with entries, who holds and who waits.
 
+use tracing::debug;
+
 use crate::backend::{EntryInfo, QueueKind};
 use crate::{Result, Session};
 
@@ -18,34 +20,78 @@ pub struct QueueInfo {
     pub entries: Vec<EntryInfo>,
 }
 
+/// What [`Session::queue_listing`] found under a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct QueueListing {
+    /// The queues, in name order, as [`Session::queues`] returns them.
+    pub queues: Vec<QueueInfo>,
+    /// How many keys (ZooKeeper: nodes) of the namespace's listing map to no fencelock queue
+    /// and were left out: ones another tool wrote under the namespace, whose path no valid
+    /// name gives (an empty segment, such as `etcdctl lock {prefix}/`'s `{prefix}//{lease}`; a
+    /// character or a segment the names refuse; an entry-shaped node right under the
+    /// namespace). With a prefix, only those whose would-be queue name starts with it count.
+    /// Keys the backend does not list at all are not counted: keys that are not UTF-8, Redis
+    /// keys that are not hashes, ZooKeeper nodes this client may not read.
+    pub skipped: usize,
+}
+
 impl Session {
     /// Every queue under this session's namespace whose name starts with `prefix` (all with
     /// `""`), in name order, each with its entries in queue order: one listing of the
-    /// namespace, then one read per queue. For operators' tools (`fencelock list`).
+    /// namespace, then one read per queue. For operators' tools (`fencelock list`). Keys that
+    /// other tools left under the namespace and that map to no fencelock name are skipped;
+    /// [`queue_listing`](Self::queue_listing) also says how many.
     pub async fn queues(&self, prefix: &str) -> Result<Vec<QueueInfo>> {
+        Ok(self.queue_listing(prefix).await?.queues)
+    }
+
+    /// [`queues`](Self::queues), with the number of keys it skipped because no fencelock
+    /// name maps to them ([`QueueListing::skipped`]): a foreign key never fails the listing.
+    pub async fn queue_listing(&self, prefix: &str) -> Result<QueueListing> {
         let shared = self.shared();
         let keys = self.list_entries().await?;
-        let mut found: Vec<(String, QueueKind)> = Vec::new();
+        // Each queue found, with how many of the keys map to it.
+        let mut found: Vec<(String, QueueKind, usize)> = Vec::new();
+        let mut skipped = 0;
         for key in &keys {
-            if let Some(q) = shared.backend.queue_of(&shared.namespace, key) {
-                if q.0.starts_with(prefix) && !found.contains(&q) {
-                    found.push(q);
+            match shared.backend.queue_of(&shared.namespace, key) {
+                Some((name, kind)) if name.starts_with(prefix) => {
+                    match found.iter_mut().find(|f| f.0 == name && f.1 == kind) {
+                        Some(f) => f.2 += 1,
+                        None => found.push((name, kind, 1)),
+                    }
                 }
+                Some(_) => {}
+                None if prefix.is_empty() => {
+                    debug!(%key, "skipped a key that is no fencelock entry");
+                    skipped += 1;
+                }
+                None => {}
             }
         }
         found.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out = Vec::with_capacity(found.len());
-        for (name, kind) in found {
-            let queue = self.found_queue(&name, kind)?;
+        let mut queues = Vec::with_capacity(found.len());
+        for (name, kind, n) in found {
+            // A name no fencelock primitive could have (another tool's key): skipped, rather
+            // than fail the listing of the whole namespace.
+            let queue = match self.found_queue(&name, kind) {
+                Ok(q) => q,
+                Err(e) => {
+                    debug!(%name, error = %e, keys = n, "skipped keys that map to no fencelock name");
+                    skipped += n;
+                    continue;
+                }
+            };
             let entries = shared.retry(|| shared.remote.inspect(&queue)).await?;
             if !entries.is_empty() {
-                out.push(QueueInfo {
+                queues.push(QueueInfo {
                     name,
                     kind,
                     entries,
                 });
             }
         }
-        Ok(out)
+        Ok(QueueListing { queues, skipped })
     }
 }

@@ -62,7 +62,7 @@ mod token;
 pub use backend::{EntryInfo, EntryKind, QueueKind};
 pub use election::{Election, LeaderInfo, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};
-pub use inspect::QueueInfo;
+pub use inspect::{QueueInfo, QueueListing};
 pub use memory::MemoryBackend;
 pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Guard, Mutex};

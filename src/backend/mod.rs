@@ -126,6 +126,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether a mutex and an election of one name are one queue (default: yes). On etcd they
+    /// must be: Go's `concurrency` `Mutex` and `Election` both make the key `{prefix}/{lease}`,
+    /// and the memory and Redis backends follow etcd. On ZooKeeper they are not: Curator's
+    /// `InterProcessMutex` and `LeaderLatch` queue apart (`lock-` and `latch-` nodes). Every
+    /// other pair of primitives of one name is independent on every backend. The core queues
+    /// a session's mutex and election of one name locally as one when this holds.
+    fn mutex_and_election_share_queue(&self) -> bool {
+        true
+    }
+
     /// The queue an entry key (as [`BackendSession::list`] returns it) belongs to: the queue's
     /// name relative to `namespace` and its kind; `None` for a key that is no entry. Used by
     /// [`Session::queues`](crate::Session::queues). Default: [`key_value_queue_of`], the layout

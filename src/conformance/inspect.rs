@@ -179,3 +179,37 @@ pub async fn queues_list_the_namespace(f: &dyn Factory) {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Keys another tool left under the namespace that map to no fencelock name (etcd:
+/// `etcdctl lock {ns}/jobs/` makes `{ns}/jobs//{lease}`) fail no listing: `queues()` still
+/// lists fencelock's queues, and `queue_listing()` counts the keys it skipped.
+pub async fn foreign_keys_do_not_break_listings(f: &dyn Factory) {
+    let ns = unique_namespace("foreign_keys");
+    let a = open(f, &ns, TTL).await;
+    let g = a.mutex("jobs/a").unwrap().lock().await.unwrap();
+    let l = a.election("primary").unwrap().campaign("A").await.unwrap();
+    let written = bounded(
+        WAIT,
+        "write foreign keys",
+        f.write_foreign_keys(&ns, &a.id()),
+    )
+    .await
+    .expect("write foreign keys");
+    assert!(written > 0);
+    let names = |qs: &[crate::QueueInfo]| qs.iter().map(|q| q.name.clone()).collect::<Vec<_>>();
+    let listing = a
+        .queue_listing("")
+        .await
+        .expect("foreign keys fail no listing");
+    assert_eq!(names(&listing.queues), ["jobs/a", "primary"]);
+    assert_eq!(listing.skipped, written, "every foreign key counted");
+    assert_eq!(listing.queues[0].entries[0].token, g.token());
+    assert_eq!(a.queues("").await.unwrap(), listing.queues);
+    let jobs = a.queue_listing("jobs/").await.unwrap();
+    assert_eq!(names(&jobs.queues), ["jobs/a"]);
+    let none = a.queue_listing("zzz").await.unwrap();
+    assert_eq!((none.queues.len(), none.skipped), (0, 0));
+    g.release().await.unwrap();
+    l.resign().await.unwrap();
+    a.close().await.unwrap();
+}

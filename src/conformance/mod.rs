@@ -58,6 +58,15 @@ pub trait Factory: Send + Sync + 'static {
 
     /// Deletes the entry at `key` as an outsider (an operator) would, bypassing fencelock.
     async fn delete_as_admin(&self, key: &str) -> Result<()>;
+
+    /// Writes under `namespace`, bypassing fencelock, keys (nodes) that another tool could
+    /// leave there and that no fencelock name maps to: an empty segment (etcd:
+    /// `etcdctl lock {namespace}/jobs/` makes `{namespace}/jobs//{lease}`), a name the rules
+    /// refuse, whatever the backend's layout cannot read as a queue. Where the backend ties
+    /// records to sessions they are tied to `session` (an id as [`Session::id`] gives, alive
+    /// while the caller runs). Returns how many of them a listing of the namespace counts as
+    /// skipped ([`QueueListing::skipped`](crate::QueueListing::skipped)).
+    async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize>;
 }
 
 /// The memory backend's [`Factory`].
@@ -87,6 +96,18 @@ impl Factory for MemoryFactory {
         self.backend.delete_key(key);
         Ok(())
     }
+
+    async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
+        let keys = [
+            format!("{namespace}/jobs//{session}"),
+            format!("{namespace}/loose"),
+            format!("{namespace}/bad\u{7}name/{session}"),
+        ];
+        for key in &keys {
+            assert!(self.backend.put_foreign_key(key, session), "{key}");
+        }
+        Ok(keys.len())
+    }
 }
 
 /// Generates one `#[tokio::test]` per behaviour of the suite. The argument is a future of
@@ -110,6 +131,7 @@ macro_rules! conformance_tests {
             close_frees_everything,
             entry_deleted_fires_lost,
             a_suspend_past_the_deadline_loses_every_lock,
+            dropped_loss_watches_leave_no_task,
             waiter_fails_when_session_lost,
             session_states,
             bad_input,
@@ -124,6 +146,7 @@ macro_rules! conformance_tests {
             cancelled_campaign_leaves_no_entry,
             candidates_in_one_session,
             mutex_and_election_of_one_name,
+            one_name_several_primitives,
             lock_timeout_zero_behaves_as_try_lock,
             huge_durations_never_panic,
             oversized_values_are_refused,
@@ -151,6 +174,7 @@ macro_rules! conformance_tests {
             revocation_request_reaches_the_holder,
             reentrant_guard_keeps_token,
             queues_list_the_namespace,
+            foreign_keys_do_not_break_listings,
             contract_enqueue_is_idempotent_per_attempt,
             contract_abandon_removes_only_the_attempt,
             contract_ahead_lists_the_queue_in_order,

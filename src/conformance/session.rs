@@ -93,6 +93,55 @@ pub async fn entry_deleted_fires_lost(f: &dyn Factory) {
     b.close().await.unwrap();
 }
 
+/// Given-up `lost()` and `revoke_requested()` futures leave no task behind: 500 of each,
+/// dropped after 1 ms on one held guard, leave the runtime's live task count where it was
+/// (the ZooKeeper backend once kept a task, and a server watch, per dropped future until the
+/// lock was released). The guard's `lost()` still fires on a deletion afterwards.
+pub async fn dropped_loss_watches_leave_no_task(f: &dyn Factory) {
+    use tokio::time::{timeout, Instant};
+    let ns = unique_namespace("dropped_lost");
+    let a = open(f, &ns, TTL).await;
+    let g = a.mutex("w").unwrap().lock().await.unwrap();
+    // Whatever the first watch of a session starts once (a watch stream) is not per future.
+    let _ = timeout(Duration::from_millis(100), g.lost()).await;
+    let _ = timeout(Duration::from_millis(100), g.revoke_requested()).await;
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    const ROUNDS: usize = 500;
+    for _ in 0..ROUNDS {
+        let _ = timeout(Duration::from_millis(1), g.lost()).await;
+        let _ = timeout(Duration::from_millis(1), g.revoke_requested()).await;
+    }
+    // A few tasks of the session (its heartbeat, a request in flight) come and go: allow some,
+    // far fewer than one per future.
+    const SLACK: usize = 10;
+    let start = Instant::now();
+    loop {
+        let now = tasks();
+        if now <= before + SLACK {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{ROUNDS} dropped lost() and revoke_requested() left {} tasks (before: {before})",
+            now
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.is_held());
+    let lost = g.lost();
+    f.delete_as_admin(g.key()).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost fires after the drops", lost).await,
+        LostReason::EntryDeleted
+    );
+    a.close().await.unwrap();
+}
+
 /// A waiter whose session is lost fails with [`Error::SessionLost`] instead of waiting
 /// forever, and its entry goes.
 pub async fn waiter_fails_when_session_lost(f: &dyn Factory) {

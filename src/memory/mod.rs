@@ -112,6 +112,32 @@ impl MemoryBackend {
         self.inner.reply_lost.notified().await
     }
 
+    /// **Testing only** (feature `testing`): writes `key` as another tool would, bypassing
+    /// fencelock's names (say `{namespace}/jobs//{session}`, the key `etcdctl lock` makes
+    /// for a prefix ending in `/`), owned by session `session` (an id as
+    /// [`Session::id`](crate::Session::id) gives) so that it goes with it. Returns whether
+    /// that session is alive and the key was written.
+    #[cfg(feature = "testing")]
+    pub fn put_foreign_key(&self, key: &str, session: &str) -> bool {
+        let Ok(session) = u64::from_str_radix(session, 16) else {
+            return false;
+        };
+        let mut st = self.inner.lock();
+        if st.alive(session).is_err() {
+            return false;
+        }
+        st.revision += 1;
+        let record = Record {
+            create_rev: st.revision,
+            session,
+            kind: EntryKind::Exclusive,
+            value: Vec::new(),
+        };
+        st.entries.insert(key.to_string(), record);
+        self.inner.notify(&st);
+        true
+    }
+
     /// Deletes the entry at `key` as an outsider would (an operator with a CLI): its holder's
     /// `lost()` fires with [`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted).
     /// Returns whether it existed.

@@ -214,13 +214,14 @@ impl Shared {
         make: impl FnOnce() -> LocalQueue,
     ) -> LocalQueue {
         let mut map = self.local.lock().unwrap();
-        map.entry(local_key(queue)).or_insert_with(make).clone()
+        let key = local_key(queue, self.backend.mutex_and_election_share_queue());
+        map.entry(key).or_insert_with(make).clone()
     }
 
     /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
     pub(crate) fn trim_local_queue(&self, queue: &QueueId) {
         let mut map = self.local.lock().unwrap();
-        let key = local_key(queue);
+        let key = local_key(queue, self.backend.mutex_and_election_share_queue());
         if map.get(&key).is_some_and(LocalQueue::unused) {
             map.remove(&key);
         }
@@ -234,12 +235,14 @@ impl Shared {
 }
 
 /// The local queue a queue's tasks line up in. A mutex and an election of the same name share
-/// one: on etcd (Go's layout), in memory and on Redis both make the same entry key
+/// one where the backend makes them one queue (`mutex_and_election_share_queue`): on etcd
+/// (Go's layout), in memory and on Redis both make the same entry key
 /// `{namespace}/{name}/{session}`, so letting them queue apart would let the second adopt the
 /// first's entry (a grant without waiting, and a release that deletes the other's entry).
-fn local_key(queue: &QueueId) -> QueueId {
+/// Where they are independent (ZooKeeper), they are independent in one session too.
+fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> QueueId {
     match queue.kind {
-        QueueKind::Election => {
+        QueueKind::Election if mutex_and_election_shared => {
             QueueId::new(queue.namespace.clone(), queue.name.clone(), QueueKind::Lock)
         }
         _ => queue.clone(),

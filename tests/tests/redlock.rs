@@ -235,3 +235,41 @@ async fn cancelled_attempts_leave_no_key() {
         .expect("free again at once: no attempt left its keys");
     g.release().await.unwrap();
 }
+
+/// One server listed twice is refused with `InvalidConfig` (it could never make a majority of
+/// distinct servers: each attempt's second SET NX on it fails, so a free lock was never
+/// granted), also when written another way: a database number, the default port, a host
+/// name's case or trailing dot, another spelling of an IPv6 address. Distinct servers (another
+/// port, another host) are accepted. Connections are lazy, so no server is needed.
+#[tokio::test]
+async fn the_same_server_twice_is_refused() {
+    let twice: &[[&str; 2]] = &[
+        ["redis://127.0.0.1:7001", "redis://127.0.0.1:7001"],
+        ["redis://127.0.0.1:7001", "redis://127.0.0.1:7001/0"],
+        ["redis://127.0.0.1:7001/1", "redis://127.0.0.1:7001/2"],
+        ["redis://127.0.0.1", "redis://127.0.0.1:6379"],
+        [
+            "redis://Redis-A.example:7001",
+            "redis://redis-a.example.:7001",
+        ],
+        ["redis://[::1]:7001", "redis://[0:0:0:0:0:0:0:1]:7001"],
+        ["127.0.0.1:7001", "redis://:secret@127.0.0.1:7001"],
+    ];
+    for pair in twice {
+        let urls = [pair[0], "redis://127.0.0.1:7002", pair[1]];
+        let r = Redlock::connect(urls);
+        match r {
+            Err(Error::InvalidConfig(e)) => {
+                assert!(!e.to_string().contains("secret"), "redacted: {e}");
+            }
+            other => panic!("{urls:?}: {other:?}"),
+        }
+    }
+    for distinct in [
+        ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"],
+        ["redis://127.0.0.1:7001", "redis://127.0.0.2:7001"],
+        ["redis://localhost:7001", "redis://127.0.0.1:7001"], // names are not resolved
+    ] {
+        assert!(Redlock::connect(distinct).is_ok(), "{distinct:?}");
+    }
+}

@@ -668,7 +668,13 @@ impl BackendSession for EtcdSession {
             .get(format!("{namespace}/"), Some(queue_keys()))
             .await
             .map_err(|e| map("list", e))?;
-        let mut keys: Vec<String> = resp.kvs().iter().map(key_string).collect();
+        // A foreign key that is not UTF-8 is left out (fencelock's names are UTF-8): shown
+        // lossily it would pass for a queue that no read can find.
+        let mut keys: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok().map(str::to_string))
+            .collect();
         keys.sort();
         Ok(keys)
     }

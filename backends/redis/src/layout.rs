@@ -4,7 +4,8 @@
 //! |---|---|---|
 //! | session `{sid}` alive | `fencelock:s:{sid}` | hash: `v` the version of what it owns; `PX` = the session TTL |
 //! | the entries session `{sid}` owns | `fencelock:o:{sid}` | set of entry names, `PX` likewise |
-//! | queue `{namespace}/{name}` | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
+//! | queue `{namespace}/{name}` (a mutex, an election: one queue, as on etcd; a semaphore's `{name}/leases`) | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
+//! | read-write lock `{namespace}/{name}` | `fencelock:q:{namespace}/{name}//rw` | sorted set, likewise |
 //! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms), `v` value |
 //! | the token counter | `fencelock:t` | integer, never expires |
 //!
@@ -80,7 +81,18 @@ pub(crate) fn chan_entry(name: &str) -> String {
 
 /// The channel that gets a message when the head of `queue` changes.
 pub(crate) fn chan_head(queue: &QueueId) -> String {
-    format!("{KEY_PREFIX}:h:{}", queue.path())
+    format!("{KEY_PREFIX}:h:{}", queue_path(queue))
+}
+
+/// The path that names `queue`'s sorted set (`fencelock:q:{path}`) and head channel: a
+/// read-write lock's is `{namespace}/{name}//rw`, apart from the mutex and the election of the
+/// same name (one queue, `{namespace}/{name}`, as on etcd), so that a read-write lock and a
+/// mutex of one name are independent, as on etcd and ZooKeeper. `//` is in no valid path.
+pub(crate) fn queue_path(queue: &QueueId) -> String {
+    match queue.kind {
+        QueueKind::ReadWrite => format!("{}//rw", queue.path()),
+        _ => queue.path(),
+    }
 }
 
 #[cfg(test)]

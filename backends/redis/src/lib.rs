@@ -3,7 +3,9 @@
 //! The Redis backend of [fencelock], for **efficiency locks** (avoid duplicate work: a rare
 //! double grant wastes effort, never corrupts data), with the same `Session`, `Mutex`,
 //! `Election`, `RwLock`, `Semaphore` and `MultiLock` API as etcd and ZooKeeper: moving to etcd
-//! later is a one-line change. Also [`Redlock`], over several independent Redis servers.
+//! later is a one-line change (primitives of one name behave as on etcd: a mutex and an
+//! election of one name are one queue, every other pair is independent; see the README's "One
+//! name, several primitives"). Also [`Redlock`], over several independent Redis servers.
 //!
 //! ```no_run
 //! # async fn run() -> fencelock::Result<()> {

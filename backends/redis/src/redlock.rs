@@ -195,9 +195,35 @@ impl Drop for Attempt<'_> {
     }
 }
 
+/// Which server an address names, for refusing one listed twice: the host (an IP address in
+/// its canonical form, a name in lowercase without a trailing dot) and the port, or a Unix
+/// socket's path as written. The database number is left out: two databases of one server
+/// fail together. Names are not resolved, so `localhost` and `127.0.0.1` count as two.
+fn server_identity(addr: &redis::ConnectionAddr) -> String {
+    match addr {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            let bare = host.trim_start_matches('[').trim_end_matches(']');
+            match bare.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+                Ok(ip) => format!("{ip}:{port}"),
+                Err(_) => format!("{}:{port}", bare.trim_end_matches('.').to_lowercase()),
+            }
+        }
+        redis::ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
+        // `ConnectionAddr` is non-exhaustive: anything else is compared as it prints.
+        other => format!("{other}"),
+    }
+}
+
 impl Redlock {
     /// Redlock over the servers at `urls` (`redis://host:port`), with the default timing.
     /// Connections are made on first use, so a server that is down now does not fail this.
+    ///
+    /// A server listed twice is refused with [`Error::InvalidConfig`]: servers are compared by
+    /// host and port (IP addresses in canonical form, host names case-insensitively) or Unix
+    /// socket path, whatever the database number. Names are not resolved: `localhost` and
+    /// `127.0.0.1` are not recognised as one server.
     pub fn connect<U: AsRef<str>>(urls: impl IntoIterator<Item = U>) -> Result<Self> {
         Self::with_timing(urls, RedlockTiming::default())
     }
@@ -227,10 +253,25 @@ impl Redlock {
             ));
         }
         let mut servers = Vec::new();
+        let mut seen = Vec::new();
         for url in urls {
             let url = url.as_ref();
             let config = crate::RedisConfig::new(url).timeout(timing.request_timeout);
             let client = config.validate()?;
+            let server = server_identity(client.get_connection_info().addr());
+            if seen.contains(&server) {
+                // The same server twice can never give a majority of distinct servers: each
+                // attempt's second SET NX on it fails, and a lock of two such entries is never
+                // granted. Two databases of one server are one failure domain too.
+                return Err(Error::invalid_config(
+                    crate::config::redact(url),
+                    format!(
+                        "Redlock needs independent servers: {server} is listed twice \
+                         (compared by host and port, or socket path; names are not resolved)"
+                    ),
+                ));
+            }
+            seen.push(server);
             let manager = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timing.request_timeout))
                 .set_response_timeout(Some(timing.request_timeout))

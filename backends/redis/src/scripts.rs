@@ -389,7 +389,9 @@ pub(crate) static LIVE: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local out = {}
 for _, name in ipairs(ARGV) do
-  if live(name) then out[#out + 1] = name end
+  -- A foreign key under our prefix that is no hash is no entry (and HMGET on it would fail
+  -- the whole listing).
+  if redis.call('TYPE', ekey(name)).ok == 'hash' and live(name) then out[#out + 1] = name end
 end
 return out
 "#,

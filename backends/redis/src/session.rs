@@ -17,7 +17,8 @@ use uuid::Uuid;
 use crate::config::RedisConfig;
 use crate::error::{map, unexpected};
 use crate::layout::{
-    chan_entry, chan_head, entries_glob, entry_name, filter_code, kind_code, kind_of, KEY_PREFIX,
+    chan_entry, chan_head, entries_glob, entry_name, filter_code, kind_code, kind_of, queue_path,
+    KEY_PREFIX,
 };
 use crate::notify::Notifier;
 use crate::owned::Owned;
@@ -198,7 +199,7 @@ impl RedisSession {
     /// The head of `queue`, its value, and how long its session has left.
     async fn head_with_ttl(&self, queue: &QueueId) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
         let reply = self
-            .call("leader", &scripts::HEAD, vec![arg(queue.path())])
+            .call("leader", &scripts::HEAD, vec![arg(queue_path(queue))])
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("leader"))?;
         if a.is_empty() {
@@ -278,7 +279,7 @@ impl BackendSession for RedisSession {
         let _changing = self.gate.read().await;
         let args = vec![
             arg(&self.sid),
-            arg(req.queue.path()),
+            arg(queue_path(req.queue)),
             arg(&name),
             arg(kind_code(req.kind)),
             req.value.to_vec(),
@@ -328,7 +329,7 @@ impl BackendSession for RedisSession {
         for r in reqs {
             let name = entry_name(r.queue, &self.sid, r.kind, r.attempt);
             args.extend([
-                arg(r.queue.path()),
+                arg(queue_path(r.queue)),
                 arg(&name),
                 arg(kind_code(r.kind)),
                 r.value.to_vec(),
@@ -442,7 +443,7 @@ impl BackendSession for RedisSession {
                 "read queue",
                 &scripts::STILL_AHEAD,
                 vec![
-                    arg(queue.path()),
+                    arg(queue_path(queue)),
                     arg(&own.key),
                     arg(own.token.get()),
                     arg(filter_code(kind)),
@@ -497,7 +498,7 @@ impl BackendSession for RedisSession {
                 "abandon",
                 &scripts::ABANDON,
                 vec![
-                    arg(queue.path()),
+                    arg(queue_path(queue)),
                     arg(&name),
                     arg(&self.sid),
                     arg(self.known()),
@@ -552,7 +553,7 @@ impl BackendSession for RedisSession {
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
         let reply = self
-            .call("inspect", &scripts::INSPECT, vec![arg(queue.path())])
+            .call("inspect", &scripts::INSPECT, vec![arg(queue_path(queue))])
             .await?;
         let rows = array(&reply).ok_or_else(|| unexpected("inspect"))?;
         rows.iter()

@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 use crate::error;
 use crate::layout::{is_latch, join, queue_path, sorted_entries, value_path};
 use crate::session::ZkSession;
-use crate::watch::{check_session_event, KeptWatch};
+use crate::watch::check_session_event;
 
 /// How often a revocation request retries when the node's data changes under it.
 const REVOKE_ATTEMPTS: usize = 5;
@@ -114,11 +114,10 @@ impl ZkSession {
                 Ok((data, _, _)) if data == REVOKE_MARKER => return Ok(()),
                 Ok((_, _, watcher)) => watcher,
             };
-            // Our own node: a wait given up leaves the watch to fire on the delete that follows
-            // the release (see `KeptWatch`).
-            let mut fired = KeptWatch::new(watcher, true);
+            // Our own node: a wait given up (a dropped `revoke_requested()`) removes its watch
+            // (see `watch`).
             tokio::select! {
-                ev = &mut fired => match ev.event_type {
+                ev = watcher.changed() => match ev.event_type {
                     zk::EventType::NodeDeleted => return Err(vanished()),
                     zk::EventType::Session => {
                         check_session_event(OP, &ev)?;
@@ -126,10 +125,7 @@ impl ZkSession {
                     }
                     _ => continue, // data changed: read it
                 },
-                err = broken => {
-                    fired.discard();
-                    return Err(err);
-                }
+                err = broken => return Err(err),
             }
         }
     }

@@ -149,6 +149,11 @@ impl Backend for ZooKeeperBackend {
         layout::queue_path_of(namespace, name, self.inner.config.chroot.is_some()).map(drop)
     }
 
+    /// Curator's `lock-` and `latch-` nodes queue apart, even under one parent.
+    fn mutex_and_election_share_queue(&self) -> bool {
+        false
+    }
+
     fn queue_of(&self, namespace: &str, key: &str) -> Option<(String, QueueKind)> {
         let root = layout::namespace_root(namespace, self.inner.config.chroot.is_some()).ok()?;
         layout::queue_of(&root, key)

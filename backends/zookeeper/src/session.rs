@@ -24,7 +24,7 @@ use crate::layout::{
     basename, is_entry_name, is_latch, join, namespace_root, queue_path, sorted_entries,
 };
 use crate::queue::ahead_of;
-use crate::watch::{check_session_event, KeptWatch};
+use crate::watch::check_session_event;
 use crate::Inner;
 
 /// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
@@ -338,9 +338,10 @@ impl BackendSession for ZkSession {
                 Err(e) => return Err(error::map(OP, e)),
                 Ok((_, _, watcher)) => watcher,
             };
-            let mut fired = KeptWatch::new(watcher, false);
+            // Dropped unfired (the wait given up or broken), the watch is removed: the
+            // retry watches afresh (see `watch`).
             tokio::select! {
-                ev = &mut fired => match ev.event_type {
+                ev = watcher.changed() => match ev.event_type {
                     zk::EventType::NodeDeleted => return Ok(()),
                     zk::EventType::Session => {
                         return Err(state_error(OP, ev.session_state)
@@ -348,10 +349,7 @@ impl BackendSession for ZkSession {
                     }
                     _ => continue, // its data changed: watch again
                 },
-                err = broken => {
-                    fired.discard(); // the retry watches afresh
-                    return Err(err);
-                }
+                err = broken => return Err(err),
             }
         }
     }
@@ -414,11 +412,10 @@ impl BackendSession for ZkSession {
                 Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Ok(()),
                 Ok((_, _, watcher)) => watcher,
             };
-            // Our own node: a wait given up (the guard released) leaves the watch to fire on
-            // the delete that follows, rather than send a request to remove it.
-            let mut fired = KeptWatch::new(watcher, true);
+            // Our own node, which may stay for hours: a wait given up (a dropped `lost()`)
+            // removes its watch rather than leave it, and a task, until the node goes.
             tokio::select! {
-                ev = &mut fired => match ev.event_type {
+                ev = watcher.changed() => match ev.event_type {
                     zk::EventType::NodeDeleted => return Ok(()),
                     zk::EventType::Session => {
                         check_session_event(OP, &ev)?;
@@ -426,10 +423,7 @@ impl BackendSession for ZkSession {
                     }
                     _ => continue, // data changed: watch again
                 },
-                err = broken => {
-                    fired.discard();
-                    return Err(err);
-                }
+                err = broken => return Err(err),
             }
         }
     }
@@ -493,7 +487,7 @@ impl BackendSession for ZkSession {
         let root = namespace_root(namespace, self.chrooted())?;
         let skip_reserved = !self.chrooted();
         let mut out = Vec::new();
-        let mut dirs = vec![root];
+        let mut dirs = vec![root.clone()];
         while !dirs.is_empty() {
             let client = self.client()?;
             let lists =
@@ -503,6 +497,13 @@ impl BackendSession for ZkSession {
                 let children = match res {
                     Ok(c) => c,
                     Err(zk::Error::NoNode) => continue,
+                    // A node below the namespace that another client made unreadable to us
+                    // holds nothing of ours (we make our nodes readable): skipped, rather than
+                    // fail the listing of the whole namespace.
+                    Err(zk::Error::NoAuth) if *dir != root => {
+                        debug!(node = %dir, "skipped a node we may not read");
+                        continue;
+                    }
                     Err(e) => return Err(error::map(OP, e)),
                 };
                 for child in children {

@@ -378,4 +378,30 @@ impl Factory for EtcdFactory {
             .map(drop)
             .map_err(|e| fencelock::Error::backend("etcd", "admin delete", false, e))
     }
+
+    /// What `etcdctl lock {namespace}/jobs/` writes (`{namespace}/jobs//{lease}`), a key with
+    /// no queue above it, one with a control character, and one that is not UTF-8 (left out
+    /// of the listing, so not counted), all on the session's lease.
+    async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
+        let lease = i64::from_str_radix(session, 16)
+            .map_err(|e| fencelock::Error::invalid_config(session, e.to_string()))?;
+        let counted = [
+            format!("{namespace}/jobs//{session}").into_bytes(),
+            format!("{namespace}/loose").into_bytes(),
+            format!("{namespace}/bad\u{7}name/{session}").into_bytes(),
+        ];
+        let mut not_utf8 = format!("{namespace}/").into_bytes();
+        not_utf8.extend_from_slice(b"\xff\xfe/x");
+        let mut kv = self.backend.client().kv_client();
+        for key in counted.iter().chain([&not_utf8]) {
+            kv.put(
+                key.clone(),
+                "foreign",
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .map_err(|e| fencelock::Error::backend("etcd", "foreign put", false, e))?;
+        }
+        Ok(counted.len())
+    }
 }

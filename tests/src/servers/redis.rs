@@ -419,4 +419,39 @@ impl Factory for RedisFactory {
             .map(drop)
             .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
     }
+
+    /// Entry hashes of the live session under names no fencelock name gives (an empty
+    /// segment; no queue above it), and a key under the entries' prefix that is no hash
+    /// (left out of the listing, so not counted), all expiring in a minute.
+    async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
+        let map =
+            |e: redis::RedisError| fencelock::Error::backend("redis", "foreign write", false, e);
+        let mut con = self.backend.connection();
+        let counted = [
+            format!("{namespace}/jobs//{session}"),
+            format!("{namespace}/loose"),
+        ];
+        for name in &counted {
+            let key = format!("fencelock:e:{name}");
+            redis::pipe()
+                .hset_multiple(
+                    &key,
+                    &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
+                )
+                .pexpire(&key, 60_000)
+                .query_async::<()>(&mut con)
+                .await
+                .map_err(map)?;
+        }
+        redis::pipe()
+            .set_ex(
+                format!("fencelock:e:{namespace}/plain/string"),
+                "foreign",
+                60,
+            )
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(map)?;
+        Ok(counted.len())
+    }
 }

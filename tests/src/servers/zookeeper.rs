@@ -524,4 +524,35 @@ impl Factory for ZkFactory {
             .await
             .map_err(|e| fencelock::Error::backend("zookeeper", "admin delete", false, e))
     }
+
+    /// Persistent nodes another client could make: an entry-shaped node right under the
+    /// namespace (no queue above it), a lock entry under a name ending `.proclaimed` (reserved),
+    /// one under a segment longer than a name may be, and a node this client may not read
+    /// (digest ACL of another user: left out of the listing, so not counted).
+    async fn write_foreign_keys(&self, namespace: &str, _session: &str) -> Result<usize> {
+        use zookeeper_client as zk;
+        let map = |e: zk::Error| fencelock::Error::backend("zookeeper", "foreign create", false, e);
+        let client = self.raw().await;
+        let root = format!("/{}", namespace.trim_start_matches('/'));
+        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let long = "n".repeat(700);
+        let counted = [
+            format!("{root}/lock-0000000005"),
+            format!("{root}/x.proclaimed/_c_0f-lock-0000000001"),
+            format!("{root}/{long}/_c_0f-lock-0000000001"),
+        ];
+        for path in &counted {
+            client.mkdir(path, &open).await.map_err(map)?;
+        }
+        let other = [zk::Acl::new(
+            zk::Permission::ALL,
+            zk::AuthId::new("digest", "someone-else:bm90LWEtcmVhbC1kaWdlc3Q="),
+        )];
+        let closed = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&other));
+        client
+            .create(&format!("{root}/private"), b"", &closed)
+            .await
+            .map_err(map)?;
+        Ok(counted.len())
+    }
 }
