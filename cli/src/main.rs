@@ -206,11 +206,17 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             }
         }
         Command::List { prefix } => {
-            let queues = match signals.until(session.queues(&prefix)).await {
+            let listing = match signals.until(session.queue_listing(&prefix)).await {
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(q) => q?,
             };
-            for q in queues {
+            if listing.skipped > 0 {
+                eprintln!(
+                    "fencelock: skipped {} key(s) that no fencelock name maps to (another tool's)",
+                    listing.skipped
+                );
+            }
+            for q in listing.queues {
                 for line in show::queue(&q, output) {
                     if !print(&line) {
                         return Ok(0);

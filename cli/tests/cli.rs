@@ -317,12 +317,17 @@ async fn elections_and_listing(t: Target) {
     assert_eq!(q["entries"][0]["token"], g.token().get());
     assert_eq!(q["entries"][0]["session"], s.id());
     assert_eq!(q["entries"][1]["role"], "waiter");
+    // Another tool's keys under the namespace are skipped, and counted, not fatal.
+    let foreign = t.factory.write_foreign_keys(&ns, &s.id()).await.unwrap();
     let (code, out) = run(&t.url, &ns, d, &["list"]).await;
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("primary") && out.contains("node-a:8080") && out.contains("jobs/a"),
         "{out}"
     );
+    if foreign > 0 {
+        assert!(out.contains(&format!("skipped {foreign} key")), "{out}");
+    }
     g.release().await.unwrap();
     assert_eq!(waiter.code(WITHIN).await, 0);
     // The leader steps down: observe prints no leader.

@@ -273,3 +273,11 @@ async fn the_same_server_twice_is_refused() {
         assert!(Redlock::connect(distinct).is_ok(), "{distinct:?}");
     }
 }
+
+/// Outside a Tokio runtime `connect` is refused with a typed error (the redis crate's lazy
+/// connection would panic there).
+#[test]
+fn connect_outside_a_runtime_is_refused() {
+    let r = Redlock::connect(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]);
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+}

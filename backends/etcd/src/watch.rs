@@ -284,9 +284,11 @@ async fn read_loop(
         if resp.canceled() {
             // A watch ended by the server (compaction) or by our cancel: its waiters re-read.
             if let Some(key) = ss.ids.remove(&resp.watch_id()) {
-                let ours = st.keys.get(&key).and_then(|k| k.watch.as_ref()).is_some_and(|w| {
-                    w.id == resp.watch_id() && Arc::ptr_eq(&w.stream, &stream)
-                });
+                let ours = st
+                    .keys
+                    .get(&key)
+                    .and_then(|k| k.watch.as_ref())
+                    .is_some_and(|w| w.id == resp.watch_id() && Arc::ptr_eq(&w.stream, &stream));
                 if ours {
                     if let Some(ks) = st.keys.remove(&key) {
                         for w in ks.waiters {

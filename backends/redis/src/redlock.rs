@@ -223,7 +223,8 @@ impl Redlock {
     /// A server listed twice is refused with [`Error::InvalidConfig`]: servers are compared by
     /// host and port (IP addresses in canonical form, host names case-insensitively) or Unix
     /// socket path, whatever the database number. Names are not resolved: `localhost` and
-    /// `127.0.0.1` are not recognised as one server.
+    /// `127.0.0.1` are not recognised as one server. Called outside a Tokio runtime, it fails
+    /// with [`Error::InvalidConfig`].
     pub fn connect<U: AsRef<str>>(urls: impl IntoIterator<Item = U>) -> Result<Self> {
         Self::with_timing(urls, RedlockTiming::default())
     }
@@ -233,6 +234,14 @@ impl Redlock {
         urls: impl IntoIterator<Item = U>,
         timing: RedlockTiming,
     ) -> Result<Self> {
+        // The connections are made lazily on the runtime's reactor: outside one, the redis
+        // crate would panic here.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid_config(
+                "Redlock::connect",
+                "must be called inside a Tokio runtime",
+            ));
+        }
         if timing.request_timeout.is_zero() || timing.request_timeout > crate::config::MAX_TIMEOUT {
             return Err(Error::invalid_config(
                 format!("{:?}", timing.request_timeout),
