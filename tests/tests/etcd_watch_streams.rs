@@ -1,0 +1,121 @@
+//! The etcd watch stream replaced under load: sessions mix `lock_timeout` waits of 1–50 ms
+//! (whose dropped registrations cancel their watches) with plain `lock()` waiters, while a proxy
+//! breaks every connection again and again (each break replaces the session's watch stream, whose
+//! watch ids start from 0 again). A cancel that reached the wrong watch would leave a plain
+//! waiter asleep for ever: every one of them must be granted in bounded time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::conformance::unique_namespace;
+use fencelock::{Error, Session};
+use fencelock_etcd::EtcdBackend;
+use fencelock_integration::proxy::{Mode, Proxy};
+use fencelock_integration::servers::etcd::EtcdFactory;
+use fencelock_integration::servers::Cluster;
+use tokio::time::Instant;
+
+/// How long the faults go on.
+const RUN: Duration = Duration::from_secs(10);
+/// A plain waiter must be granted within this (far beyond any fair turn in this workload).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wake_across_watch_stream_replacements() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let proxy = Arc::new(Proxy::start(&f.cluster.endpoint(0)).await);
+    let ns = unique_namespace("watch_streams");
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        let backend = EtcdBackend::connect([proxy.addr()]).await.unwrap();
+        let s = Session::builder(backend)
+            .namespace(&ns)
+            .ttl(Duration::from_secs(10))
+            .start()
+            .await
+            .unwrap();
+        sessions.push(s);
+    }
+    let granted = Arc::new(AtomicUsize::new(0));
+    let timed_out = Arc::new(AtomicUsize::new(0));
+    let breaks = Arc::new(AtomicUsize::new(0));
+    let stop_at = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        for j in 0..3 {
+            let (s, granted, timed_out) = (s.clone(), granted.clone(), timed_out.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n: u64 = (i * 7 + j) as u64;
+                while Instant::now() < stop_at {
+                    n = n
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let name = format!("k{}", n % 3);
+                    let m = s.mutex(&name).unwrap();
+                    if j == 0 {
+                        // The plain waiter: must always be granted.
+                        let g = match tokio::time::timeout(PATIENCE, m.lock()).await {
+                            Ok(Ok(g)) => g,
+                            // A broken connection may surface as a temporary error: retry.
+                            Ok(Err(e)) if e.is_temporary() => continue,
+                            Ok(Err(e)) => panic!("session {i}: lock() failed: {e}"),
+                            Err(_) => panic!("session {i}: a plain waiter on {name} never woke"),
+                        };
+                        granted.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        let _ = g.release().await;
+                    } else {
+                        let wait = Duration::from_millis(1 + n % 50);
+                        match m.lock_timeout(wait).await {
+                            Ok(g) => {
+                                granted.fetch_add(1, Ordering::Relaxed);
+                                let _ = g.release().await;
+                            }
+                            Err(Error::Timeout { .. }) => {
+                                timed_out.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) if e.is_temporary() => {}
+                            Err(e) => panic!("session {i}: lock_timeout failed: {e}"),
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    // Break every connection every 400 ms, briefly: watch streams are replaced each time.
+    let faults = tokio::spawn({
+        let (proxy, breaks) = (proxy.clone(), breaks.clone());
+        async move {
+            while Instant::now() < stop_at {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                proxy.set(Mode::Reset);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                proxy.set(Mode::Pass);
+                breaks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    for t in tasks {
+        tokio::time::timeout(RUN + PATIENCE * 2, t)
+            .await
+            .expect("a worker hung")
+            .unwrap();
+    }
+    faults.await.unwrap();
+    let (granted, timed_out, breaks) = (
+        granted.load(Ordering::Relaxed),
+        timed_out.load(Ordering::Relaxed),
+        breaks.load(Ordering::Relaxed),
+    );
+    println!("{granted} grants, {timed_out} timeouts, {breaks} connection breaks");
+    // The workload ran: many grants and many cancelled waits across many stream replacements.
+    assert!(breaks >= 10, "{breaks} breaks");
+    assert!(granted >= 100, "{granted} grants");
+    assert!(timed_out >= 50, "{timed_out} timeouts");
+    for s in sessions {
+        let _ = s.close().await;
+    }
+}
