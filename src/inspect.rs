@@ -30,7 +30,9 @@ pub struct QueueListing {
     /// and were left out: ones another tool wrote under the namespace, whose path no valid
     /// name gives (an empty segment, such as `etcdctl lock {prefix}/`'s `{prefix}//{lease}`; a
     /// character or a segment the names refuse; an entry-shaped node right under the
-    /// namespace). With a prefix, only those whose would-be queue name starts with it count.
+    /// namespace). With a prefix, only keys that look like entries of a queue whose would-be
+    /// name starts with the prefix are counted; keys that map to no queue at all are counted
+    /// only in a listing without a prefix.
     /// Keys the backend does not list at all are not counted: keys that are not UTF-8, Redis
     /// keys that are not hashes, ZooKeeper nodes this client may not read.
     pub skipped: usize,

@@ -16,22 +16,24 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// lock's key or node) and FENCELOCK_NAME; never the credentials (FENCELOCK_PASSWORD is removed,
 /// FENCELOCK_ENDPOINTS loses its user info).
 ///
-/// The command's whole process tree goes with the grant: the command leads a process group of
-/// its own and fencelock adopts its orphans (even a daemon that called setsid). If the grant is
-/// lost, the tree gets SIGTERM, then SIGKILL after --grace, and fencelock exits 76. When the
-/// command exits, whatever it left running is stopped the same way before the lock is released.
+/// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a
+/// daemon that called setsid). If the grant is lost, the tree gets SIGTERM, then SIGKILL after
+/// --grace, and fencelock exits 76. When the command exits, whatever it left running is stopped
+/// the same way before the lock is released.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT): while connecting or waiting, fencelock removes its
-/// entry and exits 128 + N; while the command runs, they are passed on to its tree once (in a
-/// terminal's foreground the command gets the terminal and its signals directly); while
-/// releasing, they are held back.
+/// entry and ends by the same signal. While the command runs: in a terminal's foreground the
+/// command shares fencelock's process group and gets the terminal's signals (Ctrl-C, Ctrl-\,
+/// Ctrl-Z) directly, and SIGTERM is passed on; elsewhere the command has a process group of its
+/// own and every one of them is passed on to its tree. While releasing, they are held back.
 ///
-/// Exit status: the command's own (128 + N if a signal N ended it); 75 the lock or leadership
+/// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
+/// a shell); 75 the lock or leadership
 /// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
 /// lost as the command exited); 69 the cluster could not be reached or the session was lost
 /// before the command started; 78 bad configuration or input (names, TLS files, credentials,
-/// permissions); 126 / 127 the command could not be run / was not found; 128 + N fencelock was
-/// stopped by signal N before the command ran; 2 a usage error.
+/// permissions); 126 / 127 the command could not be run / was not found; 2 a usage error. Stopped
+/// by signal N before the command ran, fencelock ends by N (128 + N in a shell).
 #[derive(Parser, Debug)]
 #[command(
     name = "fencelock",
@@ -124,8 +126,8 @@ pub(crate) enum Output {
 pub(crate) enum Command {
     /// Wait for the lock NAME, run CMD holding it, release it when CMD exits.
     ///
-    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to fencelock are passed on to CMD's process
-    /// tree; once CMD exits (and what it left running is stopped) the lock is released at once
+    /// Signals sent to fencelock reach CMD's whole process tree (see `fencelock --help`); once
+    /// CMD exits (and what it left running is stopped) the lock is released at once
     /// (the next holder gets it in milliseconds, not after a TTL).
     Lock {
         /// The lock's name (`/`-separated segments, as in `jobs/reindex`).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fencelock::{Error, FencingToken, Guard, Leadership, LostReason};
 use futures_util::FutureExt;
-use rustix::process::Pid;
+use rustix::process::{Pid, Signal};
 use tokio::process::Command;
 
 use crate::args::RunArgs;
@@ -71,14 +71,11 @@ impl Grant {
             Ok(Ok(())) => Ok(()),
             Ok(Err(Error::NotHeld(reason))) => Err(reason),
             Ok(Err(e)) => {
-                eprintln!("fencelock: releasing the {}: {e}", self.what());
+                say!("releasing the {}: {e}", self.what());
                 Ok(())
             }
             Err(_) => {
-                eprintln!(
-                    "fencelock: releasing the {}: no answer within {within:?}",
-                    self.what()
-                );
+                say!("releasing the {}: no answer within {within:?}", self.what());
                 Ok(())
             }
         }
@@ -95,11 +92,10 @@ enum End {
 
 /// Runs `run.command` holding `grant` (named `name`) and returns fencelock's exit status.
 ///
-/// The command is the leader of a process group of its own, and its whole tree (see
-/// [`crate::tree`]) is stopped together:
-/// - SIGINT, SIGTERM, SIGHUP and SIGQUIT that fencelock gets are passed on to the tree once.
-///   Signals a terminal sends to its foreground job reach the command only once: when
-///   fencelock runs in the terminal's foreground, the terminal is handed to the command's group.
+/// The command's whole tree (see [`crate::tree`]) is stopped together:
+/// - SIGTERM that fencelock gets is passed on to the tree once; so are SIGINT, SIGHUP and
+///   SIGQUIT, except in the foreground of a terminal, where the terminal sends those to the
+///   command itself (it shares fencelock's process group there).
 /// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace`; the status
 ///   is [`exit::LOST`].
 /// - When the command exits, whatever it left running is stopped the same way before the grant
@@ -121,13 +117,16 @@ pub(crate) async fn run_under(
         return status_of(sig);
     }
     let (program, args) = run.command.split_first().expect("clap requires a command");
+    let foreground = tree::in_terminal_foreground();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("FENCELOCK_TOKEN", grant.token().to_string())
         .env("FENCELOCK_KEY", grant.key())
         .env("FENCELOCK_NAME", name)
-        .process_group(0)
         .kill_on_drop(true);
+    if !foreground {
+        cmd.process_group(0);
+    }
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),
@@ -135,10 +134,13 @@ pub(crate) async fn run_under(
         };
     }
     tree::adopt_orphans();
+    // The command may not read our environment (credentials) through /proc; it gets its own
+    // dumpable state back at exec.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fencelock: cannot run {program:?}: {e}");
+            say!("cannot run {program:?}: {e}");
             let _ = grant.release(release_within).await;
             return match e.kind() {
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
@@ -149,44 +151,51 @@ pub(crate) async fn run_under(
     let Some(tree) = child
         .id()
         .and_then(|p| Pid::from_raw(p as i32))
-        .map(Tree::new)
+        .map(|pid| Tree::new(pid, !foreground))
     else {
-        eprintln!("fencelock: the command has no process id");
+        say!("the command has no process id");
         let _ = grant.release(release_within).await;
         return exit::SOFTWARE;
     };
-    let terminal = tree.take_terminal();
-    // Only a command that has the terminal is followed into a stop (Ctrl-Z).
-    let mut job_control = tokio::time::interval(Duration::from_millis(100));
-    job_control.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A grant found lost by the clock (a resume from a long stop or suspend) stops the command
+    // at once, not at the heartbeat task's next tick; orphans are reaped on the way.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut lost = grant.lost();
     let end = loop {
-        tokio::select! {
+        let reason = tokio::select! {
             biased;
-            reason = &mut lost => {
-                eprintln!(
-                    "fencelock: the {} {name:?} was lost ({reason}): stopping the command",
-                    grant.what()
-                );
-                tree.stop(run.grace).await;
-                let _ = tokio::time::timeout(run.grace, child.wait()).await;
-                break End::Lost;
-            }
+            reason = &mut lost => Some(reason),
             status = child.wait() => {
                 break End::Exited(match status {
                     Ok(s) => exit::of_command(s),
                     Err(e) => {
-                        eprintln!("fencelock: waiting for the command: {e}");
+                        say!("waiting for the command: {e}");
                         exit::SOFTWARE
                     }
                 });
             }
-            sig = signals.recv() => tree.signal(sig),
-            _ = job_control.tick(), if terminal => {
-                if tree.is_stopped() {
-                    tree.follow_stop();
+            sig = signals.recv() => {
+                // In a terminal's foreground the terminal sent these to the command already.
+                if !foreground || sig == Signal::TERM {
+                    tree.signal(sig);
+                    tree.signal(Signal::CONT);
                 }
+                None
             }
+            _ = tick.tick() => {
+                tree.reap();
+                (!grant.is_held()).then(|| grant.lost().now_or_never()).flatten()
+            }
+        };
+        if let Some(reason) = reason {
+            say!(
+                "the {} {name:?} was lost ({reason}): stopping the command",
+                grant.what()
+            );
+            tree.stop(run.grace).await;
+            let _ = tokio::time::timeout(run.grace, child.wait()).await;
+            break End::Lost;
         }
     };
     let code = match end {
@@ -195,7 +204,7 @@ pub(crate) async fn run_under(
     };
     // The command is gone; what it started must not run on once the grant is released.
     if !tree.members().is_empty() {
-        eprintln!("fencelock: the command exited, leaving processes behind: stopping them");
+        say!("the command exited, leaving processes behind: stopping them");
         tree.stop(run.grace).await;
     }
     if !grant.is_held() {
@@ -207,7 +216,7 @@ pub(crate) async fn run_under(
         // Held when the command exited; the session ended since (it cannot have lasted past
         // the local deadline that `is_held` checked): the command's status stands.
         Err(reason @ LostReason::Session(_)) => {
-            eprintln!("fencelock: releasing the {}: {reason}", grant.what());
+            say!("releasing the {}: {reason}", grant.what());
             code
         }
         // Deleted at some moment we cannot place: maybe while the command still ran.
@@ -221,8 +230,8 @@ fn lost_meanwhile(grant: &Grant, name: &str, reason: Option<LostReason>) -> u8 {
     let reason = reason
         .map(|r| r.to_string())
         .unwrap_or_else(|| "no heartbeat confirmed in time".to_string());
-    eprintln!(
-        "fencelock: the {} {name:?} was lost while the command ran ({reason}): exit {}",
+    say!(
+        "the {} {name:?} was lost while the command ran ({reason}): exit {}",
         grant.what(),
         exit::LOST
     );

@@ -74,6 +74,14 @@ impl Url {
             Some(at) => (Some(user_info(url, &rest[..at])?), &rest[at + 1..]),
             None => (None, rest),
         };
+        // An '@' after the hosts is most likely a password with an unencoded '/': refused, so
+        // that no part of it is taken for a host or a namespace (and shown in a message).
+        if rest.contains('@') {
+            return Err(bad(
+                url,
+                "an '@' after the hosts: percent-encode '/' and '@' in a user or password (%2F, %40); give a namespace holding '@' with --namespace",
+            ));
+        }
         Ok(Parsed {
             url: Url::parse_plain(url, scheme, rest)?,
             user_info,
@@ -178,12 +186,16 @@ pub(crate) fn command_env() -> Vec<(String, Option<String>)> {
     env
 }
 
-/// `url` without the user info before its hosts (everything up to the last `@` before the
-/// path, or up to the last `@` at all if that cannot be told apart).
+/// `url` without the user info before its hosts (up to the last `@` before the path, the rule
+/// of [`Url::parse`]).
 fn without_user_info(url: &str) -> String {
-    let redacted = redact(url);
-    match redacted.split_once("***@") {
-        Some((scheme, rest)) => format!("{scheme}{rest}"),
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}{}", &rest[at + 1..]),
         None => url.to_string(),
     }
 }
@@ -417,9 +429,19 @@ mod tests {
         assert_eq!(p.user_info, Some(("app".to_string(), None)));
         let p = Url::parse("redis://:pw@a:1").unwrap();
         assert_eq!(p.user_info, Some((String::new(), Some("pw".to_string()))));
-        // An '@' in the path is not user info.
-        let p = Url::parse("etcd://a:1/ns@x").unwrap();
-        assert_eq!(p.user_info, None);
+        // An '@' after the hosts: a password with an unencoded '/', refused without showing
+        // any of it.
+        for url in [
+            "etcd://admin:1234/5678@h:2379",
+            "zk://u:p/q@h:1",
+            "etcd://a:1/ns@x",
+        ] {
+            let e = Url::parse(url).unwrap_err().to_string();
+            assert!(
+                !e.contains("1234") && !e.contains("5678") && !e.contains("p/q"),
+                "{e}"
+            );
+        }
         assert!(matches!(
             Url::parse("etcd://u:%ff@a:1"),
             Err(Error::InvalidConfig(_))
@@ -429,5 +451,9 @@ mod tests {
             "redis://h:1/2".to_string()
         );
         assert_eq!(without_user_info("etcd://h:1"), "etcd://h:1".to_string());
+        assert_eq!(
+            without_user_info("etcd://u:p@h:1/n"),
+            "etcd://h:1/n".to_string()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Exit statuses: the command's own, or one of these (documented in `fencelock --help`).
 
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use fencelock::Error;
 
@@ -37,12 +38,46 @@ pub(crate) fn of_error(e: &Error) -> u8 {
     }
 }
 
-/// The exit status that passes on the command's: its code, or 128 + the signal that ended it.
+/// The exit status that passes on the command's: its code, or 128 + the signal that ended it
+/// (and fencelock then ends by that signal too, see [`by_signal`]).
 pub(crate) fn of_command(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => code.clamp(0, 255) as u8,
-        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+        (None, Some(sig)) => by_signal(sig),
         (None, None) => SOFTWARE,
     }
+}
+
+/// The signal fencelock ends by once it has cleaned up (0: none).
+static END_BY: AtomicI32 = AtomicI32::new(0);
+
+/// The status 128 + `sig`, and a note that fencelock is to end by `sig` itself once it has
+/// cleaned up ([`end`]): a shell tells a process killed by SIGINT from one that exited 130
+/// (bash stops a loop or a script only for the former), so fencelock reports what stopped it,
+/// or its command, the way the shell expects, as `timeout(1)` does.
+pub(crate) fn by_signal(sig: i32) -> u8 {
+    END_BY.store(sig, Ordering::SeqCst);
+    (128 + sig).clamp(0, 255) as u8
+}
+
+/// Ends fencelock by the signal noted with [`by_signal`], if it is one that terminates
+/// without a core dump (SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGKILL, SIGALRM, SIGUSR1/2); returns
+/// if there is none (then `status` is the exit status).
+pub(crate) fn end(status: u8) -> u8 {
+    let sig = END_BY.load(Ordering::SeqCst);
+    let terminating = [
+        rustix::process::Signal::INT,
+        rustix::process::Signal::TERM,
+        rustix::process::Signal::HUP,
+        rustix::process::Signal::PIPE,
+        rustix::process::Signal::KILL,
+        rustix::process::Signal::ALARM,
+        rustix::process::Signal::USR1,
+        rustix::process::Signal::USR2,
+    ];
+    if i32::from(status) == 128 + sig && terminating.iter().any(|s| s.as_raw() == sig) {
+        let _ = signal_hook::low_level::emulate_default_handler(sig);
+    }
+    status
 }

@@ -1,6 +1,16 @@
 //! `fencelock`: run a command under a distributed lock or as a leader, on etcd or ZooKeeper,
 //! with the fencing token in its environment; and look at who holds what. `fencelock --help`.
 
+/// Writes `fencelock: …` on stderr, ignoring a closed stderr (`2>&1 | head`, a restarted
+/// journal): `eprintln!` would panic there, and a panic would leave the command's tree running
+/// and the session open.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "fencelock: {}", format_args!($($arg)*));
+    }};
+}
+
 mod args;
 mod child;
 mod cluster;
@@ -39,11 +49,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("fencelock: cannot start: {e}");
+            say!("cannot start: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
-    ExitCode::from(runtime.block_on(run(cli)))
+    let status = runtime.block_on(run(cli));
+    // Every task stopped (the session is closed) before ending by a signal.
+    drop(runtime);
+    ExitCode::from(exit::end(status))
 }
 
 /// Signal handling, by phase: while connecting, waiting for the grant, reading (`leader`,
@@ -55,7 +68,7 @@ async fn run(cli: Cli) -> u8 {
     let mut signals = match Signals::catch() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("fencelock: cannot catch signals: {e}");
+            say!("cannot catch signals: {e}");
             return exit::SOFTWARE;
         }
     };
@@ -66,7 +79,7 @@ async fn run(cli: Cli) -> u8 {
         Stopped::Signal(sig) => return status_of(sig),
         Stopped::Done(Ok(s)) => s,
         Stopped::Done(Err(e)) => {
-            eprintln!("fencelock: {e}");
+            say!("{e}");
             return exit::of_error(&e);
         }
     };
@@ -80,15 +93,15 @@ async fn run(cli: Cli) -> u8 {
     let code = match command(ctx, cli.command, &mut signals).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fencelock: {e}");
+            say!("{e}");
             exit::of_error(&e)
         }
     };
     // Ends the session on the cluster: whatever it still holds goes at once.
     match tokio::time::timeout(bound, session.close()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("fencelock: closing the session: {e}"),
-        Err(_) => eprintln!("fencelock: closing the session: no answer within {bound:?}"),
+        Ok(Err(e)) => say!("closing the session: {e}"),
+        Err(_) => say!("closing the session: no answer within {bound:?}"),
     }
     code
 }
@@ -132,7 +145,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                     child::run_under(Grant::Lock(g), &name, &run, ctx.env, signals, ctx.bound).await
                 }
                 Stopped::Done(Ok(None)) => {
-                    eprintln!("fencelock: {name:?} is held: not acquired");
+                    say!("{name:?} is held: not acquired");
                     exit::NOT_ACQUIRED
                 }
                 Stopped::Done(Err(e)) => return Err(e),
@@ -161,7 +174,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                         .await
                 }
                 Stopped::Done(Ok(None)) => {
-                    eprintln!("fencelock: {name:?} has a leader: not elected");
+                    say!("{name:?} has a leader: not elected");
                     exit::NOT_ACQUIRED
                 }
                 Stopped::Done(Err(e)) => return Err(e),
@@ -192,7 +205,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                                     return Ok(0);
                                 }
                             }
-                            Err(e) if e.is_temporary() => eprintln!("fencelock: {e} (retrying)"),
+                            Err(e) if e.is_temporary() => say!("{e} (retrying)"),
                             Err(e) => return Err(e),
                         }
                     }
@@ -211,8 +224,8 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                 Stopped::Done(q) => q?,
             };
             if listing.skipped > 0 {
-                eprintln!(
-                    "fencelock: skipped {} key(s) that no fencelock name maps to (another tool's)",
+                say!(
+                    "skipped {} key(s) that no fencelock name maps to (another tool's)",
                     listing.skipped
                 );
             }

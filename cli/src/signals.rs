@@ -66,7 +66,8 @@ impl Signals {
     }
 }
 
-/// The exit status of a process ended by `sig`, as a shell reports it (128 + N).
+/// The exit status of a process ended by `sig`, as a shell reports it (128 + N); fencelock
+/// ends by `sig` itself once it has cleaned up (see [`crate::exit::by_signal`]).
 pub(crate) fn status_of(sig: Signal) -> u8 {
-    (128 + sig.as_raw()).clamp(0, 255) as u8
+    crate::exit::by_signal(sig.as_raw())
 }

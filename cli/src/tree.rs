@@ -1,21 +1,29 @@
 //! The command's process tree: everything the command starts, found and stopped as one.
 //!
-//! The command is spawned as the leader of a process group of its own, and fencelock is a
-//! *child subreaper* (Linux `PR_SET_CHILD_SUBREAPER`): a process the command starts that outlives
-//! its parent (a daemonising grandchild, even one that left the group with `setsid`) is
-//! re-parented to fencelock rather than to init. The tree is then every process of the
-//! command's group plus every descendant of fencelock; signals go to each of them, and fencelock
-//! waits until none is left before it releases the grant or exits. What escapes: a process
-//! that another service starts on the command's behalf (`systemd-run`, `at`, a D-Bus
-//! activation) is not a descendant and is not stopped.
+//! fencelock is a *child subreaper* (Linux `PR_SET_CHILD_SUBREAPER`): a process the command
+//! starts that outlives its parent (a daemonising grandchild, even one that left the group with
+//! `setsid`) is re-parented to fencelock rather than to init, so every process the command
+//! started is a descendant of fencelock. How signals reach them depends on where fencelock runs:
+//!
+//! - **In the foreground of a terminal** (the terminal's foreground process group is
+//!   fencelock's), the command stays in fencelock's process group, as with `timeout
+//!   --foreground`: it reads the terminal, and the terminal's signals (Ctrl-C, Ctrl-\, Ctrl-Z,
+//!   hangup) reach it once, from the kernel; Ctrl-Z stops fencelock with it, as one job.
+//!   fencelock signals the tree's processes one by one (never its own group, which a shell
+//!   pipeline may share).
+//! - **Elsewhere** (a service, a script without a terminal, a pipeline in the background), the
+//!   command leads a process group of its own: a signal sent to fencelock's group reaches only
+//!   fencelock, which passes it on to the command's group, and to any descendant that left it.
+//!
+//! fencelock waits until none of the tree is left before it releases the grant or exits. What
+//! escapes: a process that another service starts on the command's behalf (`systemd-run`,
+//! `at`, a D-Bus activation) is not a descendant and is not stopped.
 
 use std::collections::{HashMap, HashSet};
-use std::io::IsTerminal;
 use std::time::Duration;
 
 use rustix::process::{
-    getpgrp, getpid, kill_process, kill_process_group, waitid, waitpid, Pid, Signal, WaitId,
-    WaitIdOptions, WaitOptions,
+    getpgrp, getpid, kill_process, kill_process_group, waitpid, Pid, Signal, WaitOptions,
 };
 
 /// How often the tree is looked at while waiting for it to end.
@@ -31,45 +39,33 @@ pub(crate) fn adopt_orphans() {
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
 }
 
+/// Whether fencelock runs in the foreground of its controlling terminal (then the command
+/// shares its process group; see the module's docs).
+pub(crate) fn in_terminal_foreground() -> bool {
+    let Ok(tty) = std::fs::File::open("/dev/tty") else {
+        return false;
+    };
+    rustix::termios::tcgetpgrp(&tty).ok() == Some(getpgrp())
+}
+
 /// The tree of one spawned command.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tree {
-    /// The command's PID, which is also its process group's id.
-    leader: Pid,
+    /// The command's PID (Tokio waits for it: never reaped here).
+    command: Pid,
+    /// The command's process group: its own (the command leads it), or `None` when it shares
+    /// fencelock's.
+    group: Option<Pid>,
 }
 
 impl Tree {
-    /// The tree of the command with PID `leader`, spawned as the leader of its own group.
-    pub(crate) fn new(leader: Pid) -> Tree {
-        Tree { leader }
-    }
-
-    /// Hands the terminal to the command's group if fencelock is the terminal's foreground job,
-    /// so that an interactive command can read it and the terminal's signals (Ctrl-C, Ctrl-\,
-    /// Ctrl-Z) reach the command once, directly. True if it did. The shell takes the terminal
-    /// back when fencelock exits or stops.
-    pub(crate) fn take_terminal(&self) -> bool {
-        let stdin = std::io::stdin();
-        stdin.is_terminal()
-            && rustix::termios::tcgetpgrp(&stdin).ok() == Some(getpgrp())
-            && rustix::termios::tcsetpgrp(&stdin, self.leader).is_ok()
-    }
-
-    /// Whether the command is stopped (Ctrl-Z, SIGTSTP), without reaping anything.
-    pub(crate) fn is_stopped(&self) -> bool {
-        let opts = WaitIdOptions::STOPPED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-        matches!(waitid(WaitId::Pid(self.leader), opts), Ok(Some(s)) if s.stopped())
-    }
-
-    /// Job control for a command that has the terminal: the command stopped (Ctrl-Z), so
-    /// fencelock stops too, for the shell to see its job stopped; once continued (`fg`, `bg`),
-    /// it gives the terminal back to the command if it is in the foreground again, and
-    /// continues the command's group.
-    pub(crate) fn follow_stop(&self) {
-        let _ = kill_process(getpid(), Signal::STOP);
-        // Here once continued.
-        let _ = self.take_terminal();
-        let _ = kill_process_group(self.leader, Signal::CONT);
+    /// The tree of the command `command`, the leader of its own process group if `own_group`,
+    /// else in fencelock's.
+    pub(crate) fn new(command: Pid, own_group: bool) -> Tree {
+        Tree {
+            command,
+            group: own_group.then_some(command),
+        }
     }
 
     /// The live processes of the tree (zombies left out; ours are reaped on the way).
@@ -95,16 +91,19 @@ impl Tree {
                 }
             }
         }
-        let group = self.leader.as_raw_nonzero().get();
+        let group = self.group.map(|g| g.as_raw_nonzero().get());
         let mut live = Vec::new();
         for p in &procs {
-            if !(tree.contains(&p.pid) || p.pgrp == group) {
+            let in_group = Some(p.pgrp) == group;
+            if !(tree.contains(&p.pid) || in_group) {
                 continue;
             }
             if p.zombie {
                 // An orphan re-parented to us: reap it. The command itself is reaped by
-                // whoever waits for it (Tokio), never here.
-                if p.ppid == me.as_raw_nonzero().get() && p.pid != group {
+                // whoever waits for it (Tokio), never here: only pids that are not its.
+                if p.ppid == me.as_raw_nonzero().get()
+                    && p.pid != self.command.as_raw_nonzero().get()
+                {
                     if let Some(pid) = Pid::from_raw(p.pid) {
                         let _ = waitpid(Some(pid), WaitOptions::NOHANG);
                     }
@@ -112,21 +111,28 @@ impl Tree {
                 continue;
             }
             if let Some(pid) = Pid::from_raw(p.pid) {
-                live.push((pid, p.pgrp == group));
+                live.push((pid, in_group));
             }
         }
         live
     }
 
-    /// Sends `sig` once to every process of the tree: to the command's group, and to each
-    /// descendant that left it.
+    /// Sends `sig` once to every process of the tree: to the command's group (if it has its
+    /// own), and to each other descendant.
     pub(crate) fn signal(&self, sig: Signal) {
-        let _ = kill_process_group(self.leader, sig);
+        if let Some(group) = self.group {
+            let _ = kill_process_group(group, sig);
+        }
         for (pid, in_group) in self.live() {
             if !in_group {
                 let _ = kill_process(pid, sig);
             }
         }
+    }
+
+    /// Reaps the orphans that exited (they would linger as zombies until the command ends).
+    pub(crate) fn reap(&self) {
+        let _ = self.live();
     }
 
     /// Stops the whole tree: SIGTERM (with SIGCONT, so that a stopped process gets it), then
@@ -141,9 +147,7 @@ impl Tree {
         if self.gone_within(grace).await {
             return;
         }
-        eprintln!(
-            "fencelock: the command's processes did not exit within {grace:?} of SIGTERM: SIGKILL"
-        );
+        say!("the command's processes did not exit within {grace:?} of SIGTERM: SIGKILL");
         let until = tokio::time::Instant::now() + KILL_WAIT;
         loop {
             self.signal(Signal::KILL);

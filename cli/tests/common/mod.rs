@@ -108,11 +108,10 @@ impl Run {
         }
     }
 
+    /// The exit status as a shell reports it: the code, or 128 + N if signal N ended the
+    /// process (fencelock ends by the signal that stopped it, or its command).
     pub async fn code(&mut self, within: Duration) -> i32 {
-        let status = self.exit(within).await;
-        status
-            .code()
-            .unwrap_or_else(|| panic!("{status:?}: {}", self.output()))
+        shell_status(self.exit(within).await)
     }
 }
 
@@ -161,4 +160,13 @@ pub async fn pid_in(path: &Path) -> i32 {
         .trim()
         .parse()
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `status` as a shell reports it: the exit code, or 128 + N for a death by signal N.
+pub fn shell_status(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or(status.signal().map(|s| 128 + s))
+        .unwrap_or(-1)
 }
