@@ -456,7 +456,7 @@ async fn multi_lock_timeout_bounds_the_whole_set() {
         "the deadline of the whole set was not kept: {took:?}"
     );
     proxy.set(Mode::Pass);
-    slow.flush().await;
+    // No flush: the timeout confirmed its releases before returning.
     assert_eq!(
         other.list_entries().await.unwrap(),
         vec![held.key().to_string()],
