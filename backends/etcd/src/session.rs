@@ -35,6 +35,8 @@ pub(crate) struct EtcdSession {
     client: Client,
     lease: i64,
     ttl: Duration,
+    /// How long one request may wait for its answer (see [`request_bound`]).
+    bound: Duration,
     keeper: AsyncMutex<Option<KeepAlive>>,
     /// Watches on the keys this session waits for, on one watch stream.
     watcher: KeyWatcher,
@@ -101,15 +103,42 @@ impl std::fmt::Debug for EtcdSession {
     }
 }
 
+/// How long one request may wait for its answer: a third of the TTL, at least half a second.
+///
+/// A request that went to a member just before it died (or hung) is not answered until the
+/// connection gives up, seconds later (7 s were measured when the leader was killed): the
+/// revocation of a lost session and the lease of its replacement waited that long, and the lock
+/// with them. Bounded, the request fails as temporary and its retry goes to a member that
+/// answers (the endpoint monitor takes a silent one out of the rotation within about a second).
+/// Every request is safe to repeat: a create whose reply was lost is found again by its key.
+fn request_bound(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(500))
+}
+
+/// `fut`, or a temporary error once `bound` has passed without an answer.
+async fn within<T>(
+    bound: Duration,
+    op: &'static str,
+    fut: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(r) => r.map_err(|e| map(op, e)),
+        Err(_) => Err(temporary(op, "no answer within a third of the TTL")),
+    }
+}
+
 impl EtcdSession {
     pub(crate) async fn open(mut client: Client, ttl: Duration) -> Result<Self> {
         // Whole seconds, rounded up (the backend's maximum keeps this within an i64).
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let secs = i64::try_from(secs).map_err(|_| Error::invalid_ttl(ttl, "too long for etcd"))?;
-        let grant = client
-            .lease_grant(secs, None)
-            .await
-            .map_err(|e| map("lease grant", e))?;
+        // A grant whose answer is lost leaves a lease that expires by itself.
+        let grant = within(
+            request_bound(ttl),
+            "lease grant",
+            client.lease_grant(secs, None),
+        )
+        .await?;
         if !grant.error().is_empty() {
             return Err(Error::backend(
                 "etcd",
@@ -119,10 +148,12 @@ impl EtcdSession {
             ));
         }
         let (events_tx, events) = mpsc::unbounded_channel();
+        let granted = Duration::from_secs(grant.ttl().max(0) as u64);
         Ok(EtcdSession {
             client: client.clone(),
             lease: grant.id(),
-            ttl: Duration::from_secs(grant.ttl().max(0) as u64),
+            ttl: granted,
+            bound: request_bound(granted.max(ttl)),
             keeper: AsyncMutex::new(None),
             watcher: KeyWatcher::new(client.clone(), events_tx.clone()),
             events: AsyncMutex::new(events),
@@ -131,21 +162,14 @@ impl EtcdSession {
     }
 
     async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
-        self.client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| map(op, e))
+        within(self.bound, op, self.client.kv_client().txn(txn)).await
     }
 
     /// Reads `key`: its create revision, or `None` if absent.
     async fn create_rev(&self, op: &'static str, key: &str) -> Result<Option<u64>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(key, Some(GetOptions::new().with_keys_only()))
-            .await
-            .map_err(|e| map(op, e))?;
+        let mut kv = self.client.kv_client();
+        let get = kv.get(key, Some(GetOptions::new().with_keys_only()));
+        let resp = within(self.bound, op, get).await?;
         Ok(resp.kvs().first().map(|kv| kv.create_revision() as u64))
     }
 
@@ -229,12 +253,11 @@ impl BackendSession for EtcdSession {
     }
 
     async fn close(&self) -> Result<()> {
-        match self.client.lease_client().revoke(self.lease).await {
+        let mut leases = self.client.lease_client();
+        match within(self.bound, "close", leases.revoke(self.lease)).await {
             Ok(_) => Ok(()),
-            Err(e) => match map("close", e) {
-                Error::SessionLost(_) => Ok(()),
-                other => Err(other),
-            },
+            Err(Error::SessionLost(_)) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
