@@ -158,9 +158,11 @@ pub(crate) async fn run_under(
         return exit::SOFTWARE;
     };
     // A grant found lost by the clock (a resume from a long stop or suspend) stops the command
-    // at once, not at the heartbeat task's next tick; orphans are reaped on the way.
+    // at once, not at the heartbeat task's next tick (a cheap check); orphans are reaped on the
+    // way, once a second.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
     let mut lost = grant.lost();
     let end = loop {
         let reason = tokio::select! {
@@ -184,7 +186,11 @@ pub(crate) async fn run_under(
                 None
             }
             _ = tick.tick() => {
-                tree.reap();
+                // Reaping reads /proc: once a second is enough for zombies.
+                ticks += 1;
+                if ticks % 10 == 0 {
+                    tree.reap();
+                }
                 (!grant.is_held()).then(|| grant.lost().now_or_never()).flatten()
             }
         };
