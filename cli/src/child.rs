@@ -188,7 +188,7 @@ pub(crate) async fn run_under(
             _ = tick.tick() => {
                 // Reaping reads /proc: once a second is enough for zombies.
                 ticks += 1;
-                if ticks % 10 == 0 {
+                if ticks.is_multiple_of(10) {
                     tree.reap();
                 }
                 (!grant.is_held()).then(|| grant.lost().now_or_never()).flatten()
