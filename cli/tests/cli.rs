@@ -13,6 +13,7 @@ use fencelock_integration::process::ManagedChild;
 use fencelock_integration::proxy::{Mode, Proxy};
 use rustix::process::Signal;
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -343,38 +344,6 @@ async fn elections_and_listing(t: Target) {
     assert!(observe.child.signal(Signal::INT));
     assert_eq!(observe.code(WITHIN).await, 0);
     s.close().await.unwrap();
-}
-
-macro_rules! on_each {
-    ($($name:ident),* $(,)?) => {
-        mod etcd {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::etcd().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-        mod zookeeper {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::zookeeper().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::redis().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-    };
 }
 
 on_each!(

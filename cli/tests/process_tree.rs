@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use fencelock::conformance::unique_namespace;
 use rustix::process::{kill_process_group, Pid, Signal};
 
+#[macro_use]
 mod common;
 use common::*;
 
@@ -142,38 +143,6 @@ async fn lost_while_paused(t: Target) {
     assert!(r.output().contains("lost"), "{}", r.output());
     next.release().await.unwrap();
     s.close().await.unwrap();
-}
-
-macro_rules! on_each {
-    ($($name:ident),* $(,)?) => {
-        mod etcd {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::etcd().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-        mod zookeeper {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::zookeeper().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let Some(t) = super::Target::redis().await else { return };
-                    super::$name(t).await;
-                }
-            )*
-        }
-    };
 }
 
 on_each!(

@@ -170,3 +170,37 @@ pub fn shell_status(status: ExitStatus) -> i32 {
         .or(status.signal().map(|s| 128 + s))
         .unwrap_or(-1)
 }
+
+/// Runs each named `async fn(Target)` as a test on etcd, ZooKeeper and Redis (a module per
+/// server; the test returns at once where the server is not available outside CI).
+macro_rules! on_each {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::etcd().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::zookeeper().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(t) = super::Target::redis().await else { return };
+                    super::$name(t).await;
+                }
+            )*
+        }
+    };
+}
