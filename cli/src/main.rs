@@ -18,6 +18,7 @@ mod exit;
 mod show;
 mod signals;
 mod tree;
+mod url;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -83,7 +84,7 @@ async fn run(cli: Cli) -> u8 {
             return exit::of_error(&e);
         }
     };
-    let env = cluster::command_env();
+    let env = url::command_env();
     let ctx = Ctx {
         session: &session,
         output: cli.cluster.output,

@@ -1,0 +1,329 @@
+//! The cluster URL (`etcd://`, `zk://`, `redis://`), the credentials it may carry, and what of
+//! it the command may see.
+
+use fencelock::Error;
+use fencelock_net::redact;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use crate::args::ClusterArgs;
+
+/// A user and password, from the URL (`scheme://USER:PASSWORD@hosts`, percent-encoded) or the
+/// options.
+#[derive(PartialEq, Eq)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// A parsed cluster URL: where, and the credentials it carries (if any).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Parsed {
+    pub(crate) url: Url,
+    /// The URL's user and password (`None` if it has no `@`); a missing password is empty.
+    pub(crate) user_info: Option<(String, Option<String>)>,
+}
+
+/// Where the cluster is.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Url {
+    /// `etcd://h1:2379,h2:2379[/namespace]`.
+    Etcd {
+        endpoints: Vec<String>,
+        namespace: Option<String>,
+    },
+    /// `zk://h1:2181,h2:2181[/chroot]`.
+    ZooKeeper {
+        servers: String,
+        chroot: Option<String>,
+    },
+    /// `redis://host:6379[/db]`: one server (efficiency locks; see `fencelock-redis`).
+    Redis { addr: String, db: Option<String> },
+}
+
+fn bad(url: &str, reason: &'static str) -> Error {
+    Error::invalid_config(redact(url), reason)
+}
+
+impl Url {
+    /// Parses `etcd://…`, `zk://…` (also `zookeeper://…`) or `redis://…`, each optionally
+    /// with `USER:PASSWORD@` before the hosts.
+    pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            bad(
+                url,
+                "not a cluster URL: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]",
+            )
+        })?;
+        // User info ends at the last '@' before the path (a '/' or '@' in a password must be
+        // percent-encoded, as in any URL).
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let (user_info, rest) = match rest[..authority_end].rfind('@') {
+            Some(at) => (Some(user_info(url, &rest[..at])?), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        // An '@' after the hosts is most likely a password with an unencoded '/': refused, so
+        // that no part of it is taken for a host or a namespace (and shown in a message).
+        if rest.contains('@') {
+            return Err(bad(
+                url,
+                "an '@' after the hosts: percent-encode '/' and '@' in a user or password (%2F, %40); give a namespace holding '@' with --namespace",
+            ));
+        }
+        Ok(Parsed {
+            url: Url::parse_plain(url, scheme, rest)?,
+            user_info,
+        })
+    }
+
+    /// Parses what follows `scheme://` and the user info.
+    fn parse_plain(url: &str, scheme: &str, rest: &str) -> Result<Url, Error> {
+        let (hosts, path) = match rest.split_once('/') {
+            Some((h, p)) => (h, Some(p.trim_end_matches('/'))),
+            None => (rest, None),
+        };
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        if hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(bad(url, "an empty host in the list"));
+        }
+        if hosts.iter().any(|h| h.contains(char::is_whitespace)) {
+            return Err(bad(url, "a host with white space"));
+        }
+        let path = path.filter(|p| !p.is_empty());
+        match scheme {
+            "etcd" => Ok(Url::Etcd {
+                endpoints: hosts.iter().map(|h| h.to_string()).collect(),
+                namespace: path.map(str::to_string),
+            }),
+            "zk" | "zookeeper" => Ok(Url::ZooKeeper {
+                servers: hosts.join(","),
+                chroot: path.map(|p| format!("/{p}")),
+            }),
+            "redis" => {
+                let [addr] = hosts.as_slice() else {
+                    return Err(bad(url, "one Redis server (redis://HOST:PORT[/DB])"));
+                };
+                if path.is_some_and(|db| db.parse::<u32>().is_err()) {
+                    return Err(bad(url, "the path of a Redis URL is a database number"));
+                }
+                Ok(Url::Redis {
+                    addr: addr.to_string(),
+                    db: path.map(str::to_string),
+                })
+            }
+            _ => Err(bad(url, "unknown scheme (etcd://, zk:// or redis://)")),
+        }
+    }
+}
+
+/// `USER[:PASSWORD]`, percent-decoded.
+fn user_info(url: &str, info: &str) -> Result<(String, Option<String>), Error> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| bad(url, "the user info is not percent-encoded UTF-8"))
+    };
+    Ok(match info.split_once(':') {
+        Some((user, password)) => (decode(user)?, Some(decode(password)?)),
+        None => (decode(info)?, None),
+    })
+}
+
+/// The user and password to authenticate with: from the URL, the options
+/// (`--user`/`FENCELOCK_USER`, `--password`/`FENCELOCK_PASSWORD`), or both if they agree.
+pub(crate) fn credentials(
+    args: &ClusterArgs,
+    from_url: Option<(String, Option<String>)>,
+) -> fencelock::Result<Option<Credentials>> {
+    let (url_user, url_password) = match from_url {
+        Some((u, p)) => (Some(u), p),
+        None => (None, None),
+    };
+    let pick = |what: &'static str, a: Option<String>, b: &Option<String>| match (a, b) {
+        (Some(a), Some(b)) if &a != b => Err(Error::invalid_config(
+            "--user / --password",
+            format!("two different {what}s: the URL's and the option's"),
+        )),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b.clone()),
+    };
+    let user = pick("user", url_user, &args.user)?;
+    let password = pick("password", url_password, &args.password)?;
+    match (user, password) {
+        (None, None) => Ok(None),
+        (Some(user), Some(password)) => Ok(Some(Credentials { user, password })),
+        _ => Err(Error::invalid_config(
+            "--user / --password",
+            "authentication needs both a user and a password (FENCELOCK_USER, FENCELOCK_PASSWORD, or USER:PASSWORD@ in the URL)",
+        )),
+    }
+}
+
+/// What the command's environment must not inherit from fencelock's: the password, and the
+/// credentials a `FENCELOCK_ENDPOINTS` URL may carry (the command gets the URL without them).
+pub(crate) fn command_env() -> Vec<(String, Option<String>)> {
+    let mut env = vec![("FENCELOCK_PASSWORD".to_string(), None)];
+    if let Some(url) = std::env::var_os("FENCELOCK_ENDPOINTS") {
+        let url = url.to_string_lossy();
+        let clean = without_user_info(&url);
+        if clean != url {
+            env.push(("FENCELOCK_ENDPOINTS".to_string(), Some(clean)));
+        }
+    }
+    env
+}
+
+/// `url` without the user info before its hosts (up to the last `@` before the path, the rule
+/// of [`Url::parse`]).
+fn without_user_info(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// The characters a URL's user info may hold as they are: letters, digits and `-._~`.
+const USER_INFO: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `s` with the characters a URL's user info cannot hold percent-encoded.
+pub(crate) fn percent(s: &str) -> String {
+    utf8_percent_encode(s, USER_INFO).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            Url::parse("etcd://a:2379,b:2379/svc/locks").unwrap().url,
+            Url::Etcd {
+                endpoints: vec!["a:2379".into(), "b:2379".into()],
+                namespace: Some("svc/locks".into())
+            }
+        );
+        assert_eq!(
+            Url::parse("etcd://a:2379").unwrap().url,
+            Url::Etcd {
+                endpoints: vec!["a:2379".into()],
+                namespace: None
+            }
+        );
+        assert_eq!(
+            Url::parse("zk://a:2181,b:2181/apps/billing/").unwrap().url,
+            Url::ZooKeeper {
+                servers: "a:2181,b:2181".into(),
+                chroot: Some("/apps/billing".into())
+            }
+        );
+        assert_eq!(
+            Url::parse("redis://a:6379/2").unwrap().url,
+            Url::Redis {
+                addr: "a:6379".into(),
+                db: Some("2".into())
+            }
+        );
+        for bad in [
+            "a:2379",
+            "redis://a:1,b:2",
+            "redis://a:1/x",
+            "memcached://a:1",
+            "etcd://",
+            "etcd://a:1,,b:2",
+            "zk://a b:1",
+        ] {
+            assert!(
+                matches!(Url::parse(bad), Err(Error::InvalidConfig(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_never_show_a_password() {
+        for url in [
+            "redis://app:s3cret@a:1,b:2",
+            "redis://app:s3cret@a:1/x",
+            "redis://app:s3cret@a b:1",
+            "redis://app:s3/cret@a:1/x",
+            "memcached://app:s3cret@a:1",
+        ] {
+            let e = Url::parse(url).unwrap_err().to_string();
+            assert!(!e.contains("s3cret") && !e.contains("cret@"), "{e}");
+            assert!(e.contains("***@"), "{e}");
+        }
+        assert_eq!(redact("redis://u:p@h:1/2"), "redis://***@h:1/2");
+        assert_eq!(redact("etcd://a:1,b:2/ns"), "etcd://a:1,b:2/ns");
+    }
+
+    #[test]
+    fn percent_encoding() {
+        assert_eq!(percent("a-b._~Z9"), "a-b._~Z9");
+        assert_eq!(percent("p@ss/w:rd é"), "p%40ss%2Fw%3Ard%20%C3%A9");
+    }
+
+    #[test]
+    fn user_info() {
+        let p = Url::parse("etcd://app:s%2Fc%40ret@a:1,b:2/ns").unwrap();
+        assert_eq!(
+            p.user_info,
+            Some(("app".to_string(), Some("s/c@ret".to_string())))
+        );
+        assert_eq!(
+            p.url,
+            Url::Etcd {
+                endpoints: vec!["a:1".into(), "b:2".into()],
+                namespace: Some("ns".into())
+            }
+        );
+        let p = Url::parse("zk://app@a:1/chroot").unwrap();
+        assert_eq!(p.user_info, Some(("app".to_string(), None)));
+        let p = Url::parse("redis://:pw@a:1").unwrap();
+        assert_eq!(p.user_info, Some((String::new(), Some("pw".to_string()))));
+        // An '@' after the hosts: a password with an unencoded '/', refused without showing
+        // any of it.
+        for url in [
+            "etcd://admin:1234/5678@h:2379",
+            "zk://u:p/q@h:1",
+            "etcd://a:1/ns@x",
+        ] {
+            let e = Url::parse(url).unwrap_err().to_string();
+            assert!(
+                !e.contains("1234") && !e.contains("5678") && !e.contains("p/q"),
+                "{e}"
+            );
+        }
+        assert!(matches!(
+            Url::parse("etcd://u:%ff@a:1"),
+            Err(Error::InvalidConfig(_))
+        ));
+        assert_eq!(
+            without_user_info("redis://u:p@h:1/2"),
+            "redis://h:1/2".to_string()
+        );
+        assert_eq!(without_user_info("etcd://h:1"), "etcd://h:1".to_string());
+        assert_eq!(
+            without_user_info("etcd://u:p@h:1/n"),
+            "etcd://h:1/n".to_string()
+        );
+    }
+}
