@@ -16,6 +16,17 @@ use crate::retry::Backoff;
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared};
 use crate::{Error, FencingToken, Result, Session};
 
+/// Records why a tenure ended, unless an earlier reason is recorded already (the first one
+/// stands); true if this one was recorded.
+fn end_first(ended: &watch::Sender<Option<LostReason>>, reason: LostReason) -> bool {
+    ended.send_if_modified(|v| {
+        v.is_none() && {
+            *v = Some(reason);
+            true
+        }
+    })
+}
+
 /// A granted entry. Keeps no task and no watch of its own: its entry is watched only while
 /// someone awaits [`lost`](Self::lost).
 pub(crate) struct Tenure {
@@ -100,12 +111,7 @@ impl Tenure {
                         .upgrade()
                         .and_then(|s| s.end())
                         .map_or(LostReason::EntryDeleted, LostReason::Session);
-                    let first = ended_tx.send_if_modified(|v| {
-                        v.is_none() && {
-                            *v = Some(reason);
-                            true
-                        }
-                    });
+                    let first = end_first(&ended_tx, reason);
                     if first {
                         crate::metrics::grant_lost(reason);
                     }
@@ -131,12 +137,7 @@ impl Tenure {
             return Err(Error::NotHeld(LostReason::Released));
         }
         let lost_before = self.lost_reason();
-        self.ended.send_if_modified(|v| {
-            v.is_none() && {
-                *v = Some(LostReason::Released);
-                true
-            }
-        });
+        end_first(&self.ended, LostReason::Released);
         let shared = self.session.shared();
         let span = info_span!(parent: &shared.span, "release", key = %self.entry.key, token = %self.entry.token);
         let remote = shared.remote.clone();
@@ -228,12 +229,7 @@ impl Tenure {
         // Dropping the grant releases it: a pending `lost()` reports that (rather than the
         // deletion it would see next), unless the grant was lost already.
         if self.session.shared().end().is_none() {
-            self.ended.send_if_modified(|v| {
-                v.is_none() && {
-                    *v = Some(LostReason::Released);
-                    true
-                }
-            });
+            end_first(&self.ended, LostReason::Released);
         }
         self.record_end();
         let local = self.local.lock().unwrap().take();
