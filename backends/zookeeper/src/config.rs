@@ -287,16 +287,16 @@ impl ZooKeeperConfig {
         } else {
             "tcp://"
         };
-        let servers = hosts
+        let each: Vec<String> = hosts
             .iter()
             .map(|(h, p)| match h.contains(':') {
                 true => format!("{scheme}[{h}]:{p}"),
                 false => format!("{scheme}{h}:{p}"),
             })
-            .collect::<Vec<_>>()
-            .join(",");
+            .collect();
         Ok(Resolved {
-            servers,
+            servers: each.join(","),
+            each,
             hosts,
             chroot,
             create_chroot: self.create_chroot,
@@ -333,6 +333,9 @@ fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
 pub(crate) struct Resolved {
     /// The servers, each with its scheme (`tcp://` or `tcp+tls://`), comma-separated.
     pub(crate) servers: String,
+    /// Each server alone, as in `servers`: a session's client talks to one of them (see
+    /// [`crate::link`]).
+    pub(crate) each: Vec<String>,
     /// Each server's host and port.
     pub(crate) hosts: Vec<(String, u16)>,
     pub(crate) chroot: Option<String>,

@@ -43,13 +43,17 @@ impl Resolved {
         futures::future::join_all(probes).await
     }
 
-    /// Opens one session with the requested timeout, rooted at the chroot (which must exist
-    /// unless `create_chroot`). Bounded by the connect timeout.
-    pub(crate) async fn connect_client(&self, session_timeout: Duration) -> Result<zk::Client> {
+    /// The connector of the clients of a session with `session_timeout`: credentials, TLS,
+    /// timeouts. Detached, except to close: dropping a client must not close the session,
+    /// which moves between clients (see [`crate::link`]); [`Resolved::close_session`] does.
+    fn connector(&self, session_timeout: Duration, detached: bool) -> Result<zk::Connector> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(session_timeout)
             .with_connection_timeout(connection_timeout(session_timeout))
             .with_fail_eagerly();
+        if detached {
+            connector = connector.with_detached();
+        }
         if let Some((user, password)) = &self.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
@@ -67,22 +71,43 @@ impl Resolved {
             }
             connector = connector.with_tls(options);
         }
+        Ok(connector)
+    }
+
+    /// Opens one session with the requested timeout, rooted at the chroot (which must exist
+    /// unless `create_chroot`), through one server: the servers are tried one at a time from
+    /// a random one on. Bounded by the connect timeout. Returns the client and its server's
+    /// index in [`Resolved::each`].
+    pub(crate) async fn connect_client(
+        &self,
+        session_timeout: Duration,
+    ) -> Result<(zk::Client, usize)> {
+        let connector = self.connector(session_timeout, true)?;
         let deadline = Instant::now() + self.connect_timeout;
         let mut backoff = Backoff::new();
-        let client = loop {
-            let attempt = connector.clone().connect(&self.servers);
-            let failure = match timeout_at(deadline, attempt).await {
-                Ok(Ok(client)) => break client,
-                Ok(Err(zk::Error::AuthFailed)) => {
-                    return Err(Error::Unauthenticated {
-                        backend: NAME,
-                        source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
-                    })
+        let mut next = fastrand::usize(..self.each.len());
+        let (client, server) = 'connected: loop {
+            let mut failure = String::new();
+            for _ in 0..self.each.len() {
+                let server = next;
+                next = (next + 1) % self.each.len();
+                let attempt = connector.clone().connect(&self.each[server]);
+                failure = match timeout_at(deadline, attempt).await {
+                    Ok(Ok(client)) => break 'connected (client, server),
+                    Ok(Err(zk::Error::AuthFailed)) => {
+                        return Err(Error::Unauthenticated {
+                            backend: NAME,
+                            source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
+                        })
+                    }
+                    Ok(Err(e)) if retry_connect(&e) => e.to_string(),
+                    Ok(Err(e)) => return Err(error::map("connect", e)),
+                    Err(_) => "no session within the connect timeout".to_string(),
+                };
+                if Instant::now() >= deadline {
+                    break;
                 }
-                Ok(Err(e)) if retry_connect(&e) => e.to_string(),
-                Ok(Err(e)) => return Err(error::map("connect", e)),
-                Err(_) => "no session within the connect timeout".to_string(),
-            };
+            }
             debug!(error = %failure, "no zookeeper session yet: probing the servers");
             let probes = self.probe_all(deadline).await;
             let pause = backoff.next_delay();
@@ -105,7 +130,7 @@ impl Resolved {
             }
             tokio::time::sleep(pause).await;
         };
-        debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "zookeeper session established");
+        debug!(session = %client.session_id(), timeout = ?client.session_timeout(), server = %self.each[server], "zookeeper session established");
         if self.sasl.is_some() {
             let users = client
                 .list_auth_users()
@@ -118,13 +143,75 @@ impl Resolved {
                 });
             }
         }
-        match &self.chroot {
-            Some(root) => {
-                self.check_chroot(&client, root).await?;
-                client
-                    .chroot(root.clone())
-                    .map_err(|_| Error::invalid_config(root, "invalid chroot"))
+        if let Some(root) = &self.chroot {
+            self.check_chroot(&client, root).await?;
+        }
+        Ok((self.rooted(client)?, server))
+    }
+
+    /// Attaches a new client to the existing session `info` through server `server` (an
+    /// index in [`Resolved::each`]), rooted at the chroot. The handshake confirms the session
+    /// alive at the leader; `SessionExpired` if it is not.
+    pub(crate) async fn attach(
+        &self,
+        session_timeout: Duration,
+        info: zk::SessionInfo,
+        server: usize,
+    ) -> std::result::Result<zk::Client, AttachError> {
+        let connector = self
+            .connector(session_timeout, true)
+            .map_err(AttachError::Refused)?;
+        match connector
+            .with_session(info)
+            .connect(&self.each[server])
+            .await
+        {
+            Ok(client) => self.rooted(client).map_err(AttachError::Refused),
+            Err(zk::Error::SessionExpired) => Err(AttachError::Expired),
+            Err(zk::Error::AuthFailed) => Err(AttachError::Refused(Error::Unauthenticated {
+                backend: NAME,
+                source: "the ZooKeeper server refused the credentials when the session moved to it"
+                    .into(),
+            })),
+            Err(e) => Err(AttachError::Failed(e)),
+        }
+    }
+
+    /// Closes the session `info` on the cluster: a client attached to it for that alone (not
+    /// detached) is dropped, which sends CloseSession, and its end awaited; the servers are
+    /// tried from `first` on. A temporary error if none took the close.
+    pub(crate) async fn close_session(
+        &self,
+        session_timeout: Duration,
+        info: zk::SessionInfo,
+        first: usize,
+    ) -> Result<()> {
+        let connector = self.connector(session_timeout, false)?.with_session(info);
+        let mut last = None;
+        for i in 0..self.each.len() {
+            let server = (first + i) % self.each.len();
+            match connector.clone().connect(&self.each[server]).await {
+                Ok(client) => {
+                    let mut state = client.state_watcher();
+                    drop(client); // the only clone: CloseSession is sent
+                    while !state.state().is_terminated() {
+                        state.changed().await;
+                    }
+                    return Ok(());
+                }
+                Err(zk::Error::SessionExpired) => return Ok(()),
+                Err(e) => last = Some(e),
             }
+        }
+        Err(error::map("close", last.unwrap_or(zk::Error::NoHosts)))
+    }
+
+    /// The client rooted at the chroot, if there is one.
+    fn rooted(&self, client: zk::Client) -> Result<zk::Client> {
+        match &self.chroot {
+            Some(root) => client
+                .chroot(root.clone())
+                .map_err(|_| Error::invalid_config(root, "invalid chroot")),
             None => Ok(client),
         }
     }
@@ -147,6 +234,17 @@ impl Resolved {
             Err(e) => Err(error::map("check chroot", e)),
         }
     }
+}
+
+/// Why a client could not be attached to an existing session.
+#[derive(Debug)]
+pub(crate) enum AttachError {
+    /// The cluster says the session expired.
+    Expired,
+    /// A setting or the credentials were refused: trying another server will not help.
+    Refused(Error),
+    /// That server did not take it (down, hung, electing): another may.
+    Failed(zk::Error),
 }
 
 /// Whether a failed session establishment may succeed if tried again: no server answered in

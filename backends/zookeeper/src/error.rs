@@ -1,6 +1,6 @@
 //! Mapping of `zookeeper-client` errors into [`fencelock::Error`].
 
-use fencelock::{Error, SessionEnd};
+use fencelock::Error;
 use zookeeper_client as zk;
 
 /// The backend tag used in errors and traces.
@@ -8,14 +8,15 @@ pub(crate) const NAME: &str = "zookeeper";
 
 /// Maps a client error of operation `op`.
 ///
-/// Session expiry (and a moved session) becomes [`Error::SessionLost`]; a closed client is a
-/// closed session; failed authentication is [`Error::Unauthenticated`] and a refused ACL
+/// A client that found its session expired, moved away or closed is one *link* of the session
+/// ended (see [`crate::link`]): temporary, as the session may live on through another client;
+/// the session is lost when the cluster refuses to attach it again. Failed authentication is [`Error::Unauthenticated`] and a refused ACL
 /// [`Error::PermissionDenied`]; connection loss, timeouts and throttling are temporary;
 /// everything else is a permanent [`Error::Backend`].
 pub(crate) fn map(op: &'static str, e: zk::Error) -> Error {
     match e {
-        zk::Error::SessionExpired | zk::Error::SessionMoved => {
-            Error::SessionLost(SessionEnd::Expired)
+        zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed => {
+            link_ended(op)
         }
         zk::Error::AuthFailed => Error::Unauthenticated {
             backend: NAME,
@@ -26,7 +27,6 @@ pub(crate) fn map(op: &'static str, e: zk::Error) -> Error {
             op,
             source: e.into(),
         },
-        zk::Error::ClientClosed => Error::SessionLost(SessionEnd::Closed),
         e => {
             let temporary = is_temporary(&e);
             Error::backend(NAME, op, temporary, e)
@@ -52,13 +52,23 @@ pub(crate) fn disconnected(op: &'static str) -> Error {
     Error::backend(NAME, op, true, "disconnected from the ZooKeeper cluster")
 }
 
-/// The error for a session state that ends an operation, if it does: `Disconnected` is
-/// temporary, the terminal states mean the session is lost.
+/// The temporary error of an operation whose client ended (see [`map`]).
+pub(crate) fn link_ended(op: &'static str) -> Error {
+    Error::backend(
+        NAME,
+        op,
+        true,
+        "the client's session ended (expired, moved or closed): confirming with the cluster",
+    )
+}
+
+/// The error for a client state that ends an operation, if it does: both `Disconnected` and
+/// the terminal states are temporary (see [`map`]); whether the session is lost, the session
+/// itself tells the next operation.
 pub(crate) fn state_error(op: &'static str, state: zk::SessionState) -> Option<Error> {
     match state {
         zk::SessionState::Disconnected => Some(disconnected(op)),
-        zk::SessionState::Closed => Some(Error::SessionLost(SessionEnd::Closed)),
-        s if s.is_terminated() => Some(Error::SessionLost(SessionEnd::Expired)),
+        s if s.is_terminated() => Some(link_ended(op)),
         _ => None,
     }
 }

@@ -50,6 +50,7 @@ mod error;
 mod guarded;
 mod inspect;
 mod layout;
+mod link;
 mod parents;
 mod queue;
 mod session;
@@ -166,9 +167,13 @@ impl Backend for ZooKeeperBackend {
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
         let span = info_span!("zookeeper_session", requested = ?ttl);
         async {
-            let client = self.inner.config.connect_client(ttl).await?;
-            let session: Arc<dyn BackendSession> =
-                Arc::new(session::ZkSession::new(self.inner.clone(), client, ttl));
+            let (client, server) = self.inner.config.connect_client(ttl).await?;
+            let session: Arc<dyn BackendSession> = Arc::new(session::ZkSession::new(
+                self.inner.clone(),
+                client,
+                server,
+                ttl,
+            ));
             Ok(session)
         }
         .instrument(span)

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use fencelock::backend::{
     SessionEvent,
 };
 use fencelock::{Error, FencingToken, Result, SessionEnd};
-use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tokio::sync::{mpsc, Mutex as AsyncMutex, OnceCell};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -23,6 +23,7 @@ use crate::error::{self, state_error};
 use crate::layout::{
     basename, is_entry_name, is_latch, join, namespace_root, queue_path, sorted_entries,
 };
+use crate::link::{self, Links, Moved};
 use crate::queue::ahead_of;
 use crate::watch::check_session_event;
 use crate::Inner;
@@ -36,25 +37,27 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
 /// session deletes all of them at once. Dropping it closes the session too.
 ///
+/// It talks to the cluster through one server at a time and moves to another when that one
+/// falls silent or drops the connection (see [`crate::link`]).
+///
 /// **Heartbeat contract** (see [`BackendSession`]). The ZooKeeper client pings the server by
 /// itself, which would keep the session alive for as long as the process runs, even after
 /// fencelock's heartbeat stopped. To keep the contract (a session lives only while its
 /// heartbeat runs: the entries of an owner that stopped heartbeating go after the TTL), the
-/// session closes itself when [`keep_alive`](BackendSession::keep_alive) has not been called for
-/// one TTL.
+/// session lets go of its client when [`keep_alive`](BackendSession::keep_alive) has not been
+/// called for one TTL, and the cluster expires it.
 pub(crate) struct ZkSession {
     pub(crate) backend: Arc<Inner>,
-    /// The client while the session is open; dropping its last clone closes the session.
-    client: Arc<RwLock<Slot>>,
+    links: Arc<Links>,
     /// When `keep_alive` was last called (or the session opened).
     last_beat: Arc<StdMutex<Instant>>,
     pub(crate) id: i64,
     ttl: Duration,
     /// See [`crate::connect::heartbeat_interval`].
     heartbeat: Duration,
-    /// A template: clone it and consume its current state to watch for later changes.
-    state: zk::StateWatcher,
     events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    /// Set once the close on the cluster was tried: every caller of `close` awaits it.
+    closed: OnceCell<()>,
 }
 
 impl fmt::Debug for ZkSession {
@@ -62,148 +65,165 @@ impl fmt::Debug for ZkSession {
         f.debug_struct("ZkSession")
             .field("id", &self.id())
             .field("ttl", &self.ttl)
-            .field("state", &self.state.peek_state())
+            .field(
+                "state",
+                &self.links.current().map(|l| l.state.peek_state()).ok(),
+            )
             .finish()
     }
 }
 
 impl ZkSession {
-    pub(crate) fn new(backend: Arc<Inner>, client: zk::Client, requested: Duration) -> Self {
+    /// The session of `client`, connected through server `server`.
+    pub(crate) fn new(
+        backend: Arc<Inner>,
+        client: zk::Client,
+        server: usize,
+        requested: Duration,
+    ) -> Self {
         let id = client.session_id().0;
         let ttl = client.session_timeout();
         let heartbeat = crate::connect::heartbeat_interval(ttl, requested);
-        let state = client.state_watcher();
+        let links = Links::new(backend.clone(), client, server, requested);
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(forward_events(state.clone(), tx));
-        let client = Arc::new(RwLock::new(Slot::Open(client)));
+        tokio::spawn(link::follow(Arc::downgrade(&links), tx));
         let last_beat = Arc::new(StdMutex::new(Instant::now()));
         tokio::spawn(watchdog(
-            Arc::downgrade(&client),
+            Arc::downgrade(&links),
             Arc::downgrade(&last_beat),
             ttl,
             id,
         ));
         ZkSession {
             backend,
-            client,
+            links,
             last_beat,
             id,
             ttl,
             heartbeat,
-            state,
             events: AsyncMutex::new(rx),
+            closed: OnceCell::new(),
         }
     }
 
-    /// A clone of the client for one operation, or the reason there is none. Operations must
-    /// not keep it across long waits (watches), so that [`close`](BackendSession::close)
-    /// really ends the session.
+    /// `fut`, or a temporary error if the session moves to another client first (or ends): a
+    /// request sent through the old client may wait on a server the session left (a silent
+    /// one) until that client gives up; the core retries it through the new client instead.
+    /// Every operation is safe to give up at any await point (a lost reply: see
+    /// [`EnqueueRequest::retry`]).
+    async fn unless_moved<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut moved = self.links.subscribe();
+        tokio::select! {
+            biased;
+            res = fut => res,
+            _ = moved.changed() => Err(error::disconnected(op)),
+        }
+    }
+
+    /// Ends the session here and on the cluster (at most [`CLOSE_WAIT`]); every caller
+    /// returns once that was tried. A session already let go of (see [`watchdog`]) is closed
+    /// on the cluster too, in case it has not expired there yet.
+    async fn close_once(&self) {
+        self.links.end(SessionEnd::Closed);
+        self.closed
+            .get_or_init(|| async {
+                match tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await {
+                    Ok(Ok(())) => debug!(session = %self.id(), "zookeeper session closed"),
+                    Ok(Err(e)) => {
+                        warn!(session = %self.id(), error = %e, "the ZooKeeper session could not be closed; it expires after its timeout")
+                    }
+                    Err(_) => {
+                        warn!(session = %self.id(), "the close of the ZooKeeper session was not confirmed; it expires after its timeout")
+                    }
+                }
+            })
+            .await;
+    }
+
+    /// A clone of the current client for one operation, or the reason there is none.
+    /// Operations must not keep it across long waits (watches): the session may move to
+    /// another client meanwhile, and [`close`](BackendSession::close) must really end it.
     pub(crate) fn client(&self) -> Result<zk::Client> {
-        match &*self.client.read().unwrap() {
-            Slot::Open(c) => Ok(c.clone()),
-            Slot::Gone(reason) => Err(Error::SessionLost(*reason)),
-        }
+        self.links.current().map(|l| l.client.clone())
     }
 
-    /// Resolves with an error when the session state breaks an ongoing wait: a disconnect
-    /// *after* this call (temporary), or a terminal state (the session is lost). A connection
-    /// that is down already when this is called does not count: requests sent now wait for
-    /// the reconnection, and watches set then are valid.
+    /// Resolves with an error when the session state breaks an ongoing wait: a disconnect or
+    /// a move to another server *after* this call (temporary: the wait watches again through
+    /// the new client), or the end of the session. A connection that is down already when
+    /// this is called does not count: requests sent now wait for the reconnection, and
+    /// watches set then are valid.
     pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
-        let mut watcher = self.state.clone();
-        let now = watcher.state();
+        let mut moved = self.links.subscribe();
+        let link = self.links.current();
         async move {
+            let link = match link {
+                Ok(link) => link,
+                Err(e) => return e,
+            };
+            let mut watcher = link.state.clone();
+            drop(link);
+            let now = watcher.state();
             if now.is_terminated() {
                 if let Some(e) = state_error(op, now) {
                     return e;
                 }
             }
             loop {
-                let state = watcher.changed().await;
-                if let Some(e) = state_error(op, state) {
-                    return e;
+                tokio::select! {
+                    state = watcher.changed() => {
+                        if let Some(e) = state_error(op, state) {
+                            return e;
+                        }
+                    }
+                    _ = moved.changed() => return error::disconnected(op),
                 }
             }
         }
     }
 }
 
-/// The client of an open session, or why there is none.
-enum Slot {
-    Open(zk::Client),
-    Gone(SessionEnd),
-}
-
-impl Slot {
-    /// Takes the client out (closing the session once its clones are gone), leaving `reason`.
-    fn take(&mut self, reason: SessionEnd) -> Option<zk::Client> {
-        match std::mem::replace(self, Slot::Gone(reason)) {
-            Slot::Open(c) => Some(c),
-            Slot::Gone(r) => {
-                *self = Slot::Gone(r);
-                None
-            }
+impl Drop for ZkSession {
+    /// A session dropped without [`close`](BackendSession::close) is closed in the background
+    /// (its clients are detached: dropping them alone would leave it to expire).
+    fn drop(&mut self) {
+        if self.closed.initialized() {
+            return;
+        }
+        self.links.end(SessionEnd::Closed);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let links = self.links.clone();
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+            });
         }
     }
 }
 
-/// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
-/// contract on [`ZooKeeperSession`]). Ends with the session.
-async fn watchdog(
-    client: Weak<RwLock<Slot>>,
-    last_beat: Weak<StdMutex<Instant>>,
-    ttl: Duration,
-    id: i64,
-) {
+/// Lets go of the session's client when `keep_alive` has not been called for `ttl` (see the
+/// heartbeat contract on [`ZkSession`]): the cluster then expires the session. Ends with the
+/// session.
+async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: Duration, id: i64) {
     loop {
         let Some(last) = last_beat.upgrade().map(|b| *b.lock().unwrap()) else {
             return;
         };
         if Instant::now() >= last + ttl {
-            let Some(client) = client.upgrade() else {
+            let Some(links) = links.upgrade() else {
                 return;
             };
-            let taken = client.write().unwrap().take(SessionEnd::Expired);
-            if taken.is_some() {
-                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
+            if links.end(SessionEnd::Expired).is_some() {
+                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: letting the ZooKeeper session expire");
             }
             return;
         }
-        if client
-            .upgrade()
-            .is_none_or(|c| matches!(*c.read().unwrap(), Slot::Gone(_)))
-        {
+        if links.upgrade().is_none_or(|l| !l.is_open()) {
             return; // closed
         }
         tokio::time::sleep_until(last + ttl).await;
-    }
-}
-
-/// Forwards the client's session states as [`SessionEvent`]s until a terminal state.
-async fn forward_events(mut watcher: zk::StateWatcher, tx: mpsc::UnboundedSender<SessionEvent>) {
-    let mut disconnected = matches!(watcher.state(), zk::SessionState::Disconnected);
-    loop {
-        let state = watcher.changed().await;
-        let event = match state {
-            zk::SessionState::Disconnected => {
-                disconnected = true;
-                Some(SessionEvent::Disconnected)
-            }
-            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                std::mem::take(&mut disconnected).then_some(SessionEvent::Reconnected)
-            }
-            s if s.is_terminated() => Some(SessionEvent::Expired),
-            _ => None,
-        };
-        debug!(?state, "zookeeper session state");
-        if let Some(event) = event {
-            if tx.send(event).is_err() {
-                return;
-            }
-        }
-        if state.is_terminated() {
-            return;
-        }
     }
 }
 
@@ -224,9 +244,9 @@ impl BackendSession for ZkSession {
     async fn keep_alive(&self) -> Result<()> {
         const OP: &str = "keep-alive";
         *self.last_beat.lock().unwrap() = Instant::now();
-        let client = self.client()?;
+        let link = self.links.current()?;
         // Fail fast while disconnected: the request would only wait for the reconnection.
-        if let Some(e) = state_error(OP, self.state.peek_state()) {
+        if let Some(e) = state_error(OP, link.state.peek_state()) {
             return Err(e);
         }
         // `sync` rather than a plain read: the server we are connected to answers only after
@@ -235,8 +255,23 @@ impl BackendSession for ZkSession {
         // proves the session alive at the leader after this call started, even when our
         // server is a follower cut off from the leader (it would keep serving reads for a
         // while). Unlike a write, it costs no transaction.
-        let res = client.sync("/").await;
-        res.map_err(|e| error::map(OP, e))
+        //
+        // Unanswered for a while, the server is silent (paused, stalled): the session moves
+        // to another server, in a task of its own so that the heartbeat's own timeout cannot
+        // cancel the move halfway; the next heartbeat goes through the new client.
+        let answered = tokio::time::timeout(link::silence(self.ttl), link.client.sync("/")).await;
+        match answered {
+            Ok(res) => res.map_err(|e| error::map(OP, e)),
+            Err(_) => {
+                let links = self.links.clone();
+                let mover =
+                    tokio::spawn(async move { links.move_off(&link, "silent server").await });
+                match mover.await {
+                    Ok(Moved::Ended(reason)) => Err(Error::SessionLost(reason)),
+                    _ => Err(error::disconnected(OP)),
+                }
+            }
+        }
     }
 
     async fn next_event(&self) -> SessionEvent {
@@ -248,68 +283,56 @@ impl BackendSession for ZkSession {
     }
 
     async fn close(&self) -> Result<()> {
-        let client = self.client.write().unwrap().take(SessionEnd::Closed);
-        let Some(client) = client else { return Ok(()) };
-        let mut watcher = self.state.clone();
-        drop(client); // the last clone: the client sends CloseSession
-        let closed = async {
-            loop {
-                if watcher.state().is_terminated() {
-                    return;
-                }
-                watcher.changed().await;
-            }
-        };
-        if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
-            warn!(session = %self.id(), "the close of the ZooKeeper session was not confirmed; it expires after its timeout");
-        } else {
-            debug!(session = %self.id(), "zookeeper session closed");
-        }
+        self.close_once().await;
         Ok(())
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
-        const OP: &str = "enqueue";
-        let parent = self.parent_of(&req)?;
-        if req.retry {
-            // The create of an earlier try may have succeeded with its reply lost: adopt the
-            // node if it is there (ours: named with the attempt, owned by this session).
-            let children = self.children(OP, &parent).await?;
-            if let Some(own) = self
-                .find_own(&parent, &children, &req)
-                .await?
-                .into_iter()
-                .next()
-            {
-                debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
-                let sorted = sorted_entries(children, req.queue.kind);
-                let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
-                return Ok(Enqueued::new(own, ahead));
-            }
-        }
-        let created = self.create_listed(&parent, &req).await?;
-        let own = created.entry;
-        let name = basename(&own.key).to_string();
-        // The listing sent with the create shows our node; should it not, list again.
-        let listed = created
-            .listing
-            .and_then(|c| ahead_of(&parent, &sorted_entries(c, req.queue.kind), &name));
-        let ahead = match listed {
-            Some(ahead) => ahead,
-            None => {
+        self.unless_moved("enqueue", async {
+            const OP: &str = "enqueue";
+            let parent = self.parent_of(&req)?;
+            if req.retry {
+                // The create of an earlier try may have succeeded with its reply lost: adopt the
+                // node if it is there (ours: named with the attempt, owned by this session).
                 let children = self.children(OP, &parent).await?;
-                ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name).ok_or_else(
-                    || Error::EntryVanished {
-                        key: own.key.clone(),
-                    },
-                )?
+                if let Some(own) = self
+                    .find_own(&parent, &children, &req)
+                    .await?
+                    .into_iter()
+                    .next()
+                {
+                    debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
+                    let sorted = sorted_entries(children, req.queue.kind);
+                    let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
+                    return Ok(Enqueued::new(own, ahead));
+                }
             }
-        };
-        Ok(Enqueued::new(own, ahead))
+            let created = self.create_listed(&parent, &req).await?;
+            let own = created.entry;
+            let name = basename(&own.key).to_string();
+            // The listing sent with the create shows our node; should it not, list again.
+            let listed = created
+                .listing
+                .and_then(|c| ahead_of(&parent, &sorted_entries(c, req.queue.kind), &name));
+            let ahead = match listed {
+                Some(ahead) => ahead,
+                None => {
+                    let children = self.children(OP, &parent).await?;
+                    ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name).ok_or_else(
+                        || Error::EntryVanished {
+                            key: own.key.clone(),
+                        },
+                    )?
+                }
+            };
+            Ok(Enqueued::new(own, ahead))
+        })
+        .await
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
-        self.create_all(reqs).await
+        self.unless_moved("enqueue_all", async { self.create_all(reqs).await })
+            .await
     }
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
@@ -355,13 +378,16 @@ impl BackendSession for ZkSession {
     }
 
     async fn exists(&self, own: &Entry) -> Result<bool> {
-        let client = self.client()?;
-        let res = client.check_stat(&own.key).await;
-        match res {
-            Ok(Some(stat)) => Ok(stat.czxid as u64 == own.token.get()),
-            Ok(None) => Ok(false),
-            Err(e) => Err(error::map("check entry", e)),
-        }
+        self.unless_moved("exists", async {
+            let client = self.client()?;
+            let res = client.check_stat(&own.key).await;
+            match res {
+                Ok(Some(stat)) => Ok(stat.czxid as u64 == own.token.get()),
+                Ok(None) => Ok(false),
+                Err(e) => Err(error::map("check entry", e)),
+            }
+        })
+        .await
     }
 
     async fn still_ahead(
@@ -371,32 +397,35 @@ impl BackendSession for ZkSession {
         kind: Option<EntryKind>,
         nearest: usize,
     ) -> Result<Vec<Peer>> {
-        const OP: &str = "read queue";
-        let parent = queue_path(queue, self.chrooted())?;
-        // One request: our node is in the listing if it still exists (its name carries the
-        // attempt's uuid: never re-used, so its presence is its identity). Curator's recipes
-        // list the children on each wake-up too.
-        let children = match self.client()?.list_children(&parent).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(error::map(OP, e)),
-        };
-        if !children.iter().any(|c| c == basename(&own.key)) {
-            return Err(Error::EntryVanished {
-                key: own.key.clone(),
-            });
-        }
-        let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
-            .into_iter()
-            .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))
-            .map(|l| Peer {
-                key: join(&parent, &l.name),
-                order: l.seq,
-                kind: l.kind,
-            })
-            .collect();
-        let skip = ahead.len().saturating_sub(nearest);
-        Ok(ahead.split_off(skip))
+        self.unless_moved("still_ahead", async {
+            const OP: &str = "read queue";
+            let parent = queue_path(queue, self.chrooted())?;
+            // One request: our node is in the listing if it still exists (its name carries the
+            // attempt's uuid: never re-used, so its presence is its identity). Curator's recipes
+            // list the children on each wake-up too.
+            let children = match self.client()?.list_children(&parent).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(e) => return Err(error::map(OP, e)),
+            };
+            if !children.iter().any(|c| c == basename(&own.key)) {
+                return Err(Error::EntryVanished {
+                    key: own.key.clone(),
+                });
+            }
+            let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
+                .into_iter()
+                .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))
+                .map(|l| Peer {
+                    key: join(&parent, &l.name),
+                    order: l.seq,
+                    kind: l.kind,
+                })
+                .collect();
+            let skip = ahead.len().saturating_sub(nearest);
+            Ok(ahead.split_off(skip))
+        })
+        .await
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
@@ -429,37 +458,47 @@ impl BackendSession for ZkSession {
     }
 
     async fn remove(&self, e: &Entry) -> Result<bool> {
-        let deleted = self.delete("delete entry", &e.key).await?;
-        if deleted {
-            debug!(key = %e.key, "deleted entry");
-        }
-        if is_latch(&e.key) {
-            self.forget_value(&e.key).await;
-        }
-        Ok(deleted)
+        self.unless_moved("remove", async {
+            let deleted = self.delete("delete entry", &e.key).await?;
+            if deleted {
+                debug!(key = %e.key, "deleted entry");
+            }
+            if is_latch(&e.key) {
+                self.forget_value(&e.key).await;
+            }
+            Ok(deleted)
+        })
+        .await
     }
 
     async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
-        let req = EnqueueRequest::new(queue, kind, attempt, b"");
-        self.abandon_attempt(&req).await
+        self.unless_moved("abandon", async {
+            let req = EnqueueRequest::new(queue, kind, attempt, b"");
+            self.abandon_attempt(&req).await
+        })
+        .await
     }
 
     async fn set_value(&self, e: &Entry, value: &[u8]) -> Result<bool> {
-        if is_latch(&e.key) {
-            // Never on the candidate's node itself: see `layout::value_path`.
-            return self.proclaim(e, value).await;
-        }
-        let client = self.client()?;
-        let res = client.set_data(&e.key, value, None).await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(zk::Error::NoNode) => Ok(false),
-            Err(err) => Err(error::map("set value", err)),
-        }
+        self.unless_moved("set_value", async {
+            if is_latch(&e.key) {
+                // Never on the candidate's node itself: see `layout::value_path`.
+                return self.proclaim(e, value).await;
+            }
+            let client = self.client()?;
+            let res = client.set_data(&e.key, value, None).await;
+            match res {
+                Ok(_) => Ok(true),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(err) => Err(error::map("set value", err)),
+            }
+        })
+        .await
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
-        self.read_head(queue).await
+        self.unless_moved("head", async { self.read_head(queue).await })
+            .await
     }
 
     async fn wait_queue_change(
@@ -471,11 +510,13 @@ impl BackendSession for ZkSession {
     }
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
-        self.inspect_queue(queue).await
+        self.unless_moved("inspect", async { self.inspect_queue(queue).await })
+            .await
     }
 
     async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
-        self.revoke_at(key, token).await
+        self.unless_moved("request_revoke", async { self.revoke_at(key, token).await })
+            .await
     }
 
     async fn wait_revoke(&self, own: &Entry) -> Result<()> {
@@ -483,44 +524,47 @@ impl BackendSession for ZkSession {
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
-        const OP: &str = "list";
-        let root = namespace_root(namespace, self.chrooted())?;
-        let skip_reserved = !self.chrooted();
-        let mut out = Vec::new();
-        let mut dirs = vec![root.clone()];
-        while !dirs.is_empty() {
-            let client = self.client()?;
-            let lists =
-                futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
-            let mut next = Vec::new();
-            for (dir, res) in dirs.iter().zip(lists) {
-                let children = match res {
-                    Ok(c) => c,
-                    Err(zk::Error::NoNode) => continue,
-                    // A node below the namespace that another client made unreadable to us
-                    // holds nothing of ours (we make our nodes readable): skipped, rather than
-                    // fail the listing of the whole namespace.
-                    Err(zk::Error::NoAuth) if *dir != root => {
-                        debug!(node = %dir, "skipped a node we may not read");
-                        continue;
-                    }
-                    Err(e) => return Err(error::map(OP, e)),
-                };
-                for child in children {
-                    if skip_reserved && dir == "/" && child == "zookeeper" {
-                        continue;
-                    }
-                    let path = join(dir, &child);
-                    if is_entry_name(&child) {
-                        out.push(path);
-                    } else {
-                        next.push(path);
+        self.unless_moved("list", async {
+            const OP: &str = "list";
+            let root = namespace_root(namespace, self.chrooted())?;
+            let skip_reserved = !self.chrooted();
+            let mut out = Vec::new();
+            let mut dirs = vec![root.clone()];
+            while !dirs.is_empty() {
+                let client = self.client()?;
+                let lists =
+                    futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
+                let mut next = Vec::new();
+                for (dir, res) in dirs.iter().zip(lists) {
+                    let children = match res {
+                        Ok(c) => c,
+                        Err(zk::Error::NoNode) => continue,
+                        // A node below the namespace that another client made unreadable to us
+                        // holds nothing of ours (we make our nodes readable): skipped, rather than
+                        // fail the listing of the whole namespace.
+                        Err(zk::Error::NoAuth) if *dir != root => {
+                            debug!(node = %dir, "skipped a node we may not read");
+                            continue;
+                        }
+                        Err(e) => return Err(error::map(OP, e)),
+                    };
+                    for child in children {
+                        if skip_reserved && dir == "/" && child == "zookeeper" {
+                            continue;
+                        }
+                        let path = join(dir, &child);
+                        if is_entry_name(&child) {
+                            out.push(path);
+                        } else {
+                            next.push(path);
+                        }
                     }
                 }
+                dirs = next;
             }
-            dirs = next;
-        }
-        out.sort();
-        Ok(out)
+            out.sort();
+            Ok(out)
+        })
+        .await
     }
 }

@@ -1,0 +1,224 @@
+//! A ZooKeeper server paused (`SIGSTOP`) under a session that is connected to it: a stopped
+//! process still accepts connections and answers nothing. The session must move to another
+//! server before its deadline (see `backends/zookeeper/src/link.rs`): no session lost, locks
+//! granted all through the pause, no gap between grants longer than the TTL.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fencelock::{Session, SessionState};
+use fencelock_integration::servers::fourlw;
+use fencelock_integration::servers::zookeeper::ZkEnsemble;
+use fencelock_integration::servers::{available, Cluster};
+use fencelock_integration::target::Kind;
+use tokio::task::JoinSet;
+
+/// How many sessions connected to the paused server contend for the lock (with one connected
+/// elsewhere): each one that the client would send back to the silent server is lost.
+const ON_VICTIM: usize = 3;
+
+/// The server that `session` is connected to, from each server's `cons` (bounded wait).
+async fn server_of(ensemble: &ZkEnsemble, session: &Session) -> usize {
+    let sid = format!("sid=0x{}", session.id());
+    let start = Instant::now();
+    loop {
+        for i in 0..ensemble.size() {
+            let cons = fourlw::ask_async(ensemble.port(i), "cons")
+                .await
+                .unwrap_or_default();
+            if cons.contains(&sid) {
+                return i;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no server lists session {}",
+            session.id()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Which server is paused.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Victim {
+    /// A follower that sessions are connected to.
+    Follower,
+    /// The leader, with sessions connected to it.
+    Leader,
+}
+
+/// Pauses a server that [`ON_VICTIM`] sessions are connected to for 3 × `ttl` while they and
+/// one session connected elsewhere take turns on one mutex; checks them all live, the grants
+/// during the pause, and the longest gap between two grants.
+async fn pause_connected_server(ensemble: &Arc<ZkEnsemble>, ttl: Duration, which: Victim) {
+    let ns = fencelock::conformance::unique_namespace("paused-zk");
+    let target = ensemble.target();
+    let leader = ensemble.leader().await;
+    // Sessions connect to a server at random: open some until one is on the victim's kind of
+    // server, then until ON_VICTIM are on that server and one is elsewhere.
+    let (first, victim) = loop {
+        let s = target.session(&ns, ttl).await;
+        let i = server_of(ensemble, &s).await;
+        if (i == leader) == (which == Victim::Leader) {
+            break (s, i);
+        }
+        s.close().await.unwrap();
+    };
+    let (mut sessions, mut elsewhere) = (vec![first], None);
+    for _ in 0..40 {
+        if sessions.len() == ON_VICTIM && elsewhere.is_some() {
+            break;
+        }
+        let s = target.session(&ns, ttl).await;
+        if server_of(ensemble, &s).await == victim {
+            if sessions.len() < ON_VICTIM {
+                sessions.push(s);
+                continue;
+            }
+        } else if elsewhere.is_none() {
+            elsewhere = Some(s);
+            continue;
+        }
+        s.close().await.unwrap();
+    }
+    assert_eq!(sessions.len(), ON_VICTIM, "sessions on server {victim}");
+    sessions.extend(elsewhere);
+    let grants: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = JoinSet::new();
+    for s in &sessions {
+        let (m, grants, stop) = (s.mutex("m").unwrap(), grants.clone(), stop.clone());
+        workers.spawn(async move {
+            let mut failed = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let e = match tokio::time::timeout(ttl * 2, m.lock_timeout(ttl)).await {
+                    Ok(Ok(g)) => {
+                        grants.lock().unwrap().push(Instant::now());
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        let _ = g.release().await;
+                        continue;
+                    }
+                    Ok(Err(e)) => e,
+                    Err(_) => {
+                        failed.push("lock_timeout did not return".into());
+                        continue;
+                    }
+                };
+                failed.push(e.to_string());
+                if matches!(e, fencelock::Error::SessionLost(_)) {
+                    break; // reported by the session's state
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            failed
+        });
+    }
+    // A workload that runs before the fault.
+    let warm = Instant::now();
+    while grants.lock().unwrap().len() < 50 {
+        assert!(
+            warm.elapsed() < Duration::from_secs(30),
+            "no grants before the pause"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pause = ttl * 3;
+    let paused_at = Instant::now();
+    ensemble.pause(victim);
+    let mut moved = None;
+    while paused_at.elapsed() < pause {
+        if moved.is_none() {
+            // The first session shows up on another server (the paused one answers nothing).
+            for i in (0..ensemble.size()).filter(|i| *i != victim) {
+                let cons = fourlw::ask_async(ensemble.port(i), "cons").await;
+                if cons.is_some_and(|c| c.contains(&format!("sid=0x{}", sessions[0].id()))) {
+                    moved = Some((i, paused_at.elapsed()));
+                }
+            }
+        }
+        for s in &sessions {
+            assert!(
+                !matches!(s.state(), SessionState::Lost(_)),
+                "TTL {ttl:?}: session {} lost with its server paused",
+                s.id()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed_at = Instant::now();
+    ensemble.resume(victim);
+    // The workload after healing.
+    let healed = grants.lock().unwrap().len();
+    while grants.lock().unwrap().len() < healed + 50 {
+        assert!(
+            resumed_at.elapsed() < Duration::from_secs(30),
+            "no grants after the pause"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failed = Vec::new();
+    while let Some(f) = workers.join_next().await {
+        failed.extend(f.unwrap());
+    }
+    let lost: Vec<_> = sessions
+        .iter()
+        .filter(|s| matches!(s.state(), SessionState::Lost(_)))
+        .map(|s| s.id())
+        .collect();
+    let grants = grants.lock().unwrap().clone();
+    let during = grants
+        .iter()
+        .filter(|t| **t >= paused_at && **t < resumed_at)
+        .count();
+    let mut longest = Duration::ZERO;
+    let mut last = paused_at;
+    for t in grants.iter().filter(|t| **t >= paused_at) {
+        longest = longest.max(t.duration_since(last));
+        last = *t;
+    }
+    println!(
+        "ZooKeeper TTL {ttl:?}: the {which:?} (server {victim}) paused {pause:?} under {ON_VICTIM} of {} sessions; \
+         the first moved (to server, after) {moved:?}; {during} grants during the pause, \
+         longest gap {longest:?}; sessions lost {}; {} acquisitions failed ({failed:?})",
+        sessions.len(),
+        lost.len(),
+        failed.len()
+    );
+    assert!(lost.is_empty(), "sessions lost: {lost:?}");
+    assert!(during >= 20, "only {during} grants during the pause");
+    assert!(
+        longest <= ttl,
+        "a gap of {longest:?} between grants (TTL {ttl:?})"
+    );
+    assert!(moved.is_some(), "the first session never moved");
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
+
+/// One after the other on one ensemble: a follower at the short TTL (4 s: the local deadline
+/// is 3.2 s after a heartbeat) and at 10 s; the leader at 10 s (its followers notice after
+/// syncLimit × tickTime, 2.5 s here, and elect another: the cluster confirms nothing
+/// meanwhile, so at the short TTL the sessions may be lost, rightly).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_connected_server_paused() {
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    let ensemble = Arc::new(
+        tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+            .await
+            .unwrap(),
+    );
+    let scenarios = [
+        (Duration::from_secs(4), Victim::Follower),
+        (Duration::from_secs(10), Victim::Follower),
+        (Duration::from_secs(10), Victim::Leader),
+    ];
+    for (ttl, which) in scenarios {
+        pause_connected_server(&ensemble, ttl, which).await;
+    }
+}
