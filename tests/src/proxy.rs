@@ -18,6 +18,9 @@ pub enum Mode {
     Delay(Duration),
     /// Keep connections open but forward nothing (a partition without resets).
     BlackHole,
+    /// Forward the client's traffic but nothing back (a one-way partition: requests arrive,
+    /// replies wait).
+    BlackHoleReplies,
     /// Close every connection and refuse new ones.
     Reset,
 }
@@ -63,8 +66,8 @@ impl Proxy {
                         let (cr, cw) = client.into_split();
                         let (sr, sw) = server.into_split();
                         tokio::select! {
-                            _ = pipe(cr, sw, rx.clone()) => {}
-                            _ = pipe(sr, cw, rx) => {}
+                            _ = pipe(cr, sw, rx.clone(), false) => {}
+                            _ = pipe(sr, cw, rx, true) => {}
                         }
                     }
                 });
@@ -114,18 +117,21 @@ impl Drop for Proxy {
     }
 }
 
+/// Forwards `from` to `to` as the mode says; `replies`: the server-to-client direction.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
+    replies: bool,
 ) {
+    let held = |m: Mode| m == Mode::BlackHole || (replies && m == Mode::BlackHoleReplies);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Wait while black-holed; stop on reset.
         let current = loop {
             let m = *mode.borrow_and_update();
             match m {
-                Mode::BlackHole => {
+                m if held(m) => {
                     if mode.changed().await.is_err() {
                         return;
                     }
@@ -143,7 +149,7 @@ async fn pipe(
         }
         // Data read just before a black-hole or reset is dropped, like a lost packet.
         match *mode.borrow() {
-            Mode::BlackHole => continue,
+            m if held(m) => continue,
             Mode::Reset => return,
             _ => {}
         }

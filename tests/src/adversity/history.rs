@@ -81,6 +81,22 @@ pub struct Requirements {
     pub min_grants: usize,
     /// How many tenures may overlap.
     pub limit: Limit,
+    /// For a gray failure: what the sessions that were not disturbed must keep.
+    pub gray: Option<Gray>,
+    /// Sessions on a direct link that were lost (reported; a violation where `gray` says so).
+    pub sessions_lost: usize,
+}
+
+/// What a gray failure (a hung member, a slow or one-way link) must leave the sessions that
+/// talk to a healthy quorum directly.
+#[derive(Debug, Clone, Copy)]
+pub struct Gray {
+    /// No such session may be lost.
+    pub keeps_sessions: bool,
+    /// Grants required during the fault.
+    pub min_during: usize,
+    /// The longest gap allowed between two grants, if bounded.
+    pub max_gap: Option<Duration>,
 }
 
 /// The outcome of the checker for one scenario.
@@ -102,27 +118,33 @@ pub struct Summary {
     pub leftover: usize,
     /// The longest time without any holder while workers were trying.
     pub longest_unavailable: Duration,
+    /// Sessions on a direct link lost.
+    pub sessions_lost: usize,
+    /// Grants during the faults.
+    pub grants_during: usize,
 }
 
 impl Summary {
     /// One line for the summary table.
     pub fn line(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} s |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} s |",
             self.scenario,
             self.ops,
             self.grants,
+            self.grants_during,
             self.faults,
             self.stale_refused,
             self.violations.len(),
             self.leftover,
+            self.sessions_lost,
             self.longest_unavailable.as_secs_f64()
         )
     }
 
     /// The table header.
     pub fn header() -> &'static str {
-        "| scenario | ops | grants | faults | stale writes refused | violations | leftover entries | longest unavailability |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| scenario | ops | grants | grants during the faults | faults | stale writes refused | violations | leftover entries | sessions lost | longest unavailability |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     }
 }
 
@@ -202,6 +224,31 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
         })
         .max()
         .unwrap_or_default();
+    let during = grants
+        .iter()
+        .filter(|o| {
+            o.completed
+                .is_some_and(|c| c > r.fault_began && c < r.healed)
+        })
+        .count();
+    // (6) a gray failure costs the undisturbed sessions nothing.
+    if let Some(g) = req.gray {
+        if g.keeps_sessions && req.sessions_lost > 0 {
+            v.push(format!(
+                "{} sessions on a direct link lost, with a healthy quorum reachable",
+                req.sessions_lost
+            ));
+        }
+        if during < g.min_during {
+            v.push(format!(
+                "only {during} grants during the fault (at least {} required)",
+                g.min_during
+            ));
+        }
+        if let Some(max) = g.max_gap.filter(|m| longest > *m) {
+            v.push(format!("{longest:?} without a grant (at most {max:?})"));
+        }
+    }
     Summary {
         scenario: scenario.to_string(),
         ops: r.ops.len(),
@@ -211,6 +258,8 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
         violations: v,
         leftover: r.leftover,
         longest_unavailable: longest,
+        sessions_lost: req.sessions_lost,
+        grants_during: during,
     }
 }
 
@@ -253,6 +302,8 @@ mod tests {
         bound: Duration::from_secs(10),
         min_grants: 2,
         limit: Limit::One,
+        gray: None,
+        sessions_lost: 0,
     };
 
     /// A clean history: two grants before the fault, two after, in order.
@@ -330,6 +381,52 @@ mod tests {
         let s = check("reader after a writer", &r, rw);
         assert!(
             s.violations.iter().any(|v| v.contains("overlap")),
+            "{:?}",
+            s.violations
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gray_failure_must_keep_the_sessions() {
+        let r = clean(Instant::now());
+        let gray = Gray {
+            keeps_sessions: true,
+            min_during: 0,
+            max_gap: None,
+        };
+        let lost = Requirements {
+            gray: Some(gray),
+            sessions_lost: 1,
+            ..REQ
+        };
+        let s = check("pause follower", &r, lost);
+        assert!(
+            s.violations
+                .iter()
+                .any(|v| v.contains("sessions on a direct link lost")),
+            "{:?}",
+            s.violations
+        );
+        assert_eq!(s.sessions_lost, 1);
+        let allowed = Requirements {
+            gray: Some(Gray {
+                keeps_sessions: false,
+                ..gray
+            }),
+            ..lost
+        };
+        assert!(check("pause leader", &r, allowed).violations.is_empty());
+        let starved = Requirements {
+            gray: Some(Gray {
+                min_during: 1_000,
+                ..gray
+            }),
+            sessions_lost: 0,
+            ..REQ
+        };
+        let s = check("no grants during", &r, starved);
+        assert!(
+            s.violations.iter().any(|v| v.contains("during the fault")),
             "{:?}",
             s.violations
         );

@@ -101,11 +101,92 @@ pub async fn pause_holder(st: &mut Stage<'_>) {
 /// expiry).
 pub async fn expire_waiter(st: &mut Stage<'_>) -> JoinHandle<Result<Guard>> {
     let s = st.target.session(&st.workload.namespace, st.ttl()).await;
-    st.sessions.lock().unwrap().push(s.clone());
+    st.sessions.lock().unwrap().push((false, s.clone()));
     let m = s.mutex(&st.workload.lock).expect("mutex");
     let waiting = tokio::spawn(async move { m.lock_timeout(Duration::from_secs(30)).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.halt_heartbeats();
     tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
     waiting
+}
+
+/// Pauses (SIGSTOP) the leader, or a follower, for 3 × TTL, then resumes it: a hung member
+/// still accepts connections and answers nothing.
+pub async fn pause_member(st: &mut Stage<'_>, leader: bool) {
+    let size = st.cluster.size();
+    assert!(size > 1, "a cluster of one member cannot lose one");
+    let lead = st.cluster.leader().await;
+    let victim = if leader { lead } else { (lead + 1) % size };
+    if !leader {
+        return pause_for(st, victim).await;
+    }
+    // How long the others take to elect another leader: with a short TTL, sessions may be
+    // lost only if no leader could confirm anything before their deadline.
+    st.cluster.pause(victim);
+    let paused = Instant::now();
+    let elected = loop {
+        let next = st.cluster.leader().await;
+        if next != victim {
+            break paused.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "{:?}: leader {victim} paused; another elected after {elected:.2?} (TTL {:?})",
+        st.cluster.kind(),
+        st.ttl()
+    );
+    tokio::time::sleep((st.ttl() * 3).saturating_sub(paused.elapsed())).await;
+    st.cluster.resume(victim);
+}
+
+/// Pauses, for 3 × TTL, the follower that the first direct session connected to a follower
+/// is connected to (where the cluster can tell: ZooKeeper), else a follower.
+pub async fn pause_connected(st: &mut Stage<'_>) {
+    let direct: Vec<String> = st
+        .sessions
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(direct, _)| *direct)
+        .map(|(_, s)| s.id())
+        .collect();
+    let leader = st.cluster.leader().await;
+    for id in direct {
+        if let Some(member) = st.cluster.member_of(&id).await {
+            if member != leader {
+                return pause_for(st, member).await;
+            }
+        }
+    }
+    pause_member(st, false).await
+}
+
+async fn pause_for(st: &mut Stage<'_>, victim: usize) {
+    st.cluster.pause(victim);
+    tokio::time::sleep(st.ttl() * 3).await;
+    st.cluster.resume(victim);
+}
+
+/// Delays the proxied worker's traffic by TTL/3 each way for 3 × TTL, then heals.
+pub async fn slow_link(st: &mut Stage<'_>) {
+    for p in st.proxies {
+        p.set(Mode::Delay(st.ttl() / 3));
+    }
+    tokio::time::sleep(st.ttl() * 3).await;
+    for p in st.proxies {
+        p.set(Mode::Pass);
+    }
+}
+
+/// Drops the proxied worker's server-to-client traffic (its requests still reach the
+/// cluster) for 2 × TTL, then heals.
+pub async fn one_way_link(st: &mut Stage<'_>) {
+    for p in st.proxies {
+        p.set(Mode::BlackHoleReplies);
+    }
+    tokio::time::sleep(st.ttl() * 2).await;
+    for p in st.proxies {
+        p.set(Mode::Pass);
+    }
 }

@@ -11,16 +11,16 @@ pub mod primitive;
 pub mod workload;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::Session;
+use fencelock::{Session, SessionEnd, SessionState};
 use tokio::time::Instant;
 
-use self::history::{check, Requirements, Summary};
+use self::history::{check, Gray, Requirements, Summary};
 use self::inject::Stage;
 use self::primitive::Primitive;
-use self::workload::{worker, ChildWorker, Recorder, Workload};
+use self::workload::{worker, ChildWorker, Recorder, Sessions, Workload};
 use crate::proxy::Proxy;
 use crate::servers::Cluster;
 
@@ -41,6 +41,20 @@ pub enum Scenario {
     ExpireWaiter,
     /// Leader kill, client cut-off and holder pause, one after another.
     Mixed,
+    /// SIGSTOP a follower for 3 × TTL (a hung server: it accepts connections, answers
+    /// nothing), then SIGCONT.
+    PauseFollower,
+    /// SIGSTOP the leader for 3 × TTL, then SIGCONT.
+    PauseLeader,
+    /// SIGSTOP, for 3 × TTL, the follower the first session connected to one is connected to
+    /// (ZooKeeper: read from `cons`; a client of etcd talks to every member, and this is
+    /// `PauseFollower`).
+    PauseConnected,
+    /// Delay the proxied worker's traffic by TTL/3 each way for 3 × TTL.
+    SlowLink,
+    /// Drop the server-to-client traffic of the proxied worker for 2 × TTL (its requests still
+    /// arrive).
+    OneWayLink,
 }
 
 impl Scenario {
@@ -63,6 +77,40 @@ impl Scenario {
         Scenario::Mixed,
     ];
 
+    /// The gray failures: a member that hangs, a slow or one-way link. The other sessions
+    /// must lose nothing: no session, and at most a TTL without a grant (see
+    /// [`Scenario::keeps_sessions`]).
+    pub const GRAY: [Scenario; 5] = [
+        Scenario::PauseFollower,
+        Scenario::PauseLeader,
+        Scenario::PauseConnected,
+        Scenario::SlowLink,
+        Scenario::OneWayLink,
+    ];
+
+    /// Whether no session on a direct link (not the proxied worker's, not the child's) may be
+    /// lost, with a healthy quorum reachable all along, at `ttl` (`long`: the long TTL of
+    /// [`RunConfig::gray_ttl`]). A paused leader at a short TTL may cost sessions: the cluster
+    /// confirms nothing until it elected another.
+    pub fn keeps_sessions(self, long: bool) -> bool {
+        match self {
+            Scenario::PauseFollower
+            | Scenario::PauseConnected
+            | Scenario::SlowLink
+            | Scenario::OneWayLink => true,
+            Scenario::PauseLeader => long,
+            _ => false,
+        }
+    }
+
+    /// Whether it pauses a member (the gray failures that are not a client's own link).
+    pub fn is_pause(self) -> bool {
+        matches!(
+            self,
+            Scenario::PauseFollower | Scenario::PauseLeader | Scenario::PauseConnected
+        )
+    }
+
     /// A short name.
     pub fn name(self) -> &'static str {
         match self {
@@ -73,6 +121,11 @@ impl Scenario {
             Scenario::PauseHolder => "pause holder",
             Scenario::ExpireWaiter => "expire waiter",
             Scenario::Mixed => "mixed",
+            Scenario::PauseFollower => "pause follower",
+            Scenario::PauseLeader => "pause leader",
+            Scenario::PauseConnected => "pause connected member",
+            Scenario::SlowLink => "slow link",
+            Scenario::OneWayLink => "one-way link",
         }
     }
 
@@ -90,6 +143,11 @@ impl Scenario {
             Scenario::CutOffClient => &[Scenario::CutOffClient],
             Scenario::PauseHolder => &[Scenario::PauseHolder],
             Scenario::ExpireWaiter => &[Scenario::ExpireWaiter],
+            Scenario::PauseFollower => &[Scenario::PauseFollower],
+            Scenario::PauseLeader => &[Scenario::PauseLeader],
+            Scenario::PauseConnected => &[Scenario::PauseConnected],
+            Scenario::SlowLink => &[Scenario::SlowLink],
+            Scenario::OneWayLink => &[Scenario::OneWayLink],
         }
     }
 }
@@ -109,11 +167,15 @@ pub struct RunConfig {
     pub phase_cap: Duration,
     /// The `holder` binary and its leading arguments (for the child worker).
     pub holder: (String, Vec<String>),
+    /// The TTLs at which the gray scenarios run, short to long (at the longest, a hung leader
+    /// must cost no session either).
+    pub gray_ttls: Vec<Duration>,
 }
 
 impl RunConfig {
     /// The CI defaults: 6 in-process sessions + one behind a proxy + one child process, TTL
-    /// 2 s, 50 grants before and after the faults (each phase capped at 90 s).
+    /// 2 s, 50 grants before and after the faults (each phase capped at 90 s); the gray
+    /// scenarios at TTL 2 s and 10 s.
     /// `FENCELOCK_SOAK_SECS` lengthens the steady phases for soak runs.
     pub fn ci(holder_bin: &str) -> RunConfig {
         let steady = std::env::var("FENCELOCK_SOAK_SECS")
@@ -128,6 +190,7 @@ impl RunConfig {
             min_grants: 50,
             phase_cap: Duration::from_secs(90).max(steady * 2),
             holder: (holder_bin.to_string(), Vec::new()),
+            gray_ttls: vec![Duration::from_secs(2), Duration::from_secs(10)],
         }
     }
 }
@@ -162,7 +225,7 @@ pub async fn run(
     };
     let rec = Arc::new(Recorder::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let sessions = Arc::new(Mutex::new(Vec::<Session>::new()));
+    let sessions: Sessions = Arc::default();
     // A proxy in front of every member, for the worker that gets cut off.
     let mut proxies = Vec::new();
     for addr in cluster.endpoints() {
@@ -188,6 +251,7 @@ pub async fn run(
             rec.clone(),
             stop.clone(),
             sessions.clone(),
+            i < cfg.sessions,
         )));
     }
     let prefix: Vec<&str> = cfg.holder.1.iter().map(String::as_str).collect();
@@ -217,6 +281,11 @@ pub async fn run(
                 Scenario::ExpireWaiter => {
                     expired_waiter = Some(inject::expire_waiter(&mut stage).await)
                 }
+                Scenario::PauseFollower => inject::pause_member(&mut stage, false).await,
+                Scenario::PauseLeader => inject::pause_member(&mut stage, true).await,
+                Scenario::PauseConnected => inject::pause_connected(&mut stage).await,
+                Scenario::SlowLink => inject::slow_link(&mut stage).await,
+                Scenario::OneWayLink => inject::one_way_link(&mut stage).await,
                 Scenario::Mixed => unreachable!("mixed is made of the others"),
             }
         }
@@ -247,10 +316,18 @@ pub async fn run(
             )),
         }
     }
+    // Sessions on a direct link that were lost (the proxied worker's and the child's are
+    // lost on purpose by some faults).
+    let all: Vec<(bool, Session)> = sessions.lock().unwrap().drain(..).collect();
+    let sessions_lost = all
+        .iter()
+        .filter(|(direct, s)| {
+            *direct && matches!(s.state(), SessionState::Lost(end) if end != SessionEnd::Closed)
+        })
+        .count();
     // Close everything, then list the namespace on the cluster. Entries of sessions that were
     // lost (not closed) go when the cluster expires them.
-    let all: Vec<Session> = sessions.lock().unwrap().drain(..).collect();
-    for s in all {
+    for (_, s) in all {
         let _ = tokio::time::timeout(Duration::from_secs(5), s.close()).await;
     }
     let probe = target.session(&w.namespace, Duration::from_secs(10)).await;
@@ -264,15 +341,32 @@ pub async fn run(
     };
     let _ = probe.close().await;
     let record = rec.record(fault_began, healed, stopped, leftover);
+    let long = cfg.gray_ttls.last() == Some(&cfg.ttl);
     let req = Requirements {
         bound,
         min_grants: cfg.min_grants,
         limit: primitive.limit(),
+        gray: Scenario::GRAY.contains(&scenario).then_some(Gray {
+            keeps_sessions: scenario.keeps_sessions(long),
+            // A hung member leaves a quorum that keeps granting. A slow or one-way link to
+            // one client does too, but the queue is fair: when that client's turn comes, the
+            // others wait until it releases or its session ends (its deadline, then the
+            // cluster's expiry on ZooKeeper), so only its absence of violations counts.
+            min_during: if scenario.is_pause() { 20 } else { 0 },
+            // At the long TTL, and for a follower at any: the gap between grants stays within
+            // a TTL (a paused leader at a short TTL waits for the election).
+            max_gap: (scenario.is_pause() && (long || scenario != Scenario::PauseLeader))
+                .then_some(cfg.ttl),
+        }),
+        sessions_lost,
     };
-    let name = match primitive {
+    let mut name = match primitive {
         Primitive::Mutex => scenario.name().to_string(),
         p => format!("{}: {}", p.arg(), scenario.name()),
     };
+    if Scenario::GRAY.contains(&scenario) {
+        name = format!("{name} (TTL {} s)", cfg.ttl.as_secs_f64());
+    }
     let mut summary = check(&name, &record, req);
     summary.violations.extend(extra);
     if std::env::var("FENCELOCK_DEBUG_HISTORY").is_ok() && !summary.violations.is_empty() {
@@ -294,7 +388,23 @@ pub fn plan() -> Vec<(Primitive, Scenario)> {
     v
 }
 
-/// Runs the [`plan`] (or only the scenarios named by `FENCELOCK_SCENARIO`, and only the
+/// The gray scenarios with the mutex (and every primitive in soak runs).
+pub fn gray_plan() -> Vec<(Primitive, Scenario)> {
+    let soak = std::env::var("FENCELOCK_SOAK_SECS").is_ok();
+    let mut v: Vec<_> = Scenario::GRAY
+        .into_iter()
+        .map(|s| (Primitive::Mutex, s))
+        .collect();
+    if soak {
+        for p in [Primitive::ReadWrite, Primitive::Semaphore(3)] {
+            v.extend(Scenario::GRAY.into_iter().map(|s| (p, s)));
+        }
+    }
+    v
+}
+
+/// Runs the [`plan`] and the [`gray_plan`] at each of [`RunConfig::gray_ttls`] (or only the
+/// scenarios named by `FENCELOCK_SCENARIO`, comma-separated, and only the
 /// primitive named by `FENCELOCK_PRIMITIVE`) against `cluster`, prints the summary table under
 /// `label`, and panics if any scenario found a violation.
 pub async fn run_all(label: &str, cluster: &dyn Cluster, cfg: &RunConfig) {
@@ -302,15 +412,29 @@ pub async fn run_all(label: &str, cluster: &dyn Cluster, cfg: &RunConfig) {
     let only_primitive = std::env::var("FENCELOCK_PRIMITIVE").ok();
     let mut lines = Vec::new();
     let mut failed = Vec::new();
-    for (primitive, scenario) in plan() {
-        if only.as_deref().is_some_and(|o| o != scenario.name())
+    // The plan, then the gray scenarios at each of their TTLs.
+    let mut runs: Vec<_> = plan()
+        .into_iter()
+        .map(|(p, s)| (p, s, cfg.clone()))
+        .collect();
+    for ttl in &cfg.gray_ttls {
+        let at = RunConfig {
+            ttl: *ttl,
+            ..cfg.clone()
+        };
+        runs.extend(gray_plan().into_iter().map(|(p, s)| (p, s, at.clone())));
+    }
+    for (primitive, scenario, cfg) in runs {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|o| o.trim() == scenario.name()))
             || only_primitive
                 .as_deref()
                 .is_some_and(|o| o != primitive.arg())
         {
             continue;
         }
-        let s = run(scenario, primitive, cluster, cfg).await;
+        let s = run(scenario, primitive, cluster, &cfg).await;
         println!("{}", s.line());
         lines.push(s.line());
         if !s.violations.is_empty() {

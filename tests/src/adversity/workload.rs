@@ -163,8 +163,9 @@ pub struct Workload {
     pub hold: Duration,
 }
 
-/// The sessions every worker opened, to close them all at the end.
-pub type Sessions = Arc<Mutex<Vec<Session>>>;
+/// The sessions every worker opened, to close them all at the end; each marked `true` if it
+/// talks to the cluster directly (not through the proxy, not a session lost on purpose).
+pub type Sessions = Arc<Mutex<Vec<(bool, Session)>>>;
 
 /// Runs one in-process worker until `stop`: acquire, fenced write, hold, write, release. A lost
 /// session is replaced by a new one. `addr` is where this worker connects (the cluster, or a
@@ -177,6 +178,7 @@ pub async fn worker(
     rec: Arc<Recorder>,
     stop: Arc<AtomicBool>,
     sessions: Sessions,
+    direct: bool,
 ) {
     let mut session: Option<Session> = None;
     let mut turn = 0u64;
@@ -186,7 +188,7 @@ pub async fn worker(
             Some(s) if !matches!(s.state(), SessionState::Lost(_)) => s.clone(),
             _ => match open(&target, &addr, &w).await {
                 Some(s) => {
-                    sessions.lock().unwrap().push(s.clone());
+                    sessions.lock().unwrap().push((direct, s.clone()));
                     session = Some(s.clone());
                     s
                 }

@@ -57,6 +57,12 @@ pub trait Cluster: Send + Sync {
 
     /// Everything the cluster knows under `namespace`, for a failing test's message.
     async fn dump(&self, namespace: &str) -> String;
+
+    /// The member that session `id` (as `Session::id()` shows it) is connected to, where the
+    /// cluster can tell (ZooKeeper: from each server's connections); `None` elsewhere.
+    async fn member_of(&self, _id: &str) -> Option<usize> {
+        None
+    }
 }
 
 /// Whether the servers of `kind` are installed. Without them: panics in CI, else prints a skip

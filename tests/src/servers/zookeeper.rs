@@ -325,6 +325,29 @@ impl ZkEnsemble {
 
 #[async_trait::async_trait]
 impl Cluster for ZkEnsemble {
+    /// From each live server's `cons`: the one listing the session (bounded wait).
+    async fn member_of(&self, id: &str) -> Option<usize> {
+        let sid = format!("sid=0x{id}");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            for i in 0..self.size() {
+                let live = self.servers.lock().unwrap()[i]
+                    .child
+                    .as_ref()
+                    .is_some_and(|c| !c.is_paused());
+                if live
+                    && fourlw::ask_async(self.port(i), "cons")
+                        .await
+                        .is_some_and(|c| c.contains(&sid))
+                {
+                    return Some(i);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     fn kind(&self) -> Kind {
         Kind::ZooKeeper
     }
