@@ -87,7 +87,7 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Rotation)> {
                     "etcd endpoints not answering: connecting without them for now"
                 );
             }
-            let rotation = Rotation::new(endpoints.clone(), left_out);
+            let rotation = Rotation::new(endpoints.clone(), left_out, options(config));
             for (ep, member) in &healthy {
                 rotation.learned(ep, *member).await;
             }

@@ -8,21 +8,34 @@
 //! balanced channel sends a new stream to any endpoint still in the rotation — possibly the
 //! silent one again. A stream knows its member (every reply's header names it), so a stream
 //! that goes silent takes its member out itself, before it is opened again; the monitor puts
-//! the member back once it answers a check.
+//! the member back once it answers a check. The keep-alive stream, on which the session's life
+//! depends, does not even rely on replies: it is opened on an endpoint chosen here, through a
+//! client of its own on that endpoint, so that a stream whose very opening goes unanswered
+//! takes that endpoint out too.
 
 use std::collections::HashMap;
 
-use etcd_client::Client;
+use etcd_client::{Client, ConnectOptions};
+use fencelock::Result;
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::{debug, info};
 
+use crate::error::map;
+
 /// The endpoints in and out of the client's rotation, shared by the monitor and the sessions.
-#[derive(Debug)]
 pub(crate) struct Rotation {
     inner: AsyncMutex<Inner>,
+    /// The options of the clients made for keep-alive streams (the backend's own: its
+    /// credentials, TLS and timeouts).
+    options: ConnectOptions,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for Rotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rotation").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     /// Every endpoint of the configuration (in the form the client knows it).
     endpoints: Vec<String>,
@@ -30,18 +43,62 @@ struct Inner {
     left_out: Vec<String>,
     /// The endpoint of each member id learned from a status reply.
     members: HashMap<u64, String>,
+    /// A client per endpoint for keep-alive streams, made when first needed.
+    clients: HashMap<String, Client>,
 }
 
 impl Rotation {
-    /// A rotation of `endpoints` without `left_out`.
-    pub(crate) fn new(endpoints: Vec<String>, left_out: Vec<String>) -> Self {
+    /// A rotation of `endpoints` without `left_out`; clients for streams are made with
+    /// `options`.
+    pub(crate) fn new(
+        endpoints: Vec<String>,
+        left_out: Vec<String>,
+        options: ConnectOptions,
+    ) -> Self {
         Rotation {
             inner: AsyncMutex::new(Inner {
                 endpoints,
                 left_out,
                 members: HashMap::new(),
+                clients: HashMap::new(),
             }),
+            options,
         }
+    }
+
+    /// An endpoint in the rotation for a keep-alive stream (`seed` spreads sessions over the
+    /// members).
+    pub(crate) async fn stream_endpoint(&self, seed: u64) -> String {
+        let inner = self.inner.lock().await;
+        let up: Vec<&String> = inner
+            .endpoints
+            .iter()
+            .filter(|e| !inner.left_out.contains(e))
+            .collect();
+        // Never empty (the last endpoint is never taken out); if it were, any will do.
+        let from = if up.is_empty() {
+            inner.endpoints.iter().collect()
+        } else {
+            up
+        };
+        from[(seed % from.len() as u64) as usize].clone()
+    }
+
+    /// A client on `endpoint` alone, for streams (shared by the backend's sessions). The
+    /// caller bounds the wait: with credentials, a new client authenticates first.
+    pub(crate) async fn stream_client(&self, endpoint: &str) -> Result<Client> {
+        if let Some(client) = self.inner.lock().await.clients.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = Client::connect([endpoint], Some(self.options.clone()))
+            .await
+            .map_err(|e| map("keep-alive", e))?;
+        let mut inner = self.inner.lock().await;
+        Ok(inner
+            .clients
+            .entry(endpoint.to_string())
+            .or_insert(client)
+            .clone())
     }
 
     /// Records that `endpoint` is the member `member` (from its status reply).

@@ -56,9 +56,8 @@ struct KeepAlive {
     replies: mpsc::UnboundedReceiver<Result<Option<LeaseKeepAliveResponse>, etcd_client::Error>>,
     /// Set when we drop the stream on purpose (its end is then no disconnect).
     retired: Arc<AtomicBool>,
-    /// The member the stream is on, from its replies' headers: taken out of the rotation if
-    /// the stream goes silent.
-    member: Option<u64>,
+    /// The endpoint the stream is on: taken out of the rotation if the stream goes silent.
+    endpoint: String,
 }
 
 impl Drop for KeepAlive {
@@ -68,32 +67,27 @@ impl Drop for KeepAlive {
 }
 
 impl EtcdSession {
-    /// Opens the keep-alive stream: sends a first keep-alive and waits for its reply, then
-    /// one more, all within [`keep_alive_bound`] (the stream may have been sent to a member
-    /// that hangs). The second exchange names the member the stream is on (etcd-client keeps
-    /// the first reply to itself): a stream whose member is unknown could not take it out of
-    /// the rotation when it goes silent, and the retry could land on it again.
+    /// Opens the keep-alive stream on an endpoint of the rotation, through a client on that
+    /// endpoint alone (see [`Rotation::stream_endpoint`]): etcd-client sends a first keep-alive
+    /// and waits for its reply, here at most [`keep_alive_bound`]. Unanswered (the member
+    /// hangs), the endpoint is taken out of the rotation, so that the retry goes elsewhere.
     async fn open_keep_alive(&self) -> Result<KeepAlive> {
+        let endpoint = self.rotation.stream_endpoint(self.lease as u64).await;
         let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
-            let mut ka = self.open_stream().await?;
-            self.beat(&mut ka).await?;
-            Ok(ka)
+            let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
+            leases
+                .keep_alive(self.lease)
+                .await
+                .map_err(|e| map("keep-alive", e))
         })
         .await;
-        match opened {
-            Ok(ka) => ka,
-            Err(_) => Err(temporary("keep-alive", "the new stream was not answered")),
-        }
-    }
-
-    /// Opens the keep-alive stream (etcd-client sends a first keep-alive and waits for its
-    /// reply) and starts the task that reads its replies.
-    async fn open_stream(&self) -> Result<KeepAlive> {
-        let mut leases = self.client.lease_client();
-        let (keeper, mut stream) = leases
-            .keep_alive(self.lease)
-            .await
-            .map_err(|e| map("keep-alive", e))?;
+        let (keeper, mut stream) = match opened {
+            Ok(opened) => opened?,
+            Err(_) => {
+                self.rotation.take_out(&self.client, &endpoint).await;
+                return Err(temporary("keep-alive", "the new stream was not answered"));
+            }
+        };
         let (tx, replies) = mpsc::unbounded_channel();
         let retired = Arc::new(AtomicBool::new(false));
         let (events, gone) = (self.events_tx.clone(), retired.clone());
@@ -114,14 +108,14 @@ impl EtcdSession {
             keeper,
             replies,
             retired,
-            member: None,
+            endpoint,
         })
     }
 
     /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, the
-    /// stream's member is taken out of the rotation (it hangs, or the leader it forwards to
-    /// does), so that the retry, which the heartbeat makes at once, opens a stream on a member
-    /// that answers; the caller drops the stream.
+    /// stream's endpoint is taken out of the rotation (its member hangs, or the leader it
+    /// forwards to does), so that the retry, which the heartbeat makes at once, opens a stream
+    /// on a member that answers; the caller drops the stream.
     async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
         let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
             ka.keeper
@@ -134,9 +128,7 @@ impl EtcdSession {
         let reply = match reply {
             Ok(reply) => reply?,
             Err(_) => {
-                if let Some(member) = ka.member {
-                    self.rotation.suspect(&self.client, member).await;
-                }
+                self.rotation.take_out(&self.client, &ka.endpoint).await;
                 return Err(temporary(
                     "keep-alive",
                     "no reply within a sixth of the TTL",
@@ -144,10 +136,7 @@ impl EtcdSession {
             }
         };
         match reply {
-            Some(Ok(Some(resp))) if resp.ttl() > 0 => {
-                ka.member = resp.header().map(|h| h.member_id()).or(ka.member);
-                Ok(())
-            }
+            Some(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
             Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
             Some(Err(e)) => Err(map("keep-alive", e)),
             Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
