@@ -4,10 +4,12 @@
 //! in flight on the paused member fail). (ZooKeeper's client talks to one server at a time; see
 //! the README on a hung ZooKeeper server.)
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use fencelock::SessionState;
+use fencelock::backend::{Backend, Backoff};
+use fencelock::{Session, SessionState};
 use fencelock_integration::servers::etcd::EtcdCluster;
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
@@ -75,6 +77,7 @@ async fn etcd_member_paused() {
     if !available(Kind::Etcd) {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let cluster: Arc<dyn Cluster> = Arc::new(
         tokio::task::spawn_blocking(|| EtcdCluster::start(3))
             .await
@@ -87,4 +90,276 @@ async fn etcd_member_paused() {
     )
     .await;
     run(cluster, Duration::from_secs(2), Victims::Follower).await;
+}
+
+/// The scenarios of this file one at a time: two paused 3-member clusters side by side load the
+/// 2-core machine enough to cost a session its heartbeat.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The short TTL of the contended scenarios: the local deadline is 1 s after a heartbeat's
+/// send, so a heartbeat or a request that waits on the paused member for long costs the session.
+const SHORT_TTL: Duration = Duration::from_secs(2);
+
+/// How many sessions contend on the one mutex.
+const CONTENDERS: usize = 3;
+
+/// How long a bounded wait of the contended scenarios may take (a noisy 2-core machine).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A backend on every member of `cluster`.
+async fn backend(cluster: &dyn Cluster) -> Arc<dyn Backend> {
+    let endpoints = cluster.endpoints().join(",");
+    cluster.target().backend_at(&endpoints).await
+}
+
+/// Starts a session on `backend`, retrying (bounded) while the cluster elects a leader.
+async fn start_session(backend: &Arc<dyn Backend>, namespace: &str, ttl: Duration) -> Session {
+    let give_up = Instant::now() + PATIENCE;
+    let mut backoff = Backoff::new();
+    loop {
+        match Session::builder(backend.clone())
+            .namespace(namespace)
+            .ttl(ttl)
+            .start()
+            .await
+        {
+            Ok(s) => return s,
+            Err(e) if e.is_temporary() && Instant::now() < give_up => backoff.pause().await,
+            Err(e) => panic!("cannot start a session: {e:?}"),
+        }
+    }
+}
+
+/// What the contending sessions record.
+#[derive(Default)]
+struct Record {
+    grants: Vec<Instant>,
+    /// When a session was found lost, and why.
+    lost: Vec<(Instant, String)>,
+    failed: Vec<String>,
+}
+
+/// One contender: lock_timeout/release in a loop until `stop`; a lost session is recorded and
+/// replaced (a user would do the same), so that grants can go on.
+async fn contend(
+    cluster: Arc<dyn Cluster>,
+    namespace: String,
+    record: Arc<StdMutex<Record>>,
+    count: Arc<tokio::sync::watch::Sender<usize>>,
+    stop: Arc<AtomicBool>,
+) {
+    let backend = backend(&*cluster).await;
+    let mut s = start_session(&backend, &namespace, SHORT_TTL).await;
+    while !stop.load(Ordering::SeqCst) {
+        let m = s.mutex("m").unwrap();
+        match m.lock_timeout(SHORT_TTL).await {
+            Ok(g) => {
+                record.lock().unwrap().grants.push(Instant::now());
+                count.send_modify(|n| *n += 1);
+                let _ = g.release().await;
+            }
+            Err(e) => record.lock().unwrap().failed.push(e.to_string()),
+        }
+        if let SessionState::Lost(reason) = s.state() {
+            record
+                .lock()
+                .unwrap()
+                .lost
+                .push((Instant::now(), format!("{reason:?}")));
+            s = start_session(&backend, &namespace, SHORT_TTL).await;
+        }
+    }
+    let _ = s.close().await;
+}
+
+/// Grants between `from` and `to`, and the longest time without one (the ends count).
+fn grants_between(grants: &[Instant], from: Instant, to: Instant) -> (usize, Duration) {
+    let mut inside: Vec<Instant> = grants
+        .iter()
+        .copied()
+        .filter(|t| *t >= from && *t <= to)
+        .collect();
+    inside.sort();
+    let n = inside.len();
+    let mut marks = vec![from];
+    marks.extend(inside);
+    marks.push(to);
+    let gap = marks
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    (n, gap)
+}
+
+/// Several sessions contending on one mutex at TTL 2 s (so that waiters wait on watches) while
+/// a follower, then the leader, is paused for 3× the TTL: locks keep being granted through the
+/// other members and no session is lost — with the leader paused, unless the cluster elected no
+/// new leader before the sessions' deadlines (etcd's election takes its 1 s election timeout or
+/// more, and the deadline is 1 s after a heartbeat's send: nothing can be confirmed in between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_member_paused_contended() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster: Arc<dyn Cluster> = Arc::new(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    let namespace = fencelock::conformance::unique_namespace("paused-contended");
+    let record = Arc::new(StdMutex::new(Record::default()));
+    let (count, mut counted) = tokio::sync::watch::channel(0usize);
+    let count = Arc::new(count);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..CONTENDERS)
+        .map(|_| {
+            tokio::spawn(contend(
+                cluster.clone(),
+                namespace.clone(),
+                record.clone(),
+                count.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let pause = SHORT_TTL * 3;
+    let leader = cluster.leader().await;
+    let plan = [
+        ("follower", (leader + 1) % cluster.size()),
+        ("leader", leader),
+    ];
+    for (what, victim) in plan {
+        // Healthy first: the contenders are granted locks before the pause.
+        let before = *counted.borrow();
+        tokio::time::timeout(PATIENCE, counted.wait_for(|n| *n >= before + 20))
+            .await
+            .unwrap_or_else(|_| panic!("fewer than 20 grants before the {what} was paused"))
+            .unwrap();
+        let lost_before = record.lock().unwrap().lost.len();
+        let from = Instant::now();
+        cluster.pause(victim);
+        // With the leader paused: how long the others take to elect a new one.
+        let election = (what == "leader").then(|| {
+            let cluster = cluster.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                cluster.leader().await;
+                start.elapsed()
+            })
+        });
+        tokio::time::sleep(pause).await; // the fault's duration
+        let to = Instant::now();
+        cluster.resume(victim);
+        let election = match election {
+            Some(e) => Some(tokio::time::timeout(PATIENCE, e).await.unwrap().unwrap()),
+            None => None,
+        };
+        let (granted, gap, lost, failed) = {
+            let r = record.lock().unwrap();
+            let (granted, gap) = grants_between(&r.grants, from, to);
+            let lost: Vec<String> = r.lost[lost_before..]
+                .iter()
+                .map(|(at, why)| format!("{why} at +{:?}", at.saturating_duration_since(from)))
+                .collect();
+            (granted, gap, lost, r.failed.len())
+        };
+        println!(
+            "etcd, {CONTENDERS} sessions at TTL {SHORT_TTL:?}, {what} paused for {pause:?}: \
+             {granted} grants, longest gap {gap:?}, sessions lost {} {lost:?}, \
+             failed acquisitions so far {failed}{}",
+            lost.len(),
+            election.map_or(String::new(), |e| format!(", new leader after {e:?}")),
+        );
+        assert!(granted >= 20, "{what} paused: only {granted} grants");
+        match election {
+            None => assert!(lost.is_empty(), "{what} paused: sessions lost: {lost:?}"),
+            // The cluster confirms nothing without a leader: a session may be lost only when
+            // the election took longer than what is left of its deadline after a heartbeat.
+            Some(e) => assert!(
+                lost.is_empty() || e >= Duration::from_millis(500),
+                "leader paused, new leader after {e:?}: sessions lost: {lost:?}"
+            ),
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        tokio::time::timeout(PATIENCE, w)
+            .await
+            .expect("a contender did not stop")
+            .unwrap();
+    }
+}
+
+/// A waiter whose watch stream sits on a member that hangs: the holder releases through another
+/// member during the pause, and the waiter is granted well before HTTP/2 keep-alive would give
+/// up on the hung member (about 8 s): its watch moved to a stream on a member that answers,
+/// from the revision the old stream had reached, and missed no deletion. The waiter's client
+/// knows only the two followers, each paused in turn, so one of the rounds pauses the member
+/// its watch stream is on. (A new waiter each round: a client of two endpoints whose one was
+/// just resumed — not yet back in its rotation — and whose other is paused has no member left.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_watch_moves_off_paused_member() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster: Arc<dyn Cluster> = Arc::new(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    let namespace = fencelock::conformance::unique_namespace("paused-watch");
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..cluster.size()).filter(|i| *i != leader).collect();
+    let holder = start_session(&backend(&*cluster).await, &namespace, SHORT_TTL).await;
+    let waiter_at: Vec<String> = followers.iter().map(|i| cluster.endpoint(*i)).collect();
+    for victim in followers {
+        let waiter_backend = cluster.target().backend_at(&waiter_at.join(",")).await;
+        let waiter = start_session(&waiter_backend, &namespace, SHORT_TTL).await;
+        let held = holder.mutex("m").unwrap().lock().await.unwrap();
+        let m = waiter.mutex("m").unwrap();
+        let waiting = tokio::spawn(async move { m.lock().await.map(|g| (g, Instant::now())) });
+        // Queued behind the holder (its watch is registered right after its enqueue).
+        let queued = Instant::now();
+        while holder
+            .mutex("m")
+            .unwrap()
+            .waiters()
+            .await
+            .unwrap()
+            .is_empty()
+        {
+            assert!(queued.elapsed() < PATIENCE, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.pause(victim);
+        // Past the point where the rotation has dropped the member: only a stream left on it
+        // still goes there.
+        tokio::time::sleep(SHORT_TTL).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let (guard, granted) = tokio::time::timeout(PATIENCE, waiting)
+            .await
+            .expect("the waiter was never granted")
+            .unwrap()
+            .unwrap();
+        let after = granted.saturating_duration_since(released);
+        cluster.resume(victim);
+        println!(
+            "etcd, member {victim} paused: the waiter was granted {after:?} after the release"
+        );
+        assert!(
+            after < Duration::from_secs(4),
+            "granted only {after:?} after the release"
+        );
+        assert!(
+            !matches!(waiter.state(), SessionState::Lost(_)),
+            "the waiter's session was lost"
+        );
+        guard.release().await.unwrap();
+        waiter.close().await.unwrap();
+    }
+    holder.close().await.unwrap();
 }

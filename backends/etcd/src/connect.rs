@@ -8,7 +8,7 @@
 //! back by a background task once they answer. When no endpoint answers, each is diagnosed
 //! (name, port, TLS) so that the error says why and is temporary only if waiting can help.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
@@ -20,6 +20,7 @@ use tracing::{debug, info};
 
 use crate::config::EtcdConfig;
 use crate::error::{map, NAME};
+use crate::rotation::Rotation;
 
 /// How often every endpoint of a multi-member cluster is checked (see [`monitor`]).
 const CHECK_EVERY: Duration = Duration::from_millis(500);
@@ -56,9 +57,9 @@ pub(crate) fn options(config: &EtcdConfig) -> ConnectOptions {
     options
 }
 
-/// Connects as `config` says, within its connect timeout; returns the client and the
-/// endpoints left out (unhealthy now).
-pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Vec<String>)> {
+/// Connects as `config` says, within its connect timeout; returns the client and its
+/// rotation (the endpoints that did not answer are left out of it for now).
+pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Rotation)> {
     let endpoints = config.validate()?;
     let shown = config.endpoints.join(",");
     let deadline = Instant::now() + config.connect_timeout;
@@ -70,7 +71,7 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Vec<String>)
         let mut failed = Vec::new();
         for (ep, r) in endpoints.iter().zip(results) {
             match r {
-                Ok(()) => healthy.push(ep.clone()),
+                Ok(member) => healthy.push((ep.clone(), member)),
                 // Credentials, permissions, configuration: the same everywhere, and final.
                 Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => {
                     return Err(e)
@@ -86,10 +87,15 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Vec<String>)
                     "etcd endpoints not answering: connecting without them for now"
                 );
             }
+            let rotation = Rotation::new(endpoints.clone(), left_out, options(config));
+            for (ep, member) in &healthy {
+                rotation.learned(ep, *member).await;
+            }
+            let healthy: Vec<String> = healthy.into_iter().map(|(ep, _)| ep).collect();
             let client = Client::connect(&healthy, Some(options(config)))
                 .await
                 .map_err(|e| map("connect", e))?;
-            return Ok((client, left_out));
+            return Ok((client, rotation));
         }
         // Nobody answered: find out why.
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -116,14 +122,14 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Vec<String>)
 }
 
 /// Checks one endpoint: a client of its own, authenticated if a user is set, asks for the
-/// member's status (no permission needed) before `deadline`.
-async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<()> {
+/// member's status (no permission needed) before `deadline`. Returns the member's id.
+async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<u64> {
     let probe = async {
         let mut c = Client::connect([endpoint], Some(options(config)))
             .await
             .map_err(|e| map("connect", e))?;
-        c.status().await.map_err(|e| map("connect", e))?;
-        Ok(())
+        let status = c.status().await.map_err(|e| map("connect", e))?;
+        Ok(status.header().map_or(0, |h| h.member_id()))
     };
     match timeout_at(deadline, probe).await {
         Ok(r) => r,
@@ -141,11 +147,11 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
 /// answer. One that misses [`MISSES_TO_REMOVE`] checks in a row (a member down, or hung: a
 /// `SIGSTOP`ped or stalled process still accepts connections, and requests sent there wait
 /// until their timeout) is taken out of the rotation — never the last one — and one that
-/// answers again is put back. Requests
-/// already sent to a hung member still wait for their timeout; new ones, and the heartbeat's
-/// next try, go to the others.
-pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_out: Vec<String>) {
-    // The endpoints as the client knows them (with their scheme), the form `left_out` has too.
+/// answers again is put back (also one a session's stream took out: see [`Rotation`]).
+/// Requests already sent to a hung member still wait for their bound; new ones, and the
+/// heartbeat's next try, go to the others.
+pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, rotation: Arc<Rotation>) {
+    // The endpoints as the client knows them (with their scheme), the form the rotation has too.
     let Ok(endpoints) = config.validate() else {
         return;
     };
@@ -172,17 +178,23 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
         }
         let checks = endpoints.iter().zip(probes.iter_mut()).map(|(ep, probe)| {
             let options = options.clone();
+            let rotation = &rotation;
             async move {
                 let answered = tokio::time::timeout(CHECK_TIMEOUT, async {
                     if probe.is_none() {
                         *probe = Some(Client::connect([ep.as_str()], Some(options)).await?);
                     }
                     let c = probe.as_mut().expect("a probe client");
-                    c.status().await.map(drop)
+                    c.status().await
                 })
                 .await;
                 match answered {
-                    Ok(Ok(())) => true,
+                    Ok(Ok(status)) => {
+                        if let Some(h) = status.header() {
+                            rotation.learned(ep, h.member_id()).await;
+                        }
+                        true
+                    }
                     // The member answered, if only to refuse (say, credentials): it is up.
                     Ok(Err(etcd_client::Error::GRpcStatus(s)))
                         if !matches!(
@@ -212,28 +224,13 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, mut left_o
         let may_remove = failing * 2 <= endpoints.len();
         for ((ep, up), missed) in endpoints.iter().zip(answered).zip(misses.iter_mut()) {
             *missed = if up { 0 } else { missed.saturating_add(1) };
-            let out = left_out.contains(ep);
-            if up && out {
-                match client.add_endpoint(ep.as_str()).await {
-                    Ok(()) => {
-                        info!(endpoint = %ep, "etcd endpoint answers again: back in the rotation");
-                        left_out.retain(|e| e != ep);
-                    }
-                    Err(e) => debug!(endpoint = %ep, error = %e, "cannot add the endpoint back"),
-                }
-            } else if !up
-                && !out
-                && may_remove
+            if up {
+                rotation.put_back(&client, ep).await;
+            } else if may_remove
                 && *missed >= MISSES_TO_REMOVE
-                && left_out.len() + 1 < endpoints.len()
+                && rotation.take_out(&client, ep).await
             {
-                match client.remove_endpoint(ep.as_str()).await {
-                    Ok(()) => {
-                        info!(endpoint = %ep, "etcd endpoint does not answer: out of the rotation");
-                        left_out.push(ep.clone());
-                    }
-                    Err(e) => debug!(endpoint = %ep, error = %e, "cannot take the endpoint out"),
-                }
+                info!(endpoint = %ep, "etcd endpoint does not answer: out of the rotation");
             }
         }
     }

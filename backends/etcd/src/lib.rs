@@ -26,6 +26,7 @@ mod connect;
 mod error;
 mod guarded;
 mod layout;
+mod rotation;
 mod session;
 mod watch;
 
@@ -47,6 +48,8 @@ pub use guarded::{guarded_txn, ownership};
 pub struct EtcdBackend {
     client: Arc<Client>,
     config: Arc<EtcdConfig>,
+    /// The endpoints in the client's rotation, kept by the monitor and the sessions' streams.
+    rotation: Arc<rotation::Rotation>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -70,7 +73,9 @@ impl EtcdBackend {
     /// (the others are added back once they do), so a cluster with a member down connects and
     /// serves reliably. Afterwards every endpoint is checked twice a second: a member that
     /// misses two checks in a row (down, or hung) is taken out of the rotation until it answers
-    /// again. Fails, within the connect timeout, with:
+    /// again; so is, at once, a member on which a session's keep-alive or watch stream went
+    /// silent (the stream is then opened again on another member). Fails, within the connect
+    /// timeout, with:
     /// - [`Error::InvalidConfig`](fencelock::Error::InvalidConfig) for bad settings (no
     ///   endpoint, a malformed one, `https://` without TLS, a user when the cluster has no
     ///   authentication, a plaintext client at a TLS port or the reverse);
@@ -80,16 +85,18 @@ impl EtcdBackend {
     ///   they refuse or time out, permanent if no name resolves or the servers' certificates
     ///   are not trusted. Its source says, per endpoint, why.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        let (client, left_out) = connect::connect(&config).await?;
+        let (client, rotation) = connect::connect(&config).await?;
         let client = Arc::new(client);
+        let rotation = Arc::new(rotation);
         tokio::spawn(connect::monitor(
             Arc::downgrade(&client),
             config.clone(),
-            left_out,
+            rotation.clone(),
         ));
         Ok(EtcdBackend {
             client,
             config: Arc::new(config),
+            rotation,
         })
     }
 
@@ -135,7 +142,8 @@ impl Backend for EtcdBackend {
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
         Ok(Arc::new(
-            session::EtcdSession::open(Client::clone(&self.client), ttl).await?,
+            session::EtcdSession::open(Client::clone(&self.client), self.rotation.clone(), ttl)
+                .await?,
         ))
     }
 }

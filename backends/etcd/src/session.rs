@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use crate::error::{map, temporary, watch_refused};
 use crate::layout::{ahead_range, entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
+use crate::rotation::Rotation;
 use crate::watch::KeyWatcher;
 
 /// How often [`enqueue_all`](BackendSession::enqueue_all) re-checks queues that changed
@@ -37,6 +38,8 @@ pub(crate) struct EtcdSession {
     ttl: Duration,
     /// How long one request may wait for its answer (see [`request_bound`]).
     bound: Duration,
+    /// The client's rotation: a member silent on the keep-alive stream is taken out of it.
+    rotation: Arc<Rotation>,
     keeper: AsyncMutex<Option<KeepAlive>>,
     /// Watches on the keys this session waits for, on one watch stream.
     watcher: KeyWatcher,
@@ -53,6 +56,8 @@ struct KeepAlive {
     replies: mpsc::UnboundedReceiver<Result<Option<LeaseKeepAliveResponse>, etcd_client::Error>>,
     /// Set when we drop the stream on purpose (its end is then no disconnect).
     retired: Arc<AtomicBool>,
+    /// The endpoint the stream is on: taken out of the rotation if the stream goes silent.
+    endpoint: String,
 }
 
 impl Drop for KeepAlive {
@@ -62,14 +67,27 @@ impl Drop for KeepAlive {
 }
 
 impl EtcdSession {
-    /// Opens the keep-alive stream: sends the first keep-alive and waits for its reply.
+    /// Opens the keep-alive stream on an endpoint of the rotation, through a client on that
+    /// endpoint alone (see [`Rotation::stream_endpoint`]): etcd-client sends a first keep-alive
+    /// and waits for its reply, here at most [`keep_alive_bound`]. Unanswered (the member
+    /// hangs), the endpoint is taken out of the rotation, so that the retry goes elsewhere.
     async fn open_keep_alive(&self) -> Result<KeepAlive> {
-        let (keeper, mut stream) = self
-            .client
-            .lease_client()
-            .keep_alive(self.lease)
-            .await
-            .map_err(|e| map("keep-alive", e))?;
+        let endpoint = self.rotation.stream_endpoint(self.lease as u64).await;
+        let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
+            let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
+            leases
+                .keep_alive(self.lease)
+                .await
+                .map_err(|e| map("keep-alive", e))
+        })
+        .await;
+        let (keeper, mut stream) = match opened {
+            Ok(opened) => opened?,
+            Err(_) => {
+                self.rotation.take_out(&self.client, &endpoint).await;
+                return Err(temporary("keep-alive", "the new stream was not answered"));
+            }
+        };
         let (tx, replies) = mpsc::unbounded_channel();
         let retired = Arc::new(AtomicBool::new(false));
         let (events, gone) = (self.events_tx.clone(), retired.clone());
@@ -90,7 +108,39 @@ impl EtcdSession {
             keeper,
             replies,
             retired,
+            endpoint,
         })
+    }
+
+    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, the
+    /// stream's endpoint is taken out of the rotation (its member hangs, or the leader it
+    /// forwards to does), so that the retry, which the heartbeat makes at once, opens a stream
+    /// on a member that answers; the caller drops the stream.
+    async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
+        let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
+            ka.keeper
+                .keep_alive()
+                .await
+                .map_err(|e| map("keep-alive", e))?;
+            Ok(ka.replies.recv().await)
+        })
+        .await;
+        let reply = match reply {
+            Ok(reply) => reply?,
+            Err(_) => {
+                self.rotation.take_out(&self.client, &ka.endpoint).await;
+                return Err(temporary(
+                    "keep-alive",
+                    "no reply within a sixth of the TTL",
+                ));
+            }
+        };
+        match reply {
+            Some(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
+            Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
+            Some(Err(e)) => Err(map("keep-alive", e)),
+            Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
+        }
     }
 }
 
@@ -115,6 +165,20 @@ fn request_bound(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(500))
 }
 
+/// How often the session sends a heartbeat, and how long one waits for its reply (as does a
+/// new keep-alive stream for its first): a sixth of the TTL.
+///
+/// Shorter than [`request_bound`] because of the local deadline: at the default safety margin
+/// it is 1 s after a confirmed heartbeat's send at the shortest TTL (2 s). A heartbeat sent to a
+/// member that hangs is given up a sixth of the TTL after its send, at most a third of the TTL
+/// after the last confirmed one, and retried at once on a stream opened on another member:
+/// a third of the TTL is left for that retry. (A heartbeat every third of the TTL, waiting a
+/// third, would run into the deadline before any retry.) A keep-alive is one message on an
+/// open stream: sending it twice as often costs next to nothing.
+fn keep_alive_bound(ttl: Duration) -> Duration {
+    ttl / 6
+}
+
 /// `fut`, or a temporary error once `bound` has passed without an answer.
 async fn within<T>(
     bound: Duration,
@@ -128,7 +192,11 @@ async fn within<T>(
 }
 
 impl EtcdSession {
-    pub(crate) async fn open(mut client: Client, ttl: Duration) -> Result<Self> {
+    pub(crate) async fn open(
+        mut client: Client,
+        rotation: Arc<Rotation>,
+        ttl: Duration,
+    ) -> Result<Self> {
         // Whole seconds, rounded up (the backend's maximum keeps this within an i64).
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let secs = i64::try_from(secs).map_err(|_| Error::invalid_ttl(ttl, "too long for etcd"))?;
@@ -149,13 +217,15 @@ impl EtcdSession {
         }
         let (events_tx, events) = mpsc::unbounded_channel();
         let granted = Duration::from_secs(grant.ttl().max(0) as u64);
+        let bound = request_bound(granted.max(ttl));
         Ok(EtcdSession {
             client: client.clone(),
             lease: grant.id(),
             ttl: granted,
-            bound: request_bound(granted.max(ttl)),
+            bound,
+            rotation: rotation.clone(),
             keeper: AsyncMutex::new(None),
-            watcher: KeyWatcher::new(client.clone(), events_tx.clone()),
+            watcher: KeyWatcher::new(client.clone(), events_tx.clone(), rotation, bound),
             events: AsyncMutex::new(events),
             events_tx,
         })
@@ -220,28 +290,24 @@ impl BackendSession for EtcdSession {
         self.ttl
     }
 
+    /// A sixth of the TTL (see [`keep_alive_bound`]).
+    fn heartbeat_interval(&self) -> Duration {
+        keep_alive_bound(self.ttl)
+    }
+
     async fn keep_alive(&self) -> Result<()> {
         let mut slot = self.keeper.lock().await;
-        // Taken out while in flight: if this future is cancelled, the stream is dropped with
-        // it, so a late reply can never confirm a later heartbeat.
+        // Taken out while in flight: if this future is cancelled, or the reply does not come
+        // in time, the stream is dropped with it, so a late reply can never confirm a later
+        // heartbeat.
         let Some(mut ka) = slot.take() else {
-            // Opening the stream sends the first keep-alive and waits for its reply.
+            // Opening the stream sends keep-alives and waits for their replies.
             *slot = Some(self.open_keep_alive().await?);
             return Ok(());
         };
-        ka.keeper
-            .keep_alive()
-            .await
-            .map_err(|e| map("keep-alive", e))?;
-        match ka.replies.recv().await {
-            Some(Ok(Some(resp))) if resp.ttl() > 0 => {
-                *slot = Some(ka);
-                Ok(())
-            }
-            Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
-            Some(Err(e)) => Err(map("keep-alive", e)),
-            Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
-        }
+        self.beat(&mut ka).await?;
+        *slot = Some(ka);
+        Ok(())
     }
 
     async fn next_event(&self) -> SessionEvent {
@@ -523,22 +589,20 @@ impl BackendSession for EtcdSession {
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         for _ in 0..HEAD_READS {
-            let resp = self
-                .client
-                .kv_client()
-                .get(prefix.as_str(), Some(options.clone()))
-                .await
-                .map_err(|e| map("leader", e))?;
+            let mut kv = self.client.kv_client();
+            let resp = within(
+                self.bound,
+                "leader",
+                kv.get(prefix.as_str(), Some(options.clone())),
+            )
+            .await?;
             let Some(&(kv, kind)) = queue_order(queue, &prefix, resp.kvs()).first() else {
                 return Ok(None);
             };
             let entry = entry_of(key_string(kv), kind, kv.create_revision());
             // By the key's bytes: a foreign key that is not UTF-8 is read back as itself.
-            let value = self
-                .large_kv()
-                .get(kv.key(), None)
-                .await
-                .map_err(|e| map("leader", e))?;
+            let mut large = self.large_kv();
+            let value = within(self.bound, "leader", large.get(kv.key(), None)).await?;
             // Still the same entry (else the head changed in between: read again).
             if let Some(kv) = value
                 .kvs()
@@ -557,17 +621,16 @@ impl BackendSession for EtcdSession {
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()> {
         let prefix = prefix_of(queue);
-        let mut stream = self
+        // Opened and created within the request bound (a stream sent to a member that hangs
+        // is given up, and the caller's retry goes elsewhere).
+        let mut watches = self
             .client
             .watch_client()
-            .max_decoding_message_size(usize::MAX)
-            .watch(
-                prefix.as_str(),
-                Some(etcd_client::WatchOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| map("observe", e))?;
-        match stream.message().await.map_err(|e| map("observe", e))? {
+            .max_decoding_message_size(usize::MAX);
+        let options = etcd_client::WatchOptions::new().with_prefix();
+        let opened = watches.watch(prefix.as_str(), Some(options));
+        let mut stream = within(self.bound, "observe", opened).await?;
+        match within(self.bound, "observe", stream.message()).await? {
             Some(r) if r.created() && !r.canceled() => {}
             Some(r) if r.canceled() => return Err(watch_refused(r.cancel_reason())),
             _ => return Err(temporary("observe", "watch was not created")),
@@ -595,11 +658,9 @@ impl BackendSession for EtcdSession {
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
         let prefix = prefix_of(queue);
-        let resp = self
-            .large_kv()
-            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| map("inspect", e))?;
+        let mut large = self.large_kv();
+        let get = large.get(prefix.as_str(), Some(GetOptions::new().with_prefix()));
+        let resp = within(self.bound, "inspect", get).await?;
         Ok(queue_order(queue, &prefix, resp.kvs())
             .into_iter()
             .map(|(kv, kind)| {
@@ -639,23 +700,16 @@ impl BackendSession for EtcdSession {
         let vanished = || Error::EntryVanished {
             key: own.key.clone(),
         };
-        let mut stream = self
-            .client
-            .watch_client()
-            .watch(own.key.as_str(), None)
-            .await
-            .map_err(|e| map("watch revoke", e))?;
-        match stream.message().await.map_err(|e| map("watch revoke", e))? {
+        let mut watches = self.client.watch_client();
+        let opened = watches.watch(own.key.as_str(), None);
+        let mut stream = within(self.bound, "watch revoke", opened).await?;
+        match within(self.bound, "watch revoke", stream.message()).await? {
             Some(r) if r.created() && !r.canceled() => {}
             Some(r) if r.canceled() => return Err(watch_refused(r.cancel_reason())),
             _ => return Err(temporary("watch revoke", "watch was not created")),
         }
-        let resp = self
-            .client
-            .kv_client()
-            .get(own.key.as_str(), None)
-            .await
-            .map_err(|e| map("watch revoke", e))?;
+        let mut kv = self.client.kv_client();
+        let resp = within(self.bound, "watch revoke", kv.get(own.key.as_str(), None)).await?;
         match resp.kvs().first() {
             Some(kv) if kv.create_revision() as u64 == own.order => {
                 if kv.value() == REVOKE_MARKER {
@@ -685,12 +739,9 @@ impl BackendSession for EtcdSession {
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(format!("{namespace}/"), Some(queue_keys()))
-            .await
-            .map_err(|e| map("list", e))?;
+        let mut kv = self.client.kv_client();
+        let get = kv.get(format!("{namespace}/"), Some(queue_keys()));
+        let resp = within(self.bound, "list", get).await?;
         // A foreign key that is not UTF-8 is left out (fencelock's names are UTF-8): shown
         // lossily it would pass for a queue that no read can find.
         let mut keys: Vec<String> = resp

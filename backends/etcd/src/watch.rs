@@ -4,30 +4,45 @@
 //! moment the watch is created — never from a past revision, which etcd serves from a slow
 //! catch-up loop. All those watches share one gRPC stream per session: creating one costs a
 //! message on an open stream, not a new stream.
+//!
+//! A stream stays on the member it was opened on. If that member hangs (a stopped or stalled
+//! process still accepts connections), the stream goes silent and its waiters would sleep
+//! until HTTP/2 keep-alive gives up, seconds later. So a stream that carries watches and has
+//! been quiet for a while is asked for progress; unanswered within the request bound, it is
+//! dropped, its member taken out of the client's rotation, and its watches created again on a
+//! new stream from the revision each one covered from: every deletion since is delivered
+//! (etcd replays it), none is missed, and the waiters keep waiting undisturbed.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
 };
 use fencelock::backend::SessionEvent;
 use fencelock::{Error, Result};
-use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex};
-use tracing::debug;
+use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex, Notify};
+use tokio::time::Instant;
+use tracing::{debug, info};
 
 use crate::error::{map, temporary, watch_refused};
+use crate::rotation::Rotation;
 
 type Waker = oneshot::Sender<Result<()>>;
 
-/// A created watch: its id and the stream it lives on. Ids are numbered per stream (from 0 on
-/// each new stream), so an id alone names a different watch once the stream was replaced: a
-/// watch is cancelled on its own stream, never on whichever is current.
+/// A created watch: its id, the stream it lives on, and the first revision it covers. Ids are
+/// numbered per stream (from 0 on each new stream), so an id alone names a different watch
+/// once the stream was replaced: a watch is cancelled on its own stream, never on whichever
+/// is current.
 #[derive(Clone)]
 struct WatchRef {
     id: i64,
     stream: Arc<StdMutex<Stream>>,
     sender: Arc<AsyncMutex<WatchRequestSender>>,
+    /// The first revision whose deletions it delivers: where a copy of it on a new stream
+    /// starts, so that no deletion falls between the two.
+    start: i64,
 }
 
 impl WatchRef {
@@ -50,8 +65,30 @@ struct KeyState {
     watch: Option<WatchRef>,
     /// Registrations waiting for the watch to be created.
     creating: Vec<oneshot::Sender<Result<()>>>,
+    /// The watch is being created again on a new stream (its old stream went silent): its
+    /// waiters keep waiting, and a new registration waits for that create instead of sending
+    /// one of its own.
+    moving: bool,
     /// Registrations waiting for the key's deletion.
     waiters: Vec<Waker>,
+}
+
+impl KeyState {
+    /// Whether a registration or a create still needs this key's state.
+    fn needed(&mut self) -> bool {
+        self.waiters.retain(|w| !w.is_closed());
+        !self.waiters.is_empty() || !self.creating.is_empty() || self.moving
+    }
+
+    /// Tells every registration of the key that its watch is gone (they re-read).
+    fn fail(self, why: &str) {
+        for c in self.creating {
+            let _ = c.send(Err(temporary("watch", why)));
+        }
+        for w in self.waiters {
+            let _ = w.send(Err(temporary("watch", why)));
+        }
+    }
 }
 
 #[derive(Default)]
@@ -59,15 +96,45 @@ struct State {
     keys: HashMap<String, KeyState>,
 }
 
+/// A create request: the key, and the revision to start from (`None`: from now).
+struct Create {
+    key: String,
+    start: Option<i64>,
+}
+
 /// What belongs to one watch stream (a broken stream's leftovers never touch the next one).
-#[derive(Default)]
 struct Stream {
-    /// Keys whose create requests were sent, in order: etcd answers creates in order.
-    pending: VecDeque<String>,
+    /// Creates sent, in order: etcd answers creates in order.
+    pending: VecDeque<Create>,
     /// Watch ids of this stream.
     ids: HashMap<i64, String>,
-    /// Set by the reader when the stream ended.
+    /// Set when the stream ended or was given up.
     dead: bool,
+    /// When the stream last delivered anything (a quiet one with watches is asked for
+    /// progress).
+    heard: Instant,
+    /// The member it is on, from its replies' headers.
+    member: Option<u64>,
+    /// Stops the stream's reader when the stream is given up (its watches moved on).
+    retire: Arc<Notify>,
+}
+
+impl Stream {
+    fn new() -> Self {
+        Stream {
+            pending: VecDeque::new(),
+            ids: HashMap::new(),
+            dead: false,
+            heard: Instant::now(),
+            member: None,
+            retire: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Whether the stream carries a watch or a create.
+    fn busy(&self) -> bool {
+        !self.ids.is_empty() || !self.pending.is_empty()
+    }
 }
 
 struct Conn {
@@ -75,13 +142,24 @@ struct Conn {
     stream: Arc<StdMutex<Stream>>,
 }
 
-/// One watch stream per session, carrying a watch per awaited key.
-pub(crate) struct KeyWatcher {
+/// What the watcher's tasks share.
+struct Inner {
     client: Client,
     state: Arc<StdMutex<State>>,
-    conn: Arc<AsyncMutex<Option<Conn>>>,
+    conn: AsyncMutex<Option<Conn>>,
     /// Where a broken stream is reported (the session's `Disconnected`).
     events: mpsc::UnboundedSender<SessionEvent>,
+    /// The client's rotation: a member silent on the stream is taken out of it.
+    rotation: Arc<Rotation>,
+    /// How long a stream may take to answer (the session's request bound).
+    bound: Duration,
+    /// Silent streams whose watches must move, for the task that moves them.
+    moves: mpsc::UnboundedSender<Arc<StdMutex<Stream>>>,
+}
+
+/// One watch stream per session, carrying a watch per awaited key.
+pub(crate) struct KeyWatcher {
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for KeyWatcher {
@@ -120,8 +198,7 @@ impl Drop for Registration {
             let Some(ks) = st.keys.get_mut(&self.key) else {
                 return;
             };
-            ks.waiters.retain(|w| !w.is_closed());
-            if !ks.waiters.is_empty() || !ks.creating.is_empty() {
+            if ks.needed() {
                 return;
             }
             st.keys.remove(&self.key).and_then(|ks| ks.watch)
@@ -133,13 +210,25 @@ impl Drop for Registration {
 }
 
 impl KeyWatcher {
-    pub(crate) fn new(client: Client, events: mpsc::UnboundedSender<SessionEvent>) -> Self {
-        KeyWatcher {
+    /// A watcher whose streams must answer within `bound` (the session's request bound).
+    pub(crate) fn new(
+        client: Client,
+        events: mpsc::UnboundedSender<SessionEvent>,
+        rotation: Arc<Rotation>,
+        bound: Duration,
+    ) -> Self {
+        let (moves, silent) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
             client,
             state: Arc::default(),
-            conn: Arc::new(AsyncMutex::new(None)),
+            conn: AsyncMutex::new(None),
             events,
-        }
+            rotation,
+            bound,
+            moves,
+        });
+        tokio::spawn(mover(Arc::downgrade(&inner), silent));
+        KeyWatcher { inner }
     }
 
     /// Registers interest in the deletion of `key` and returns once a watch on it is
@@ -149,7 +238,7 @@ impl KeyWatcher {
         let (tx, rx) = oneshot::channel();
         let (created_tx, created_rx) = oneshot::channel();
         let must_create = {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.inner.state.lock().unwrap();
             let ks = st.keys.entry(key.to_string()).or_default();
             ks.waiters.retain(|w| !w.is_closed());
             ks.waiters.push(tx);
@@ -157,7 +246,7 @@ impl KeyWatcher {
                 let _ = created_tx.send(Ok(()));
                 false
             } else {
-                let first = ks.creating.is_empty();
+                let first = ks.creating.is_empty() && !ks.moving;
                 ks.creating.push(created_tx);
                 first
             }
@@ -166,14 +255,16 @@ impl KeyWatcher {
             // The create runs as a task of its own: a caller dropped half way must not leave
             // a key in `pending` whose request never went out (the FIFO of created replies
             // would then name the wrong keys).
-            let (client, state, conn) =
-                (self.client.clone(), self.state.clone(), self.conn.clone());
-            let events = self.events.clone();
+            let inner = self.inner.clone();
             let k = key.to_string();
             let sent = tokio::spawn(async move {
-                let r = send_create(&client, &state, &conn, &k, events).await;
+                let create = Create {
+                    key: k.clone(),
+                    start: None,
+                };
+                let r = send_creates(&inner, &mut *inner.conn.lock().await, vec![create]).await;
                 if let Err(e) = &r {
-                    fail_key(&state, &k, e);
+                    fail_keys(&inner.state, [k.as_str()], &e.to_string());
                 }
                 r
             });
@@ -186,7 +277,7 @@ impl KeyWatcher {
         let registration = Registration {
             rx: Some(rx),
             key: key.to_string(),
-            state: self.state.clone(),
+            state: self.inner.state.clone(),
         };
         match created_rx.await {
             Ok(Ok(())) => Ok(registration),
@@ -194,7 +285,7 @@ impl KeyWatcher {
                 if !matches!(e, Error::PermissionDenied { .. }) {
                     // A watch refused for an expired token: a unary request refreshes the
                     // token (watches cannot), so that the retry is created.
-                    let _ = self.client.kv_client().get(key, None).await;
+                    let _ = self.inner.client.kv_client().get(key, None).await;
                 }
                 Err(e)
             }
@@ -204,7 +295,7 @@ impl KeyWatcher {
 
     /// Cancels watches whose key has no waiter left, once more than a few are idle.
     pub(crate) async fn prune_if_large(&self) {
-        if self.state.lock().unwrap().keys.len() > 32 {
+        if self.inner.state.lock().unwrap().keys.len() > 32 {
             self.prune().await;
         }
     }
@@ -212,11 +303,10 @@ impl KeyWatcher {
     /// Cancels watches whose key has no waiter left.
     async fn prune(&self) {
         let idle: Vec<WatchRef> = {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.inner.state.lock().unwrap();
             let mut idle = Vec::new();
             st.keys.retain(|_, ks| {
-                ks.waiters.retain(|w| !w.is_closed());
-                let keep = !ks.waiters.is_empty() || !ks.creating.is_empty();
+                let keep = ks.needed();
                 if !keep {
                     idle.extend(ks.watch.take());
                 }
@@ -237,8 +327,14 @@ async fn read_loop(
     sender: Arc<AsyncMutex<WatchRequestSender>>,
     events: mpsc::UnboundedSender<SessionEvent>,
 ) {
+    let retire = stream.lock().unwrap().retire.clone();
     loop {
-        let resp = match responses.message().await {
+        let message = tokio::select! {
+            m = responses.message() => m,
+            // Given up: what it still carries (nothing once its watches moved) is failed.
+            () = retire.notified() => break,
+        };
+        let resp = match message {
             Ok(Some(r)) => r,
             Ok(None) => {
                 let _ = events.send(SessionEvent::Disconnected);
@@ -251,33 +347,55 @@ async fn read_loop(
             }
         };
         let mut ss = stream.lock().unwrap();
+        if ss.dead {
+            break;
+        }
+        ss.heard = Instant::now();
+        if let Some(h) = resp.header() {
+            ss.member = Some(h.member_id());
+        }
         let mut st = state.lock().unwrap();
         if resp.created() {
-            let Some(key) = ss.pending.pop_front() else {
+            let Some(create) = ss.pending.pop_front() else {
                 continue;
             };
+            let key = create.key;
             let ok = !resp.canceled();
             if ok {
                 ss.ids.insert(resp.watch_id(), key.clone());
             }
-            if let Some(ks) = st.keys.get_mut(&key) {
+            let Some(ks) = st.keys.get_mut(&key) else {
+                // Nobody waits any more: the watch is not needed.
                 if ok {
-                    ks.watch = Some(WatchRef {
-                        id: resp.watch_id(),
-                        stream: stream.clone(),
-                        sender: sender.clone(),
-                    });
+                    ss.ids.remove(&resp.watch_id());
+                    cancel_later(&sender, resp.watch_id());
                 }
-                for c in ks.creating.drain(..) {
-                    let _ = c.send(if ok {
-                        Ok(())
-                    } else {
-                        Err(watch_refused(resp.cancel_reason()))
-                    });
+                continue;
+            };
+            ks.moving = false;
+            if !ok {
+                if let Some(ks) = st.keys.remove(&key) {
+                    for c in ks.creating {
+                        let _ = c.send(Err(watch_refused(resp.cancel_reason())));
+                    }
+                    for w in ks.waiters {
+                        let _ = w.send(Err(watch_refused(resp.cancel_reason())));
+                    }
                 }
-                if !ok {
-                    st.keys.remove(&key);
-                }
+                continue;
+            }
+            // A watch from now covers what follows the revision it was created at.
+            let start = create
+                .start
+                .unwrap_or_else(|| resp.header().map_or(0, |h| h.revision()) + 1);
+            ks.watch = Some(WatchRef {
+                id: resp.watch_id(),
+                stream: stream.clone(),
+                sender: sender.clone(),
+                start,
+            });
+            for c in ks.creating.drain(..) {
+                let _ = c.send(Ok(()));
             }
             continue;
         }
@@ -291,9 +409,7 @@ async fn read_loop(
                     .is_some_and(|w| w.id == resp.watch_id() && Arc::ptr_eq(&w.stream, &stream));
                 if ours {
                     if let Some(ks) = st.keys.remove(&key) {
-                        for w in ks.waiters {
-                            let _ = w.send(Err(temporary("watch", "watch canceled")));
-                        }
+                        ks.fail("watch canceled");
                     }
                 }
             }
@@ -317,10 +433,7 @@ async fn read_loop(
                     if let Some(watch) = st.keys.remove(key).and_then(|ks| ks.watch) {
                         if Arc::ptr_eq(&watch.stream, &stream) {
                             ss.ids.remove(&watch.id);
-                            let sender = sender.clone();
-                            tokio::spawn(async move {
-                                let _ = sender.lock().await.cancel(watch.id).await;
-                            });
+                            cancel_later(&sender, watch.id);
                         } else {
                             tokio::spawn(watch.cancel());
                         }
@@ -333,85 +446,255 @@ async fn read_loop(
     // retry; keys on a newer stream are left alone.
     let mut ss = stream.lock().unwrap();
     ss.dead = true;
-    let mut st = state.lock().unwrap();
     let ss = &mut *ss;
-    let mut keys: Vec<String> = ss.pending.drain(..).collect();
+    let mut keys: Vec<String> = ss.pending.drain(..).map(|c| c.key).collect();
     keys.extend(ss.ids.drain().map(|(_, k)| k));
-    for key in keys {
-        if let Some(ks) = st.keys.remove(&key) {
-            for c in ks.creating {
-                let _ = c.send(Err(temporary("watch", "watch stream broke")));
-            }
-            for w in ks.waiters {
-                let _ = w.send(Err(temporary("watch", "watch stream broke")));
-            }
-        }
-    }
+    fail_keys(
+        &state,
+        keys.iter().map(String::as_str),
+        "watch stream broke",
+    );
 }
 
-fn fail_key(state: &StdMutex<State>, key: &str, e: &fencelock::Error) {
-    let mut st = state.lock().unwrap();
-    if let Some(ks) = st.keys.remove(key) {
-        for c in ks.creating {
-            let _ = c.send(Err(temporary("watch", &e.to_string())));
-        }
-        for w in ks.waiters {
-            let _ = w.send(Err(temporary("watch", &e.to_string())));
-        }
-    }
+/// Cancels watch `id` on its stream, from a task (the caller holds the stream's state).
+fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
+    let sender = sender.clone();
+    tokio::spawn(async move {
+        let _ = sender.lock().await.cancel(id).await;
+    });
 }
 
-fn options() -> WatchOptions {
-    WatchOptions::new().with_filters([WatchFilterType::NoPut])
-}
-
-async fn send_create(
-    client: &Client,
-    state: &Arc<StdMutex<State>>,
-    conn: &AsyncMutex<Option<Conn>>,
-    key: &str,
-    events: mpsc::UnboundedSender<SessionEvent>,
-) -> Result<()> {
-    let mut conn = conn.lock().await;
-    if let Some(c) = conn.as_mut() {
-        let live = {
-            let mut st = c.stream.lock().unwrap();
-            if !st.dead {
-                st.pending.push_back(key.to_string());
+/// Asks `stream` for progress whenever it carries watches and has been quiet for half the
+/// request bound; a stream that then stays silent for the bound is handed to the [`mover`].
+/// Ends with the stream, or with the watcher.
+///
+/// etcd answers a progress request at once, from the member itself (no consensus involved),
+/// so silence means the member, or the path to it, hangs.
+async fn supervise(
+    inner: Weak<Inner>,
+    stream: Arc<StdMutex<Stream>>,
+    sender: Arc<AsyncMutex<WatchRequestSender>>,
+    bound: Duration,
+) {
+    let quiet = bound / 2;
+    loop {
+        let (heard, busy) = {
+            let ss = stream.lock().unwrap();
+            if ss.dead {
+                return;
             }
-            !st.dead
+            (ss.heard, ss.busy())
         };
-        if live {
-            let sender = c.sender.clone();
-            let sent = sender.lock().await.watch(key, Some(options())).await;
-            if let Err(e) = sent {
-                let mut st = c.stream.lock().unwrap();
-                st.pending.retain(|k| k != key);
-                st.dead = true;
-                drop(st);
-                *conn = None;
-                return Err(map("watch", e));
+        if inner.strong_count() == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if !busy || now < heard + quiet {
+            tokio::time::sleep_until(if busy { heard + quiet } else { now + quiet }).await;
+            continue;
+        }
+        let asked = Instant::now();
+        let sent = tokio::time::timeout(bound, async {
+            sender.lock().await.request_progress().await
+        })
+        .await;
+        if let Ok(Err(_)) = sent {
+            // The stream is closed: its reader reports it.
+            return;
+        }
+        tokio::time::sleep_until(asked + bound).await;
+        let silent = {
+            let ss = stream.lock().unwrap();
+            if ss.dead {
+                return;
             }
-            return Ok(());
+            ss.heard < asked
+        };
+        if silent {
+            let Some(inner) = inner.upgrade() else { return };
+            info!("etcd watch stream silent for {bound:?}: its watches move to a new stream");
+            let _ = inner.moves.send(stream);
+            return;
         }
     }
-    // Open a stream with this key's watch as its first request.
-    let stream = Arc::new(StdMutex::new(Stream::default()));
-    stream.lock().unwrap().pending.push_back(key.to_string());
-    let ws = client
-        .watch_client()
-        .watch(key, Some(options()))
-        .await
-        .map_err(|e| map("watch", e))?;
+}
+
+/// Moves the watches of each silent stream it is handed (see [`move_watches`]), one stream at
+/// a time, for as long as the watcher lives.
+async fn mover(inner: Weak<Inner>, mut silent: mpsc::UnboundedReceiver<Arc<StdMutex<Stream>>>) {
+    while let Some(stream) = silent.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        move_watches(&inner, &stream).await;
+    }
+}
+
+/// Gives up `old` (silent) and creates its watches again on the current stream, or a new one
+/// on a member that answers: each from the revision it covered from, so that a deletion the
+/// old stream did not deliver is delivered now. Its waiters keep waiting. If no stream can be
+/// had, they are told (temporary): they re-read and register again.
+async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>) {
+    let mut conn = inner.conn.lock().await;
+    let (member, creates) = {
+        let mut ss = old.lock().unwrap();
+        if ss.dead {
+            return;
+        }
+        ss.dead = true;
+        ss.retire.notify_one();
+        let mut st = inner.state.lock().unwrap();
+        let mut creates = Vec::new();
+        for (_, key) in ss.ids.drain() {
+            let Some(ks) = st.keys.get_mut(&key) else {
+                continue;
+            };
+            if let Some(w) = ks.watch.take_if(|w| Arc::ptr_eq(&w.stream, old)) {
+                ks.moving = true;
+                creates.push(Create {
+                    key,
+                    start: Some(w.start),
+                });
+            }
+        }
+        // Creates not answered yet: their registrations have not returned, so a watch from
+        // now on the new stream is what they asked for.
+        for create in ss.pending.drain(..) {
+            if let Some(ks) = st.keys.get_mut(&create.key) {
+                ks.moving = true;
+                creates.push(create);
+            }
+        }
+        (ss.member, creates)
+    };
+    if conn.as_ref().is_some_and(|c| Arc::ptr_eq(&c.stream, old)) {
+        *conn = None;
+    }
+    // Out of the rotation first, so that the new stream is opened elsewhere.
+    if let Some(member) = member {
+        inner.rotation.suspect(&inner.client, member).await;
+    }
+    if creates.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = creates.iter().map(|c| c.key.clone()).collect();
+    if let Err(e) = send_creates(inner, &mut conn, creates).await {
+        debug!(error = %e, "cannot move the watches to a new stream");
+        fail_keys(
+            &inner.state,
+            keys.iter().map(String::as_str),
+            &e.to_string(),
+        );
+    }
+}
+
+/// Ends the registrations of `keys` with a temporary error (they re-read and register again).
+fn fail_keys<'a>(state: &StdMutex<State>, keys: impl IntoIterator<Item = &'a str>, why: &str) {
+    let mut st = state.lock().unwrap();
+    for key in keys {
+        if let Some(ks) = st.keys.remove(key) {
+            ks.fail(why);
+        }
+    }
+}
+
+fn options(start: Option<i64>) -> WatchOptions {
+    let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    match start {
+        Some(rev) => options.with_start_revision(rev),
+        None => options,
+    }
+}
+
+/// Sends `creates` on the current stream, or opens one with them (the current one is dead or
+/// there is none). Each step waits at most the request bound: a stream sent to a member that
+/// hangs is given up, and the caller's retry goes elsewhere.
+async fn send_creates(
+    inner: &Arc<Inner>,
+    conn: &mut Option<Conn>,
+    creates: Vec<Create>,
+) -> Result<()> {
+    let live = conn
+        .as_ref()
+        .is_some_and(|c| !c.stream.lock().unwrap().dead);
+    let creates = if live {
+        creates
+    } else {
+        open_stream(inner, conn, creates).await?
+    };
+    if let Some(c) = conn.as_ref() {
+        let (sender, stream) = (c.sender.clone(), c.stream.clone());
+        for create in creates {
+            let (key, start) = (create.key.clone(), create.start);
+            {
+                let mut ss = stream.lock().unwrap();
+                if ss.dead {
+                    return Err(temporary("watch", "watch stream broke"));
+                }
+                ss.pending.push_back(create);
+            }
+            let sent = tokio::time::timeout(inner.bound, async {
+                sender
+                    .lock()
+                    .await
+                    .watch(key.as_str(), Some(options(start)))
+                    .await
+            })
+            .await;
+            let failed = match sent {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => map("watch", e),
+                Err(_) => temporary("watch", "the watch stream takes no request"),
+            };
+            // The stream is given up: its reader fails what it carries (the caller this key).
+            let mut ss = stream.lock().unwrap();
+            ss.pending.retain(|c| c.key != key);
+            ss.dead = true;
+            ss.retire.notify_one();
+            drop(ss);
+            *conn = None;
+            return Err(failed);
+        }
+    }
+    Ok(())
+}
+
+/// Opens a stream (in `conn`) with the first of `creates` as its first request; returns the
+/// others, to be sent on it.
+async fn open_stream(
+    inner: &Arc<Inner>,
+    conn: &mut Option<Conn>,
+    creates: Vec<Create>,
+) -> Result<Vec<Create>> {
+    let mut creates = creates.into_iter();
+    let Some(first) = creates.next() else {
+        return Ok(Vec::new());
+    };
+    let stream = Arc::new(StdMutex::new(Stream::new()));
+    let (key, start) = (first.key.clone(), first.start);
+    stream.lock().unwrap().pending.push_back(first);
+    let mut watches = inner.client.watch_client();
+    let opened = watches.watch(key.as_str(), Some(options(start)));
+    let ws = match tokio::time::timeout(inner.bound, opened).await {
+        Ok(ws) => ws.map_err(|e| map("watch", e))?,
+        Err(_) => return Err(temporary("watch", "the new watch stream was not answered")),
+    };
     let (sender, responses) = ws.split();
     let sender = Arc::new(AsyncMutex::new(sender));
     tokio::spawn(read_loop(
         responses,
-        state.clone(),
+        inner.state.clone(),
         stream.clone(),
         sender.clone(),
-        events,
+        inner.events.clone(),
     ));
-    *conn = Some(Conn { sender, stream });
-    Ok(())
+    *conn = Some(Conn {
+        sender: sender.clone(),
+        stream: stream.clone(),
+    });
+    tokio::spawn(supervise(
+        Arc::downgrade(inner),
+        stream,
+        sender,
+        inner.bound,
+    ));
+    Ok(creates.collect())
 }
