@@ -1,8 +1,7 @@
 //! An etcd member paused (`SIGSTOP`) after the client connected — a follower, then the leader:
 //! a stopped process still accepts connections, and what is sent to it waits. The session must
 //! stay live and locks keep being granted through the other members (at most the acquisitions
-//! in flight on the paused member fail). (ZooKeeper's client talks to one server at a time; see
-//! the README on a hung ZooKeeper server.)
+//! in flight on the paused member fail). (ZooKeeper: `zookeeper_paused_server.rs`.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
