@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use self::history::{check, Gray, Requirements, Summary};
 use self::inject::Stage;
 use self::primitive::Primitive;
-use self::workload::{worker, ChildWorker, Recorder, Sessions, Workload};
+use self::workload::{worker, ChildWorker, Recorder, Route, Sessions, Workload};
 use crate::proxy::Proxy;
 use crate::servers::Cluster;
 
@@ -238,20 +238,19 @@ pub async fn run(
         .join(",");
     let mut tasks = Vec::new();
     for i in 0..=cfg.sessions {
-        let addr = if i == cfg.sessions {
-            proxied.clone()
+        let route = if i == cfg.sessions {
+            Route::Proxied(proxied.clone())
         } else {
-            target.endpoint.clone()
+            Route::Direct(target.endpoint.clone())
         };
         tasks.push(tokio::spawn(worker(
             format!("w{i}"),
             target.clone(),
-            addr,
+            route,
             w.clone(),
             rec.clone(),
             stop.clone(),
             sessions.clone(),
-            i < cfg.sessions,
         )));
     }
     let prefix: Vec<&str> = cfg.holder.1.iter().map(String::as_str).collect();

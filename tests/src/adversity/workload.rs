@@ -167,19 +167,30 @@ pub struct Workload {
 /// talks to the cluster directly (not through the proxy, not a session lost on purpose).
 pub type Sessions = Arc<Mutex<Vec<(bool, Session)>>>;
 
+/// Where a worker connects.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// To the cluster's members directly, at this address.
+    Direct(String),
+    /// Through the proxies in front of them, at this address.
+    Proxied(String),
+}
+
 /// Runs one in-process worker until `stop`: acquire, fenced write, hold, write, release. A lost
-/// session is replaced by a new one. `addr` is where this worker connects (the cluster, or a
-/// proxy in front of it).
+/// session is replaced by a new one, opened on `route`.
 pub async fn worker(
     name: String,
     target: Target,
-    addr: String,
+    route: Route,
     w: Workload,
     rec: Arc<Recorder>,
     stop: Arc<AtomicBool>,
     sessions: Sessions,
-    direct: bool,
 ) {
+    let (addr, direct) = match route {
+        Route::Direct(a) => (a, true),
+        Route::Proxied(a) => (a, false),
+    };
     let mut session: Option<Session> = None;
     let mut turn = 0u64;
     while !stop.load(Ordering::SeqCst) {
