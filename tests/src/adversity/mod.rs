@@ -90,7 +90,7 @@ impl Scenario {
 
     /// Whether no session on a direct link (not the proxied worker's, not the child's) may be
     /// lost, with a healthy quorum reachable all along, at `ttl` (`long`: the long TTL of
-    /// [`RunConfig::gray_ttl`]). A paused leader at a short TTL may cost sessions: the cluster
+    /// [`RunConfig::gray_ttls`]). A paused leader at a short TTL may cost sessions: the cluster
     /// confirms nothing until it elected another.
     pub fn keeps_sessions(self, long: bool) -> bool {
         match self {
