@@ -178,19 +178,33 @@ impl Resolved {
     }
 
     /// Closes the session `info` on the cluster: a client attached to it for that alone (not
-    /// detached) is dropped, which sends CloseSession, and its end awaited; the servers are
-    /// tried from `first` on. A temporary error if none took the close.
+    /// detached) is dropped, which sends CloseSession, and its end awaited; each server is
+    /// given `per_try` to take the session, the session's last one last. A temporary error if
+    /// none took the close.
     pub(crate) async fn close_session(
         &self,
         session_timeout: Duration,
         info: zk::SessionInfo,
-        first: usize,
+        last_server: usize,
+        per_try: Duration,
     ) -> Result<()> {
         let connector = self.connector(session_timeout, false)?.with_session(info);
         let mut last = None;
-        for i in 0..self.each.len() {
-            let server = (first + i) % self.each.len();
-            match connector.clone().connect(&self.each[server]).await {
+        // The session's last server last: it may be the silent one that cost the session.
+        // Twice round: a server sometimes drops the first attach right after the session's
+        // previous client left it (the next one is taken).
+        let n = self.each.len();
+        for i in 1..=2 * n {
+            let server = (last_server + i) % n;
+            let attempt = connector.clone().connect(&self.each[server]);
+            let attempt = match tokio::time::timeout(per_try, attempt).await {
+                Ok(attempt) => attempt,
+                Err(_) => {
+                    last = Some(zk::Error::Timeout);
+                    continue;
+                }
+            };
+            match attempt {
                 Ok(client) => {
                     let mut state = client.state_watcher();
                     drop(client); // the only clone: CloseSession is sent

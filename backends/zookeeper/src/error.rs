@@ -52,6 +52,11 @@ pub(crate) fn disconnected(op: &'static str) -> Error {
     Error::backend(NAME, op, true, "disconnected from the ZooKeeper cluster")
 }
 
+/// A temporary error of operation `op`.
+pub(crate) fn temporary(op: &'static str, why: String) -> Error {
+    Error::backend(NAME, op, true, why)
+}
+
 /// The temporary error of an operation whose client ended (see [`map`]).
 pub(crate) fn link_ended(op: &'static str) -> Error {
     Error::backend(

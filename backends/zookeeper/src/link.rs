@@ -163,15 +163,17 @@ impl Links {
     pub(crate) async fn close_on_cluster(&self) -> Result<()> {
         let config = &self.backend.config;
         let last = self.last_server.load(Ordering::SeqCst);
+        let per_try = attach_bound(self.ttl).max(Duration::from_secs(1));
         config
-            .close_session(self.requested, self.info.clone(), last)
+            .close_session(self.requested, self.info.clone(), last, per_try)
             .await
     }
 
     /// Moves the session off `from` if it is still the current link: attaches a client
-    /// through each other server in turn (then `from`'s own server, last), confirms it with
-    /// a `sync`, and makes it current. Cancel safe: a move cancelled midway leaves `from`
-    /// current.
+    /// through each other server in turn, confirms it with a `sync`, and makes it current.
+    /// `from`'s own server is tried too, last, only if its client ended (its own client
+    /// retries it otherwise: a second client there would take the session from it). Cancel
+    /// safe: a move cancelled midway leaves `from` current.
     pub(crate) async fn move_off(&self, from: &Arc<Link>, why: &'static str) -> Moved {
         let _one = self.moving.lock().await;
         match &*self.slot.read().unwrap() {
@@ -181,8 +183,12 @@ impl Links {
         }
         let config = &self.backend.config;
         let n = config.each.len();
+        let own_too = from.state.peek_state().is_terminated();
         for step in 1..=n {
             let server = (from.server + step) % n;
+            if server == from.server && !own_too {
+                continue;
+            }
             let attempt = async {
                 let client = config
                     .attach(self.requested, self.info.clone(), server)
@@ -202,8 +208,8 @@ impl Links {
                     return Moved::Ended(SessionEnd::Expired);
                 }
                 Ok(Err(AttachError::Refused(e))) => {
-                    warn!(session = %self.info.id(), error = %e, "the session cannot move to another server");
-                    return Moved::Failed;
+                    warn!(session = %self.info.id(), server = %config.each[server], error = %e, "this server refused the session");
+                    continue;
                 }
                 Ok(Err(AttachError::Failed(e))) => {
                     debug!(server = %config.each[server], error = %e, "the session did not move to this server");
@@ -235,7 +241,11 @@ impl Links {
 /// and `Expired` when the cluster confirms the session expired. Ends with the session.
 pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSender<SessionEvent>) {
     let mut down = false;
-    let mut backoff = Backoff::capped(Duration::from_millis(250));
+    let Some(ttl) = links.upgrade().map(|l| l.ttl) else {
+        return;
+    };
+    let pause_cap = silence(ttl);
+    let mut backoff = Backoff::capped(pause_cap);
     loop {
         let Some(l) = links.upgrade() else { return };
         let Ok(link) = l.current() else { return };
@@ -252,7 +262,7 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
             if std::mem::take(&mut down) && tx.send(SessionEvent::Reconnected).is_err() {
                 return;
             }
-            backoff = Backoff::capped(Duration::from_millis(250));
+            backoff = Backoff::capped(pause_cap);
             tokio::select! {
                 s = state.changed() => now = s,
                 _ = moved.changed() => continue,
@@ -271,6 +281,26 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
             down = true;
             if tx.send(SessionEvent::Disconnected).is_err() {
                 return;
+            }
+        }
+        if !now.is_terminated() {
+            // Disconnected: the client reconnects to its server by itself. Give it a moment
+            // (a restarted server is back in milliseconds) before moving: two clients
+            // re-attaching the session at once take it from each other.
+            let back = tokio::time::timeout(pause_cap, async {
+                loop {
+                    let s = state.changed().await;
+                    if !matches!(s, zk::SessionState::Disconnected) {
+                        return s;
+                    }
+                }
+            })
+            .await;
+            if let Ok(s) = back {
+                now = s;
+                if !now.is_terminated() {
+                    continue; // serving again (or moved meanwhile: the loop sees it)
+                }
             }
         }
         let Some(l) = links.upgrade() else { return };

@@ -13,7 +13,7 @@ use fencelock::backend::{
     SessionEvent,
 };
 use fencelock::{Error, FencingToken, Result, SessionEnd};
-use tokio::sync::{mpsc, Mutex as AsyncMutex, OnceCell};
+use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -44,8 +44,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// itself, which would keep the session alive for as long as the process runs, even after
 /// fencelock's heartbeat stopped. To keep the contract (a session lives only while its
 /// heartbeat runs: the entries of an owner that stopped heartbeating go after the TTL), the
-/// session lets go of its client when [`keep_alive`](BackendSession::keep_alive) has not been
-/// called for one TTL, and the cluster expires it.
+/// session closes itself when [`keep_alive`](BackendSession::keep_alive) has not been called
+/// for one TTL.
 pub(crate) struct ZkSession {
     pub(crate) backend: Arc<Inner>,
     links: Arc<Links>,
@@ -56,8 +56,9 @@ pub(crate) struct ZkSession {
     /// See [`crate::connect::heartbeat_interval`].
     heartbeat: Duration,
     events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
-    /// Set once the close on the cluster was tried: every caller of `close` awaits it.
-    closed: OnceCell<()>,
+    /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
+    /// take turns).
+    closed: AsyncMutex<Closing>,
 }
 
 impl fmt::Debug for ZkSession {
@@ -102,7 +103,7 @@ impl ZkSession {
             ttl,
             heartbeat,
             events: AsyncMutex::new(rx),
-            closed: OnceCell::new(),
+            closed: AsyncMutex::new(Closing::NotYet),
         }
     }
 
@@ -124,24 +125,48 @@ impl ZkSession {
         }
     }
 
-    /// Ends the session here and on the cluster (at most [`CLOSE_WAIT`]); every caller
-    /// returns once that was tried. A session already let go of (see [`watchdog`]) is closed
-    /// on the cluster too, in case it has not expired there yet.
-    async fn close_once(&self) {
-        self.links.end(SessionEnd::Closed);
-        self.closed
-            .get_or_init(|| async {
-                match tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await {
-                    Ok(Ok(())) => debug!(session = %self.id(), "zookeeper session closed"),
-                    Ok(Err(e)) => {
-                        warn!(session = %self.id(), error = %e, "the ZooKeeper session could not be closed; it expires after its timeout")
-                    }
-                    Err(_) => {
-                        warn!(session = %self.id(), "the close of the ZooKeeper session was not confirmed; it expires after its timeout")
-                    }
+    /// Ends the session here and on the cluster (each try at most [`CLOSE_WAIT`]). A close
+    /// that no server confirmed is a temporary error, so that the core tries again (the
+    /// cluster may be electing a leader, or down) — for one TTL at most: every try reaches the
+    /// cluster with the session's id, and renews it there if a one-way partition keeps the
+    /// confirmation from us. Then the cluster expires it.
+    async fn close_once(&self) -> Result<()> {
+        if let Some(last) = self.links.end(SessionEnd::Closed) {
+            // Its client ends once the waits on it woke and let go (the end wakes them):
+            // alive, it would take the session back from the closer when the server drops
+            // its connection for the closer's, and the close would fail.
+            let mut state = last.state.clone();
+            drop(last);
+            let ended = async {
+                while !state.state().is_terminated() {
+                    state.changed().await;
                 }
-            })
-            .await;
+            };
+            let _ = tokio::time::timeout(link::silence(self.ttl), ended).await;
+        }
+        let mut closed = self.closed.lock().await;
+        let first = match *closed {
+            Closing::Done => return Ok(()),
+            Closing::NotYet => Instant::now(),
+            Closing::Tried(first) => first,
+        };
+        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
+        let failure = match res {
+            Ok(Ok(())) => {
+                debug!(session = %self.id(), "zookeeper session closed");
+                *closed = Closing::Done;
+                return Ok(());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "not confirmed in time".to_string(),
+        };
+        if first.elapsed() >= self.ttl {
+            warn!(session = %self.id(), error = %failure, "the ZooKeeper session could not be closed; it expires after its timeout");
+            *closed = Closing::Done;
+            return Ok(());
+        }
+        *closed = Closing::Tried(first);
+        Err(error::temporary("close", failure))
     }
 
     /// A clone of the current client for one operation, or the reason there is none.
@@ -158,15 +183,17 @@ impl ZkSession {
     /// watches set then are valid.
     pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
         let mut moved = self.links.subscribe();
-        let link = self.links.current();
+        // The state now, not at the first poll: a disconnect in between breaks the wait.
+        let watched = self.links.current().map(|link| {
+            let mut watcher = link.state.clone();
+            let now = watcher.state();
+            (watcher, now)
+        });
         async move {
-            let link = match link {
-                Ok(link) => link,
+            let (mut watcher, now) = match watched {
+                Ok(w) => w,
                 Err(e) => return e,
             };
-            let mut watcher = link.state.clone();
-            drop(link);
-            let now = watcher.state();
             if now.is_terminated() {
                 if let Some(e) = state_error(op, now) {
                     return e;
@@ -186,11 +213,19 @@ impl ZkSession {
     }
 }
 
+/// How far the close on the cluster got.
+enum Closing {
+    NotYet,
+    /// Tried first at this instant, not confirmed.
+    Tried(Instant),
+    Done,
+}
+
 impl Drop for ZkSession {
     /// A session dropped without [`close`](BackendSession::close) is closed in the background
     /// (its clients are detached: dropping them alone would leave it to expire).
     fn drop(&mut self) {
-        if self.closed.initialized() {
+        if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
             return;
         }
         self.links.end(SessionEnd::Closed);
@@ -203,9 +238,8 @@ impl Drop for ZkSession {
     }
 }
 
-/// Lets go of the session's client when `keep_alive` has not been called for `ttl` (see the
-/// heartbeat contract on [`ZkSession`]): the cluster then expires the session. Ends with the
-/// session.
+/// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
+/// contract on [`ZkSession`]). Ends with the session.
 async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: Duration, id: i64) {
     loop {
         let Some(last) = last_beat.upgrade().map(|b| *b.lock().unwrap()) else {
@@ -216,7 +250,10 @@ async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: D
                 return;
             };
             if links.end(SessionEnd::Expired).is_some() {
-                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: letting the ZooKeeper session expire");
+                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
+                // As the cluster would: its entries go now, not a TTL after the client's own
+                // last ping.
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
             }
             return;
         }
@@ -283,8 +320,7 @@ impl BackendSession for ZkSession {
     }
 
     async fn close(&self) -> Result<()> {
-        self.close_once().await;
-        Ok(())
+        self.close_once().await
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
@@ -336,45 +372,48 @@ impl BackendSession for ZkSession {
     }
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
-        const OP: &str = "wait";
-        loop {
-            let broken = self.broken(OP);
-            let client = self.client()?;
-            // One round trip: our own entry checked, the target read and watched (a data
-            // watch, as Curator does: unlike an exists watch it leaves nothing behind when the
-            // node is gone already).
-            let mine = client.check_stat(&own.key);
-            let theirs = client.get_and_watch_data(&target.key);
-            let (mine, theirs) = futures::join!(mine, theirs);
-            drop(client);
-            match mine {
-                Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
-                Ok(_) => {
-                    return Err(Error::EntryVanished {
-                        key: own.key.clone(),
-                    })
-                }
-                Err(e) => return Err(error::map(OP, e)),
-            }
-            let watcher = match theirs {
-                Err(zk::Error::NoNode) => return Ok(()),
-                Err(e) => return Err(error::map(OP, e)),
-                Ok((_, _, watcher)) => watcher,
-            };
-            // Dropped unfired (the wait given up or broken), the watch is removed: the
-            // retry watches afresh (see `watch`).
-            tokio::select! {
-                ev = watcher.changed() => match ev.event_type {
-                    zk::EventType::NodeDeleted => return Ok(()),
-                    zk::EventType::Session => {
-                        return Err(state_error(OP, ev.session_state)
-                            .unwrap_or_else(|| error::disconnected(OP)));
+        self.unless_moved("wait", async {
+            const OP: &str = "wait";
+            loop {
+                let broken = self.broken(OP);
+                let client = self.client()?;
+                // One round trip: our own entry checked, the target read and watched (a data
+                // watch, as Curator does: unlike an exists watch it leaves nothing behind when the
+                // node is gone already).
+                let mine = client.check_stat(&own.key);
+                let theirs = client.get_and_watch_data(&target.key);
+                let (mine, theirs) = futures::join!(mine, theirs);
+                drop(client);
+                match mine {
+                    Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
+                    Ok(_) => {
+                        return Err(Error::EntryVanished {
+                            key: own.key.clone(),
+                        })
                     }
-                    _ => continue, // its data changed: watch again
-                },
-                err = broken => return Err(err),
+                    Err(e) => return Err(error::map(OP, e)),
+                }
+                let watcher = match theirs {
+                    Err(zk::Error::NoNode) => return Ok(()),
+                    Err(e) => return Err(error::map(OP, e)),
+                    Ok((_, _, watcher)) => watcher,
+                };
+                // Dropped unfired (the wait given up or broken), the watch is removed: the
+                // retry watches afresh (see `watch`).
+                tokio::select! {
+                    ev = watcher.changed() => match ev.event_type {
+                        zk::EventType::NodeDeleted => return Ok(()),
+                        zk::EventType::Session => {
+                            return Err(state_error(OP, ev.session_state)
+                                .unwrap_or_else(|| error::disconnected(OP)));
+                        }
+                        _ => continue, // its data changed: watch again
+                    },
+                    err = broken => return Err(err),
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn exists(&self, own: &Entry) -> Result<bool> {
@@ -429,32 +468,35 @@ impl BackendSession for ZkSession {
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
-        const OP: &str = "watch entry";
-        loop {
-            let broken = self.broken(OP);
-            let client = self.client()?;
-            let res = client.get_and_watch_data(&own.key).await;
-            drop(client);
-            let watcher = match res {
-                Err(zk::Error::NoNode) => return Ok(()),
-                Err(err) => return Err(error::map(OP, err)),
-                Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Ok(()),
-                Ok((_, _, watcher)) => watcher,
-            };
-            // Our own node, which may stay for hours: a wait given up (a dropped `lost()`)
-            // removes its watch rather than leave it, and a task, until the node goes.
-            tokio::select! {
-                ev = watcher.changed() => match ev.event_type {
-                    zk::EventType::NodeDeleted => return Ok(()),
-                    zk::EventType::Session => {
-                        check_session_event(OP, &ev)?;
-                        return Err(error::disconnected(OP));
-                    }
-                    _ => continue, // data changed: watch again
-                },
-                err = broken => return Err(err),
+        self.unless_moved("wait_own_gone", async {
+            const OP: &str = "watch entry";
+            loop {
+                let broken = self.broken(OP);
+                let client = self.client()?;
+                let res = client.get_and_watch_data(&own.key).await;
+                drop(client);
+                let watcher = match res {
+                    Err(zk::Error::NoNode) => return Ok(()),
+                    Err(err) => return Err(error::map(OP, err)),
+                    Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Ok(()),
+                    Ok((_, _, watcher)) => watcher,
+                };
+                // Our own node, which may stay for hours: a wait given up (a dropped `lost()`)
+                // removes its watch rather than leave it, and a task, until the node goes.
+                tokio::select! {
+                    ev = watcher.changed() => match ev.event_type {
+                        zk::EventType::NodeDeleted => return Ok(()),
+                        zk::EventType::Session => {
+                            check_session_event(OP, &ev)?;
+                            return Err(error::disconnected(OP));
+                        }
+                        _ => continue, // data changed: watch again
+                    },
+                    err = broken => return Err(err),
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn remove(&self, e: &Entry) -> Result<bool> {
@@ -506,7 +548,10 @@ impl BackendSession for ZkSession {
         queue: &QueueId,
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()> {
-        self.wait_head_change(queue, seen).await
+        self.unless_moved("wait_queue_change", async {
+            self.wait_head_change(queue, seen).await
+        })
+        .await
     }
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
@@ -520,7 +565,8 @@ impl BackendSession for ZkSession {
     }
 
     async fn wait_revoke(&self, own: &Entry) -> Result<()> {
-        self.wait_revoked(own).await
+        self.unless_moved("wait_revoke", async { self.wait_revoked(own).await })
+            .await
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
