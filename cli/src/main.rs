@@ -55,8 +55,11 @@ fn main() -> ExitCode {
         }
     };
     let status = runtime.block_on(run(cli));
-    // Every task stopped (the session is closed) before ending by a signal.
-    drop(runtime);
+    // Every task stopped (the session is closed) before ending by a signal. Bounded: a
+    // blocking task of a client library still running must not hold up the exit. (A CI run
+    // once saw `list` still running 10 s after SIGHUP while connecting to a silent server;
+    // an unbounded runtime drop is one way that can happen, not a confirmed cause.)
+    runtime.shutdown_timeout(Duration::from_secs(1));
     ExitCode::from(exit::end(status))
 }
 
