@@ -82,15 +82,7 @@ impl EtcdSession {
         })
         .await;
         let (keeper, mut stream) = match opened {
-            Ok(Ok(opened)) => opened,
-            // Refused or broken (a member killed or restarting): out too, as a silent one
-            // would be, or the retry picks the same endpoint until the monitor notices.
-            Ok(Err(e)) => {
-                if e.is_temporary() {
-                    self.rotation.take_out(&self.client, &endpoint).await;
-                }
-                return Err(e);
-            }
+            Ok(opened) => opened?,
             Err(_) => {
                 self.rotation.take_out(&self.client, &endpoint).await;
                 return Err(temporary("keep-alive", "the new stream was not answered"));
@@ -120,10 +112,10 @@ impl EtcdSession {
         })
     }
 
-    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered or
-    /// broken, the caller takes the stream's endpoint out of the rotation (its member hangs or
-    /// died, or the leader it forwards to did), so that the retry, which the heartbeat makes at
-    /// once, opens a stream on a member that answers; and drops the stream.
+    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, the
+    /// stream's endpoint is taken out of the rotation (its member hangs, or the leader it
+    /// forwards to does), so that the retry, which the heartbeat makes at once, opens a stream
+    /// on a member that answers; the caller drops the stream.
     async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
         let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
             ka.keeper
@@ -136,6 +128,7 @@ impl EtcdSession {
         let reply = match reply {
             Ok(reply) => reply?,
             Err(_) => {
+                self.rotation.take_out(&self.client, &ka.endpoint).await;
                 return Err(temporary(
                     "keep-alive",
                     "no reply within a sixth of the TTL",
@@ -312,20 +305,9 @@ impl BackendSession for EtcdSession {
             *slot = Some(self.open_keep_alive().await?);
             return Ok(());
         };
-        match self.beat(&mut ka).await {
-            Ok(()) => {
-                *slot = Some(ka);
-                Ok(())
-            }
-            Err(e) => {
-                // The stream broke (its member died) or went silent: the next one goes to
-                // another member.
-                if e.is_temporary() {
-                    self.rotation.take_out(&self.client, &ka.endpoint).await;
-                }
-                Err(e)
-            }
-        }
+        self.beat(&mut ka).await?;
+        *slot = Some(ka);
+        Ok(())
     }
 
     async fn next_event(&self) -> SessionEvent {

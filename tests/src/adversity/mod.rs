@@ -89,8 +89,7 @@ impl Scenario {
     ];
 
     /// Whether no session on a direct link (not the proxied worker's, not the child's) may be
-    /// lost, with a healthy quorum reachable all along (a killed follower too), at `ttl`
-    /// (`long`: the long TTL of
+    /// lost, with a healthy quorum reachable all along, at `ttl` (`long`: the long TTL of
     /// [`RunConfig::gray_ttls`]). A paused leader at a short TTL may cost sessions: the cluster
     /// confirms nothing until it elected another.
     pub fn keeps_sessions(self, long: bool) -> bool {
@@ -98,8 +97,7 @@ impl Scenario {
             Scenario::PauseFollower
             | Scenario::PauseConnected
             | Scenario::SlowLink
-            | Scenario::OneWayLink
-            | Scenario::KillFollower => true,
+            | Scenario::OneWayLink => true,
             Scenario::PauseLeader => long,
             _ => false,
         }
@@ -347,25 +345,23 @@ pub async fn run(
         bound,
         min_grants: cfg.min_grants,
         limit: primitive.limit(),
-        gray: (Scenario::GRAY.contains(&scenario) || scenario == Scenario::KillFollower).then_some(
-            Gray {
-                keeps_sessions: scenario.keeps_sessions(long),
-                // A hung member leaves a quorum that keeps granting (unless it is the leader and
-                // the sessions' deadlines come before the election). A slow or one-way link to
-                // one client does too, but the queue is fair: when that client's turn comes, the
-                // others wait until it releases or its session ends (its deadline, then the
-                // cluster's expiry on ZooKeeper), so only its absence of violations counts.
-                min_during: if scenario.is_pause() && scenario.keeps_sessions(long) {
-                    20
-                } else {
-                    0
-                },
-                // At the long TTL, and for a follower at any: the gap between grants stays within
-                // a TTL (a paused leader at a short TTL waits for the election).
-                max_gap: (scenario.is_pause() && (long || scenario != Scenario::PauseLeader))
-                    .then_some(cfg.ttl),
+        gray: Scenario::GRAY.contains(&scenario).then_some(Gray {
+            keeps_sessions: scenario.keeps_sessions(long),
+            // A hung member leaves a quorum that keeps granting (unless it is the leader and
+            // the sessions' deadlines come before the election). A slow or one-way link to
+            // one client does too, but the queue is fair: when that client's turn comes, the
+            // others wait until it releases or its session ends (its deadline, then the
+            // cluster's expiry on ZooKeeper), so only its absence of violations counts.
+            min_during: if scenario.is_pause() && scenario.keeps_sessions(long) {
+                20
+            } else {
+                0
             },
-        ),
+            // At the long TTL, and for a follower at any: the gap between grants stays within
+            // a TTL (a paused leader at a short TTL waits for the election).
+            max_gap: (scenario.is_pause() && (long || scenario != Scenario::PauseLeader))
+                .then_some(cfg.ttl),
+        }),
         sessions_lost,
     };
     let mut name = match primitive {
