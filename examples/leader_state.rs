@@ -121,7 +121,7 @@ impl Store {
 /// Leads and publishes until the store refuses or the leadership is lost; campaigns again.
 async fn serve(
     session: &Session,
-    store: &Store,
+    store: &mut Store,
     args: &Args,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let election = session.election(&args.election)?;
@@ -141,11 +141,21 @@ async fn serve(
                 _ = tick.tick() => {
                     n += 1;
                     let value = format!("{} epoch {epoch} #{n}", args.name);
-                    if store.publish(&leader, &value).await? {
-                        println!("PUBLISHED {value}");
-                    } else {
-                        println!("REFUSED {value}: not the leader any more");
-                        break;
+                    // The error as text: a boxed error is not `Send`, and the arm awaits.
+                    let published = store.publish(&leader, &value).await.map_err(|e| e.to_string());
+                    match published {
+                        Ok(true) => println!("PUBLISHED {value}"),
+                        Ok(false) => {
+                            println!("REFUSED {value}: not the leader any more");
+                            break;
+                        }
+                        // The store's own connection failed (say it timed out while this
+                        // process was paused): still the leader as far as it knows, so it
+                        // writes again at the next tick, through a new connection.
+                        Err(e) => {
+                            println!("{}: the store failed ({e}); reconnecting", args.name);
+                            *store = Store::open(args).await?;
+                        }
                     }
                 }
                 reason = &mut lost => {
@@ -171,7 +181,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let (backend, what) = args.backend.connect().await?;
-    let store = Store::open(&args).await?;
+    let mut store = Store::open(&args).await?;
     println!(
         "{}: campaigning for {:?} on {what}",
         args.name, args.election
@@ -183,7 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .start()
             .await?;
         tokio::select! {
-            r = serve(&session, &store, &args) => {
+            r = serve(&session, &mut store, &args) => {
                 if let Err(e) = r {
                     println!("{}: {e}: a new session", args.name);
                 }

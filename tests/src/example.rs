@@ -75,12 +75,23 @@ impl Program {
     /// Waits (bounded) for a line containing `what`; returns the line and when it was printed.
     pub fn wait_for_line(&self, what: &str, within: Duration) -> (Instant, String) {
         let deadline = Instant::now() + within;
+        // The last lines passed over, for the failure message: what the program did instead.
+        let mut skipped: std::collections::VecDeque<String> = Default::default();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok((at, line)) if line.contains(what) => return (at, line),
-                Ok(_) => {}
-                Err(_) => panic!("{}: no {what:?} within {within:?}", self.child.name()),
+                Ok((_, line)) => {
+                    if skipped.len() == 20 {
+                        skipped.pop_front();
+                    }
+                    skipped.push_back(line);
+                }
+                Err(_) => panic!(
+                    "{}: no {what:?} within {within:?}; the last lines printed meanwhile:\n{}",
+                    self.child.name(),
+                    Vec::from(skipped).join("\n")
+                ),
             }
         }
     }
