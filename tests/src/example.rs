@@ -12,21 +12,27 @@ use crate::process::ManagedChild;
 /// The example `name`'s binary (next to the running test's), built (or brought up to date)
 /// once per test process: `cargo test` builds examples under hashed names and leaves the plain
 /// name pointing at whatever `cargo build` made last, which may be stale.
+///
+/// Every example of the workspace is built at once, with the workspace's features: the
+/// dependencies' features are then the ones `cargo test --workspace` resolved, so their
+/// builds are reused (`-p fencelock-examples` alone resolved fewer features and rebuilt much of
+/// the dependency tree, a minute in CI).
 pub fn binary(name: &str) -> PathBuf {
-    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let bin = dir.join("examples").join(name);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if !built.iter().any(|b| b == name) {
+    if !*built {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let ok = Command::new(cargo)
-            .args(["build", "-p", "fencelock-examples", "--example", name])
+            .args(["build", "--workspace", "--examples"])
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok && bin.exists(), "cannot build the {name} example");
-        built.push(name.to_string());
+        assert!(ok, "cannot build the examples");
+        *built = true;
     }
+    assert!(bin.exists(), "no example {name} at {}", bin.display());
     bin
 }
 

@@ -199,12 +199,11 @@ async fn pause_connected_server(ensemble: &Arc<ZkEnsemble>, ttl: Duration, which
     }
 }
 
-/// One after the other on one ensemble: a follower at the short TTL (4 s: the local deadline
-/// is 3.2 s after a heartbeat) and at 10 s; the leader at 10 s (its followers notice after
-/// syncLimit × tickTime, 2.5 s here, and elect another: the cluster confirms nothing
-/// meanwhile, so at the short TTL the sessions may be lost, rightly).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_connected_server_paused() {
+/// A follower at the short TTL (4 s: the local deadline is 3.2 s after a heartbeat) and at
+/// 10 s; the leader at 10 s (its followers notice after syncLimit × tickTime, 2.5 s here, and
+/// elect another: the cluster confirms nothing meanwhile, so at the short TTL the sessions may
+/// be lost, rightly). Each on an ensemble of its own, so that they can run side by side.
+async fn paused(ttl: Duration, which: Victim) {
     if !available(Kind::ZooKeeper) {
         return;
     }
@@ -213,12 +212,20 @@ async fn zookeeper_connected_server_paused() {
             .await
             .unwrap(),
     );
-    let scenarios = [
-        (Duration::from_secs(4), Victim::Follower),
-        (Duration::from_secs(10), Victim::Follower),
-        (Duration::from_secs(10), Victim::Leader),
-    ];
-    for (ttl, which) in scenarios {
-        pause_connected_server(&ensemble, ttl, which).await;
-    }
+    pause_connected_server(&ensemble, ttl, which).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_connected_follower_paused_short_ttl() {
+    paused(Duration::from_secs(4), Victim::Follower).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_connected_follower_paused() {
+    paused(Duration::from_secs(10), Victim::Follower).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_leader_paused() {
+    paused(Duration::from_secs(10), Victim::Leader).await;
 }

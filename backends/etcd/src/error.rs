@@ -81,6 +81,21 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
     Error::backend(NAME, op, temporary, e)
 }
 
+/// Whether `e` says that the endpoint itself is out of reach: its connection was refused or
+/// broke (a member killed or restarting). A live member's own refusals are not: etcd's errors
+/// (say "etcdserver: no leader" from every follower during an election) start with
+/// `etcdserver:`, and taking those members out of the rotation could leave only a hung one in
+/// it.
+pub(crate) fn unreachable(e: &E) -> bool {
+    match e {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(s) => {
+            s.code() == Code::Unavailable && !s.message().starts_with("etcdserver:")
+        }
+        _ => false,
+    }
+}
+
 /// The TLS certificate problem behind a transport error, if that is its cause (the server's
 /// certificate not trusted, or our client certificate refused).
 fn tls_problem(status: &tonic::Status) -> Option<String> {
@@ -137,6 +152,32 @@ mod tests {
 
     fn status(code: Code, msg: &str) -> E {
         E::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn unreachable_only_when_the_connection_failed() {
+        assert!(unreachable(&status(Code::Unavailable, "transport error")));
+        assert!(unreachable(&status(
+            Code::Unavailable,
+            "error trying to connect: tcp connect error: Connection refused (os error 111)"
+        )));
+        // A live member's answers: it stays in the rotation.
+        assert!(!unreachable(&status(
+            Code::Unavailable,
+            "etcdserver: no leader"
+        )));
+        assert!(!unreachable(&status(
+            Code::Unavailable,
+            "etcdserver: leader changed"
+        )));
+        assert!(!unreachable(&status(
+            Code::Unknown,
+            "context deadline exceeded"
+        )));
+        assert!(!unreachable(&status(
+            Code::NotFound,
+            "etcdserver: requested lease not found"
+        )));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tracing::debug;
 use uuid::Uuid;
 
-use crate::error::{map, temporary, watch_refused};
+use crate::error::{map, temporary, unreachable, watch_refused};
 use crate::layout::{ahead_range, entry_of, key_of, key_string, peer_of, prefix_of, queue_order};
 use crate::rotation::Rotation;
 use crate::watch::KeyWatcher;
@@ -75,10 +75,17 @@ impl EtcdSession {
         let endpoint = self.rotation.stream_endpoint(self.lease as u64).await;
         let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
             let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
-            leases
-                .keep_alive(self.lease)
-                .await
-                .map_err(|e| map("keep-alive", e))
+            match leases.keep_alive(self.lease).await {
+                Ok(opened) => Ok(opened),
+                Err(e) => {
+                    // Refused (a member killed or restarting): out as a silent one is, or
+                    // the retry picks the same endpoint until the monitor notices.
+                    if unreachable(&e) {
+                        self.rotation.take_out(&self.client, &endpoint).await;
+                    }
+                    Err(map("keep-alive", e))
+                }
+            }
         })
         .await;
         let (keeper, mut stream) = match opened {
@@ -112,10 +119,11 @@ impl EtcdSession {
         })
     }
 
-    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, the
-    /// stream's endpoint is taken out of the rotation (its member hangs, or the leader it
-    /// forwards to does), so that the retry, which the heartbeat makes at once, opens a stream
-    /// on a member that answers; the caller drops the stream.
+    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, or
+    /// broken with its connection, the stream's endpoint is taken out of the rotation (its
+    /// member hangs or died, or the leader it forwards to hangs), so that the retry, which the
+    /// heartbeat makes at once, opens a stream on a member that answers; the caller drops the
+    /// stream.
     async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
         let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
             ka.keeper
@@ -138,7 +146,13 @@ impl EtcdSession {
         match reply {
             Some(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
             Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
-            Some(Err(e)) => Err(map("keep-alive", e)),
+            Some(Err(e)) => {
+                // The stream broke with its member (killed): the retry goes elsewhere.
+                if unreachable(&e) {
+                    self.rotation.take_out(&self.client, &ka.endpoint).await;
+                }
+                Err(map("keep-alive", e))
+            }
             Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
         }
     }

@@ -78,6 +78,15 @@ pub(crate) fn silence(ttl: Duration) -> Duration {
     (ttl / 6).max(Duration::from_millis(250))
 }
 
+/// How long a disconnected client is given to reconnect to its server by itself before the
+/// session moves: a twentieth of the TTL, at most [`silence`]. Short: a client has one server,
+/// and a server that dropped the connection is usually gone (killed, restarting), while at the
+/// shortest TTL the move must leave time for an attach before the local deadline; a blip
+/// shorter than this costs no move.
+fn reconnect_grace(ttl: Duration) -> Duration {
+    (ttl / 20).min(silence(ttl))
+}
+
 /// How long one attach to one server may take (a healthy server answers in milliseconds; a
 /// follower asks the leader).
 fn attach_bound(ttl: Duration) -> Duration {
@@ -285,9 +294,9 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
         }
         if !now.is_terminated() {
             // Disconnected: the client reconnects to its server by itself. Give it a moment
-            // (a restarted server is back in milliseconds) before moving: two clients
-            // re-attaching the session at once take it from each other.
-            let back = tokio::time::timeout(pause_cap, async {
+            // (a blip) before moving: two clients re-attaching the session at once take it
+            // from each other.
+            let back = tokio::time::timeout(reconnect_grace(ttl), async {
                 loop {
                     let s = state.changed().await;
                     if !matches!(s, zk::SessionState::Disconnected) {
