@@ -223,8 +223,6 @@ async fn sighup_while_waiting_leaves_no_entry() {
 /// fencelock while it connects, for every subcommand, with 128 + N (not killed by the signal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_while_connecting() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent = listener.local_addr().unwrap();
     let mut accepted = Vec::new();
     let dir = tempfile::tempdir().unwrap();
     for scheme in ["etcd", "zk", "redis"] {
@@ -233,6 +231,10 @@ async fn signals_while_connecting() {
             (&["leader", "e"][..], Signal::INT, 130),
             (&["list"][..], Signal::HUP, 129),
         ] {
+            // A listener per run: a connection the previous run opened late (etcd's client
+            // has more than one) must not pass for this run's.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let silent = listener.local_addr().unwrap();
             let url = format!("{scheme}://{silent}");
             let mut cmd = command(&url, "ns");
             cmd.args(["--connect-timeout", "20s"]).args(args);
@@ -244,7 +246,7 @@ async fn signals_while_connecting() {
                 .await
                 .unwrap_or_else(|_| panic!("{label} never connected: {}", r.output()))
                 .unwrap();
-            accepted.push(conn);
+            accepted.push((conn, listener));
             assert!(r.child.try_wait().is_none(), "{label}: {}", r.output());
             assert!(r.child.signal(sig));
             let status = r.exit(Duration::from_secs(10)).await;
@@ -256,5 +258,5 @@ async fn signals_while_connecting() {
             );
         }
     }
-    drop((listener, accepted));
+    drop(accepted);
 }
