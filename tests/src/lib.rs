@@ -1,6 +1,6 @@
 //! Test harnesses of fencelock: real etcd and ZooKeeper clusters started from the binaries of
 //! Debian's packages on loopback ports with temporary data dirs, the conformance factories over
-//! them, a TCP proxy, the shared fault tests, the adversity suite, Apache Curator from Java,
+//! them, a TCP proxy, the shared fault tests and their bookkeeping, the adversity suite, Apache Curator from Java,
 //! and the benchmark's pieces (the program is `src/bin/bench.rs`).
 
 pub mod adversity;
@@ -16,6 +16,7 @@ pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod servers;
+pub mod stamps;
 pub mod target;
 
 /// Whether we run in CI (`CI=true`), where a missing server is a failure, never a skip.

@@ -11,6 +11,7 @@ use fencelock::backend::{Backend, Backoff};
 use fencelock::{Session, SessionState};
 use fencelock_integration::servers::etcd::EtcdCluster;
 use fencelock_integration::servers::{available, Cluster};
+use fencelock_integration::stamps::grants_between;
 use fencelock_integration::target::Kind;
 
 /// How long each member stays paused.
@@ -169,26 +170,6 @@ async fn contend(
         }
     }
     let _ = s.close().await;
-}
-
-/// Grants between `from` and `to`, and the longest time without one (the ends count).
-fn grants_between(grants: &[Instant], from: Instant, to: Instant) -> (usize, Duration) {
-    let mut inside: Vec<Instant> = grants
-        .iter()
-        .copied()
-        .filter(|t| *t >= from && *t <= to)
-        .collect();
-    inside.sort();
-    let n = inside.len();
-    let mut marks = vec![from];
-    marks.extend(inside);
-    marks.push(to);
-    let gap = marks
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
-    (n, gap)
 }
 
 /// Several sessions contending on one mutex at TTL 2 s (so that waiters wait on watches) while

@@ -11,6 +11,7 @@ use fencelock::{Session, SessionState};
 use fencelock_integration::servers::fourlw;
 use fencelock_integration::servers::zookeeper::ZkEnsemble;
 use fencelock_integration::servers::{available, Cluster};
+use fencelock_integration::stamps::longest_gap_from;
 use fencelock_integration::target::Kind;
 use tokio::task::JoinSet;
 
@@ -173,12 +174,7 @@ async fn pause_connected_server(ensemble: &Arc<ZkEnsemble>, ttl: Duration, which
         .iter()
         .filter(|t| **t >= paused_at && **t < resumed_at)
         .count();
-    let mut longest = Duration::ZERO;
-    let mut last = paused_at;
-    for t in grants.iter().filter(|t| **t >= paused_at) {
-        longest = longest.max(t.duration_since(last));
-        last = *t;
-    }
+    let longest = longest_gap_from(&grants, paused_at);
     println!(
         "ZooKeeper TTL {ttl:?}: the {which:?} (server {victim}) paused {pause:?} under {ON_VICTIM} of {} sessions; \
          the first moved (to server, after) {moved:?}; {during} grants during the pause, \

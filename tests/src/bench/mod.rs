@@ -1,10 +1,12 @@
 //! The benchmark's pieces (the program is `src/bin/bench.rs`): latency histograms, interleaved
 //! timing, contended throughput measured in alternating slices, and the leader-election rows
-//! (generic over the backend); the etcd and ZooKeeper rows live in their own modules.
+//! (generic over the backend); the etcd and ZooKeeper rows live in their own modules, the
+//! gray-failure rows (a paused cluster member) in [`gray`].
 
 pub mod alloc;
 pub mod etcd;
 pub mod family;
+pub mod gray;
 pub mod pingpong;
 pub mod redis;
 pub mod report;
@@ -55,6 +57,15 @@ pub struct Args {
     /// Only the scale rows.
     #[arg(long, conflicts_with = "family_only")]
     pub scale_only: bool,
+    /// Only the gray-failure rows (a member of a 3-member cluster paused for 3× the TTL).
+    #[arg(long, conflicts_with_all = ["family_only", "scale_only", "no_gray"])]
+    pub gray_only: bool,
+    /// Skip the gray-failure rows (they take several minutes: 3× the TTL per trial).
+    #[arg(long)]
+    pub no_gray: bool,
+    /// Trials per cell of the gray-failure rows.
+    #[arg(long, default_value_t = 3)]
+    pub gray_reps: usize,
     /// Also write a markdown report with SVG plots into this directory.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,

@@ -28,6 +28,11 @@ async fn main() {
     fencelock_integration::emit!(
         "\nOne run, side by side, against servers started here on loopback."
     );
+    if args.gray_only {
+        fencelock_integration::bench::gray::gray_rows(&args).await;
+        finish(&args);
+        return;
+    }
     if matches!(args.backend.as_str(), "etcd" | "all") {
         if etcd_harness::missing().is_none() {
             let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
@@ -63,6 +68,14 @@ async fn main() {
         fencelock_integration::bench::redis::redis_rows(&args).await;
     }
     fencelock_integration::bench::emit_summary();
+    if !args.no_gray && !args.family_only && !args.scale_only {
+        fencelock_integration::bench::gray::gray_rows(&args).await;
+    }
+    finish(&args);
+}
+
+/// Writes the report, if asked for.
+fn finish(args: &Args) {
     if let Some(dir) = &args.report {
         let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
         let command =
