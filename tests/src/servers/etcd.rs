@@ -79,10 +79,7 @@ impl EtcdCluster {
 
     /// Starts `size` members with `options` and waits (bounded) until each listens.
     pub fn start_with(size: usize, options: EtcdOptions) -> EtcdCluster {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-etcd-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = super::data_dir("fencelock-etcd-").expect("temp dir");
         let members: Vec<Member> = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),

@@ -65,6 +65,21 @@ pub trait Cluster: Send + Sync {
     }
 }
 
+/// A temporary data directory for a server named by `prefix`, in memory (`/dev/shm`) where
+/// the machine has it: a server's fsyncs then cost nothing, so a shared disk's stalls (another
+/// job writing gigabytes) cannot pass for the faults the tests inject. Removed on drop.
+pub fn data_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    let mut b = tempfile::Builder::new();
+    b.prefix(prefix);
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = b.tempdir_in(shm) {
+            return Ok(dir);
+        }
+    }
+    b.tempdir()
+}
+
 /// Whether the servers of `kind` are installed. Without them: panics in CI, else prints a skip
 /// message and returns `false`.
 pub fn available(kind: Kind) -> bool {

@@ -116,6 +116,10 @@ impl PgServer {
                 "listen_addresses=127.0.0.1",
                 "-c",
                 "fsync=off",
+                // Shared memory segments in the data dir, removed with it: POSIX ones
+                // (/dev/shm/PostgreSQL.*) outlive a server stopped by a signal.
+                "-c",
+                "dynamic_shared_memory_type=mmap",
             ])
             .arg("-k")
             .arg(&sockets)

@@ -47,10 +47,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server and waits (bounded) until it answers. Blocking.
     pub fn start(durability: Durability) -> RedisServer {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-redis-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
         let child = spawn(port, &dir, durability, None);
         let server = RedisServer {
@@ -77,10 +74,7 @@ impl RedisServer {
     /// A replica of the primary at `127.0.0.1:port` (the primary itself, or a proxy in front
     /// of it through which the tests can cut the replication link).
     pub fn replica_via(port: u16, durability: Durability) -> RedisServer {
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-redis-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let own = crate::free_port();
         let child = spawn(own, &dir, durability, Some(port));
         let server = RedisServer {

@@ -129,10 +129,7 @@ impl ZkEnsemble {
 
     fn try_start(size: usize, options: &ZkOptions) -> Result<ZkEnsemble, String> {
         let java = java().ok_or("java not found")?;
-        let dir = tempfile::Builder::new()
-            .prefix("fencelock-zk-")
-            .tempdir()
-            .map_err(|e| format!("temp dir: {e}"))?;
+        let dir = super::data_dir("fencelock-zk-").map_err(|e| format!("temp dir: {e}"))?;
         let servers: Vec<Server> = (0..size)
             .map(|i| Server {
                 id: i + 1,
