@@ -186,8 +186,9 @@ pub fn programs() -> Arc<JavaClasses> {
 }
 
 /// A running Curator program of `tests/java/`, in a JVM of its own: `CuratorMutex` (Curator's
-/// `InterProcessMutex` on one lock path) or `CuratorLatch` (a `LeaderLatch` on one election
-/// path). Killed (by its PID) on drop.
+/// `InterProcessMutex` on one lock path), `CuratorLatch` (a `LeaderLatch` on one election
+/// path), `CuratorLock` (the other lock recipes) or `CuratorGray` (contending mutex loops, for
+/// the gray-failure benchmark). Killed (by its PID) on drop.
 #[derive(Debug)]
 pub struct CuratorProgram {
     name: &'static str,
@@ -263,6 +264,32 @@ impl CuratorProgram {
             &secs(hold),
         ];
         Self::start(classes, "CuratorLock", &args)
+    }
+
+    /// Starts `CuratorGray` (the gray-failure benchmark, `tests/src/bench/gray.rs`): `sessions`
+    /// Curator clients on `connect` (session timeout `session`, connection timeout
+    /// `connection`) that, once told `START`, loop `InterProcessMutex` acquire + release on
+    /// `path`; the first (measured) one also sends `checkExists("/")` every `beat`. It prints
+    /// `SESSION <hex id>` first; see the program for the rest of its protocol.
+    pub fn gray(
+        classes: &JavaClasses,
+        connect: &str,
+        path: &str,
+        sessions: usize,
+        session: Duration,
+        connection: Duration,
+        beat: Duration,
+    ) -> CuratorProgram {
+        let ms = |d: Duration| d.as_millis().max(1).to_string();
+        let args = [
+            connect,
+            path,
+            &sessions.to_string(),
+            &ms(session),
+            &ms(connection),
+            &ms(beat),
+        ];
+        Self::start(classes, "CuratorGray", &args)
     }
 
     fn start(classes: &JavaClasses, name: &'static str, args: &[&str]) -> CuratorProgram {
@@ -348,10 +375,24 @@ impl CuratorProgram {
     }
 
     fn say(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin");
-        stdin.write_all(line.as_bytes()).expect("write stdin");
-        stdin.write_all(b"\n").expect("write stdin");
-        stdin.flush().expect("flush stdin");
+        self.tell(line).expect("write stdin");
+    }
+
+    /// Writes `line` (and a newline) to the program's stdin; an error if it is closed (the
+    /// program ended).
+    pub fn tell(&mut self, line: &str) -> std::io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("stdin closed"))?;
+        stdin.write_all(line.as_bytes())?;
+        stdin.write_all(b"\n")?;
+        stdin.flush()
+    }
+
+    /// The program's exit status if it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait()
     }
 
     /// Asks `CuratorMutex` to release (a line on its stdin) and waits (bounded) until it says

@@ -1,7 +1,9 @@
 //! The gray-failure rows of the benchmark (`bench -- --gray-only`, and part of the full run
 //! unless `--no-gray`): a member of a 3-member etcd cluster or ZooKeeper ensemble paused
 //! (`SIGSTOP`: it accepts connections and answers nothing) for 3× the TTL, then resumed, while
-//! fencelock and the bare client of the same backend run side by side, each with its own lock:
+//! fencelock and the bare clients of the same backend (etcd-client; zookeeper-client and Apache
+//! Curator, the latter from Java: `tests/java/CuratorGray.java`) run side by side, each with its
+//! own lock:
 //!
 //! - [`CONTENDERS`] sessions per implementation (one connection each) lock and release one lock
 //!   in a loop; the first of them is the *measured* session, placed for the fault;
@@ -9,24 +11,29 @@
 //! - fault (b), *connected*: the follower that they go to (fencelock on etcd: the keep-alive
 //!   stream's endpoint, picked from the lease id; etcd-client: the member named in the header of
 //!   a keep-alive reply, its stream reopened until it is there; ZooKeeper: the server whose
-//!   `cons` lists the session). Sessions are opened until one is where the fault needs it.
+//!   `cons` lists the session). Sessions are opened until one is where the fault needs it
+//!   (Curator: the measured `CuratorFramework` is closed and reopened until it is).
 //!
 //! Measured per trial: the time from the `SIGSTOP` to the first grant that completes after it
 //! (any contender), the grants during the pause, the longest time without a grant during it, the
 //! measured session's longest time without a confirmed heartbeat around the pause (fencelock:
 //! the instants its local deadline moved, polled every 5 ms; etcd-client: the replies of our own
-//! keep-alive loop; zookeeper-client: our own `exists("/")` pings), and whether the measured
-//! session survived (as its own client can tell, half a TTL plus a second after the resume).
+//! keep-alive loop; zookeeper-client: our own `exists("/")` pings; Curator: our own background
+//! `checkExists("/")`), and whether the measured session survived (as its own client can tell,
+//! half a TTL plus a second after the resume; Curator: no `LOST` state, the same session id).
+//! Curator's times are its wall clock (`System.currentTimeMillis()`), mapped onto the monotonic
+//! clock of the rest through one (`Instant`, `SystemTime`) pair.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fencelock::{Session, SessionState};
 use tokio::task::JoinHandle;
 use zookeeper_client as zk;
 
 use super::Args;
+use crate::curator::{self, CuratorProgram, JavaClasses};
 use crate::servers::etcd::{self as etcd_harness, EtcdCluster};
 use crate::servers::zookeeper::{self as zk_harness, ZkEnsemble};
 use crate::servers::Cluster;
@@ -123,10 +130,10 @@ pub async fn gray_rows(args: &Args) {
     let reps = args.gray_reps.max(1);
     crate::emit!("\n## Gray failures: a paused member\n");
     crate::emit!(
-        "A member of a 3-member cluster paused (SIGSTOP) for 3× the TTL, then resumed (SIGCONT); fencelock and the bare client side by side in the same trials, each with {CONTENDERS} contending sessions (one connection each) locking and releasing its own lock in a loop. The first contender is the measured session: for (a) a follower is paused that its heartbeats do not go to; for (b) the follower that they go to (fencelock on etcd: the keep-alive stream's endpoint, chosen from the lease id; etcd-client: the member in a keep-alive reply's header, the stream reopened until it is on the victim; ZooKeeper: the server whose `cons` lists the session; sessions are opened until one is placed). {reps} trials per cell, the paused follower alternating; each cell: median (min–max)."
+        "A member of a 3-member cluster paused (SIGSTOP) for 3× the TTL, then resumed (SIGCONT); fencelock and the bare clients (etcd-client; zookeeper-client and Apache Curator) side by side in the same trials, each with {CONTENDERS} contending sessions (one connection each) locking and releasing its own lock in a loop. The first contender is the measured session: for (a) a follower is paused that its heartbeats do not go to; for (b) the follower that they go to (fencelock on etcd: the keep-alive stream's endpoint, chosen from the lease id; etcd-client: the member in a keep-alive reply's header, the stream reopened until it is on the victim; ZooKeeper: the server whose `cons` lists the session; sessions are opened until one is placed, Curator's measured `CuratorFramework` closed and reopened). {reps} trials per cell, the paused follower alternating; each cell: median (min–max)."
     );
     crate::emit!(
-        "\nColumns: *first grant* — from the SIGSTOP to the first lock grant completed after it, by any contender; *grants* — during the pause; *grant gap* — the longest time without a grant during the pause (its ends count); *heartbeat gap* — the measured session's longest time without a confirmed heartbeat around the pause (up to half a TTL + 1 s after the resume if none came), next to its healthy period before the pause (fencelock: the instants its local deadline moved; etcd-client: replies to our own keep-alive loop, one every TTL/3, each awaited TTL/3, the stream reopened after a miss; zookeeper-client: our own `exists(\"/\")` every TTL/6, each awaited TTL/6); *survived* — measured sessions not lost, as their own client tells (fencelock: `state()`; etcd-client: a keep-alive reply or reopened stream saying the lease is gone; zookeeper-client: `SessionExpired`/`state()`). Bare clients with default options: etcd-client's `lock()`/`unlock()` and zookeeper-client's `Client::lock` + `delete` unbounded; a contender whose session is lost takes a new one, like fencelock's."
+        "\nColumns: *first grant* — from the SIGSTOP to the first lock grant completed after it, by any contender; *grants* — during the pause; *grant gap* — the longest time without a grant during the pause (its ends count); *heartbeat gap* — the measured session's longest time without a confirmed heartbeat around the pause (up to half a TTL + 1 s after the resume if none came), next to its healthy period before the pause (fencelock: the instants its local deadline moved; etcd-client: replies to our own keep-alive loop, one every TTL/3, each awaited TTL/3, the stream reopened after a miss; zookeeper-client: our own `exists(\"/\")` every TTL/6, each awaited TTL/6; Curator: the same with `checkExists().inBackground()`); *survived* — measured sessions not lost, as their own client tells (fencelock: `state()`; etcd-client: a keep-alive reply or reopened stream saying the lease is gone; zookeeper-client: `SessionExpired`/`state()`; Curator: no `LOST` state and the same session id). Bare clients with default options: etcd-client's `lock()`/`unlock()`, zookeeper-client's `Client::lock` + `delete` and Curator's `InterProcessMutex` `acquire()` unbounded (Curator: one JVM, session and connection timeout = TTL, `RetryNTimes(3, 200)`); a contender whose session is lost takes a new one, like fencelock's (Curator does so by itself)."
     );
     if matches!(args.backend.as_str(), "etcd" | "all") {
         etcd_section(reps).await;
@@ -196,17 +203,22 @@ async fn zookeeper_section(reps: usize) {
             .await
             .expect("start ZooKeeper"),
     );
+    let classes = curator_classes().await;
     let mut rows = Rows::new();
     for ttl in ttls(Kind::ZooKeeper) {
         for fault in [Fault::Follower, Fault::Connected] {
             for rep in 0..reps {
                 let (victim, place) = choose(&*ensemble, fault, rep).await;
                 let ns = fencelock::conformance::unique_namespace("gray");
-                let contests = vec![
+                let mut contests = vec![
                     fencelock_contest(ensemble.clone(), place, ttl, &ns).await,
                     zk_client_contest(ensemble.clone(), place, ttl, &format!("/{ns}-zk-client"))
                         .await,
                 ];
+                if let Ok(classes) = &classes {
+                    let path = format!("/{ns}-curator");
+                    contests.push(curator_contest(&ensemble, classes, place, ttl, &path).await);
+                }
                 for (name, o) in trial(&*ensemble, contests, victim, ttl).await {
                     eprintln!("ZooKeeper TTL {ttl:?} {fault:?} #{rep} {name}: {o:?}");
                     add(&mut rows, (ttl, fault, name), o);
@@ -215,9 +227,9 @@ async fn zookeeper_section(reps: usize) {
         }
     }
     table("ZooKeeper", &rows);
-    crate::emit!(
-        "\n(Apache Curator not measured here: its harness, `tests/java/`, prints no grant or heartbeat times.)"
-    );
+    if let Err(why) = classes {
+        crate::emit!("\n(Apache Curator rows skipped: {why})");
+    }
 }
 
 /// The follower to pause in trial `rep` (alternating between the two), and where the measured
@@ -877,5 +889,141 @@ async fn zk_client_worker(
         if zk_terminal(c.state()) && !probe.stopped() {
             c = zk_connect(&connect, ttl).await;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Apache Curator (Java)
+
+/// The compiled Java programs of `tests/java/`, or why the Curator rows are skipped.
+async fn curator_classes() -> Result<JavaClasses, String> {
+    if !curator::installed() {
+        return Err(format!("missing {}", curator::missing().join(", ")));
+    }
+    tokio::task::spawn_blocking(JavaClasses::compile)
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+/// Maps the wall-clock milliseconds that the Java program prints (`System.currentTimeMillis()`)
+/// onto the monotonic clock of the other implementations' records (and of the `SIGSTOP`),
+/// through one (`Instant`, `SystemTime`) pair read together when the program starts.
+#[derive(Clone, Copy)]
+struct WallClock {
+    at: Instant,
+    /// Microseconds since the Unix epoch at `at`.
+    micros: i128,
+}
+
+impl WallClock {
+    fn now() -> Self {
+        let at = Instant::now();
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i128);
+        WallClock { at, micros }
+    }
+
+    /// The instant of `millis` milliseconds since the Unix epoch.
+    fn instant(self, millis: i64) -> Instant {
+        let delta = i128::from(millis) * 1000 - self.micros;
+        let d = Duration::from_micros(delta.unsigned_abs() as u64);
+        if delta >= 0 {
+            self.at + d
+        } else {
+            self.at.checked_sub(d).unwrap_or(self.at)
+        }
+    }
+}
+
+/// Curator's contenders: `tests/java/CuratorGray.java` in a JVM of its own, [`CONTENDERS`]
+/// `CuratorFramework`s (one connection each, session and connection timeout `ttl`,
+/// `RetryNTimes(3, 200)`) looping `InterProcessMutex` acquire + release on `path`; the first
+/// (measured) one closed and reopened until its session is placed at `place`.
+async fn curator_contest(
+    cluster: &ZkEnsemble,
+    classes: &JavaClasses,
+    place: Place,
+    ttl: Duration,
+    path: &str,
+) -> Contest {
+    let probe = Probe::default();
+    let clock = WallClock::now();
+    let connect = cluster.connect_string();
+    let mut java = CuratorProgram::gray(classes, &connect, path, CONTENDERS, ttl, ttl, ttl / 6);
+    let mut sid = String::new();
+    let mut placed = false;
+    for attempt in 0..40 {
+        if attempt > 0 {
+            java.tell("REOPEN").expect("CuratorGray runs");
+        }
+        sid = java.expect("SESSION ", PATIENCE).await;
+        if cluster.member_of(&sid).await.is_some_and(|m| place.fits(m)) {
+            placed = true;
+            break;
+        }
+    }
+    probe.placed.store(placed, Ordering::SeqCst);
+    java.tell("START").expect("CuratorGray runs");
+    let tasks = vec![tokio::spawn(curator_watch(java, sid, clock, probe.clone()))];
+    Contest {
+        name: "Curator InterProcessMutex",
+        probe,
+        tasks,
+    }
+}
+
+/// Records `CuratorGray`'s grants and heartbeats into `probe`, and the measured session (`sid`)
+/// as lost on a `LOST` state or a new session id; once the trial stops, stops the program (it is
+/// killed if it does not exit within a few seconds).
+async fn curator_watch(mut java: CuratorProgram, sid: String, clock: WallClock, probe: Probe) {
+    let mut states = Vec::new();
+    while !probe.stopped() {
+        let Some(line) = java.next_line(Duration::from_millis(50)).await else {
+            if java.exited().is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            continue;
+        };
+        let mut words = line.split_whitespace();
+        let stamp = |w: &str| w.parse().ok().map(|ms| clock.instant(ms));
+        match words.next() {
+            Some("GRANT") => {
+                for at in words.filter_map(stamp) {
+                    probe.grants.record_at(at);
+                }
+            }
+            Some("BEAT") => {
+                if let Some(at) = words.next().and_then(stamp) {
+                    probe.beats.record_at(at);
+                }
+            }
+            Some("STATE") => {
+                let at = words
+                    .next()
+                    .and_then(stamp)
+                    .map_or(0.0, |t| t.saturating_duration_since(clock.at).as_secs_f64());
+                let state = words.next().unwrap_or("?");
+                if state == "LOST" {
+                    probe.lost.store(true, Ordering::SeqCst);
+                }
+                states.push(format!("{state}@{at:.1}s"));
+            }
+            Some("SESSION") => {
+                let new = words.next().unwrap_or("?");
+                if new != sid {
+                    probe.lost.store(true, Ordering::SeqCst);
+                }
+                states.push(format!("session {new}"));
+            }
+            Some("ERROR") => eprintln!("CuratorGray: {line}"),
+            _ => {}
+        }
+    }
+    eprintln!("Curator measured session {sid}: {states:?}");
+    let _ = java.tell("STOP");
+    let give_up = Instant::now() + Duration::from_secs(4);
+    while java.exited().is_none() && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
