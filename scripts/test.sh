@@ -36,16 +36,18 @@ cargo test --workspace --all-targets "$@" -- --skip adversity_
 cargo test --workspace --doc "$@"
 
 echo "== adversity suite: 3-member etcd cluster, 3-server ZooKeeper ensemble, Redis primary + replica, side by side"
+# `--workspace`, not `-p`: the features resolve as for the tests above, whose builds of the
+# dependencies are reused (`-p` resolved fewer and rebuilt them: two minutes of a CI run).
 # The suites share nothing (own clusters, own ports) and mostly wait on faults: run them at
 # once, each printing its summary tables (etcd and ZooKeeper run their crash and gray parts
 # side by side too, each part on a cluster of its own).
-cargo test -p fencelock-integration --test etcd_cluster --test zookeeper_cluster --test redis_cluster --no-run "$@"
+cargo test --workspace --test etcd_cluster --test zookeeper_cluster --test redis_cluster --no-run "$@"
 logs="$(mktemp -d)"
-cargo test -p fencelock-integration --test etcd_cluster "$@" -- --nocapture --test-threads 2 >"$logs/etcd" 2>&1 &
+cargo test --workspace --test etcd_cluster "$@" -- --nocapture --test-threads 2 >"$logs/etcd" 2>&1 &
 etcd_pid=$!
-cargo test -p fencelock-integration --test zookeeper_cluster "$@" -- --nocapture --test-threads 2 >"$logs/zookeeper" 2>&1 &
+cargo test --workspace --test zookeeper_cluster "$@" -- --nocapture --test-threads 2 >"$logs/zookeeper" 2>&1 &
 zk_pid=$!
-cargo test -p fencelock-integration --test redis_cluster "$@" -- --nocapture >"$logs/redis" 2>&1 &
+cargo test --workspace --test redis_cluster "$@" -- --nocapture >"$logs/redis" 2>&1 &
 redis_pid=$!
 status=0
 wait "$etcd_pid" || status=1
