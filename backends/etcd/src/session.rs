@@ -1,7 +1,7 @@
 //! One etcd lease per session, kept alive by one keep-alive stream, and the queue operations
 //! of the session.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,11 @@ pub(crate) struct EtcdSession {
     /// The client's rotation: a member silent on the keep-alive stream is taken out of it.
     rotation: Arc<Rotation>,
     keeper: AsyncMutex<Option<KeepAlive>>,
+    /// Failed keep-alives so far: each failure opens the next stream on the next member of
+    /// the rotation. A member that answers with an error ("no leader": say, a follower just
+    /// resumed from a pause that has not learnt of the new leader) stays in the rotation, but
+    /// the session does not keep asking it alone.
+    turn: AtomicU64,
     /// Watches on the keys this session waits for, on one watch stream.
     watcher: KeyWatcher,
     /// What the streams learn by themselves (a broken stream: `Disconnected`).
@@ -72,7 +77,8 @@ impl EtcdSession {
     /// and waits for its reply, here at most [`keep_alive_bound`]. Unanswered (the member
     /// hangs), the endpoint is taken out of the rotation, so that the retry goes elsewhere.
     async fn open_keep_alive(&self) -> Result<KeepAlive> {
-        let endpoint = self.rotation.stream_endpoint(self.lease as u64).await;
+        let seed = (self.lease as u64).wrapping_add(self.turn.load(Ordering::Relaxed));
+        let endpoint = self.rotation.stream_endpoint(seed).await;
         let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
             let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
             match leases.keep_alive(self.lease).await {
@@ -238,6 +244,7 @@ impl EtcdSession {
             ttl: granted,
             bound,
             rotation: rotation.clone(),
+            turn: AtomicU64::new(0),
             keeper: AsyncMutex::new(None),
             watcher: KeyWatcher::new(client.clone(), events_tx.clone(), rotation, bound),
             events: AsyncMutex::new(events),
@@ -314,14 +321,22 @@ impl BackendSession for EtcdSession {
         // Taken out while in flight: if this future is cancelled, or the reply does not come
         // in time, the stream is dropped with it, so a late reply can never confirm a later
         // heartbeat.
-        let Some(mut ka) = slot.take() else {
+        let beaten = match slot.take() {
             // Opening the stream sends keep-alives and waits for their replies.
-            *slot = Some(self.open_keep_alive().await?);
-            return Ok(());
+            None => self.open_keep_alive().await,
+            Some(mut ka) => self.beat(&mut ka).await.map(|()| ka),
         };
-        self.beat(&mut ka).await?;
-        *slot = Some(ka);
-        Ok(())
+        match beaten {
+            Ok(ka) => {
+                *slot = Some(ka);
+                Ok(())
+            }
+            Err(e) => {
+                // The next stream on the next member (see `turn`).
+                self.turn.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
     }
 
     async fn next_event(&self) -> SessionEvent {
