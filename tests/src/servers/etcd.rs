@@ -219,7 +219,10 @@ impl Cluster for EtcdCluster {
         let start = Instant::now();
         loop {
             let mut ids = Vec::new();
+            // The leader every answering member names: a member just resumed from a pause may
+            // still name the old one (or itself) until it hears the new term.
             let mut leader = None;
+            let mut agreed = true;
             for i in 0..self.size() {
                 if !self.running(i) {
                     ids.push(None);
@@ -232,18 +235,53 @@ impl Cluster for EtcdCluster {
                 match tokio::time::timeout(Duration::from_secs(2), status).await {
                     Ok(Ok(s)) => {
                         ids.push(s.header().map(|h| h.member_id()));
-                        if s.leader() != 0 {
-                            leader = Some(s.leader());
+                        match leader {
+                            None => leader = Some(s.leader()),
+                            Some(l) if l != s.leader() => agreed = false,
+                            Some(_) => {}
                         }
                     }
                     _ => ids.push(None),
                 }
             }
-            if let Some(i) = leader.and_then(|l| ids.iter().position(|id| *id == Some(l))) {
+            if let Some(i) = leader
+                .filter(|l| agreed && *l != 0)
+                .and_then(|l| ids.iter().position(|id| *id == Some(l)))
+            {
                 return i;
             }
             assert!(start.elapsed() < START_TIMEOUT, "no etcd leader elected");
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn caught_up(&self) {
+        let leader = self.leader().await;
+        let status = |i: usize| async move {
+            let c = etcd_client::Client::connect([self.endpoint(i)], None);
+            tokio::time::timeout(Duration::from_secs(2), async { c.await?.status().await })
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+        };
+        let start = Instant::now();
+        let Some(target) = status(leader).await.map(|s| s.raft_index()) else {
+            return;
+        };
+        for i in (0..self.size()).filter(|i| self.running(*i)) {
+            loop {
+                if status(i)
+                    .await
+                    .is_some_and(|s| s.raft_applied_index() >= target)
+                {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < START_TIMEOUT,
+                    "etcd member {i} did not catch up"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 

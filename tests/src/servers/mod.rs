@@ -43,6 +43,14 @@ pub trait Cluster: Send + Sync {
     /// The index of the current leader (bounded wait for one; a single server leads).
     async fn leader(&self) -> usize;
 
+    /// Waits (bounded) until every running member has applied what the leader had committed
+    /// when called: a member resumed from a pause is behind, and a fault injected before it
+    /// caught up is two faults (the cluster may then need seconds to elect a leader). By
+    /// default, once a leader is known.
+    async fn caught_up(&self) {
+        self.leader().await;
+    }
+
     /// SIGKILLs member `i`.
     fn kill(&self, i: usize);
 
