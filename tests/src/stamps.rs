@@ -48,15 +48,21 @@ impl Stamps {
     }
 }
 
-/// The events of `stamps` between `from` and `to` (both included), and the longest time without
-/// one in that window (its ends count as events).
-pub fn grants_between(stamps: &[Instant], from: Instant, to: Instant) -> (usize, Duration) {
+/// The events of `stamps` in `[from, to]`, in order.
+fn sorted_within(stamps: &[Instant], from: Instant, to: Instant) -> Vec<Instant> {
     let mut inside: Vec<Instant> = stamps
         .iter()
         .copied()
         .filter(|t| *t >= from && *t <= to)
         .collect();
     inside.sort();
+    inside
+}
+
+/// The events of `stamps` between `from` and `to` (both included), and the longest time without
+/// one in that window (its ends count as events).
+pub fn grants_between(stamps: &[Instant], from: Instant, to: Instant) -> (usize, Duration) {
+    let inside = sorted_within(stamps, from, to);
     let n = inside.len();
     let mut marks = vec![from];
     marks.extend(inside);
@@ -117,12 +123,7 @@ pub fn longest_gap_across(
 /// The median gap between consecutive events in `[from, to]` (a client's healthy heartbeat
 /// period, say); `None` with fewer than two events.
 pub fn median_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Duration> {
-    let mut inside: Vec<Instant> = stamps
-        .iter()
-        .copied()
-        .filter(|t| *t >= from && *t <= to)
-        .collect();
-    inside.sort();
+    let inside = sorted_within(stamps, from, to);
     let mut gaps: Vec<Duration> = inside.windows(2).map(|w| w[1] - w[0]).collect();
     if gaps.is_empty() {
         return None;
