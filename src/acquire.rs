@@ -9,7 +9,6 @@ use tracing::{debug, info_span, Instrument};
 use uuid::Uuid;
 
 use crate::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId, QueueKind};
-use crate::retry::Backoff;
 use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, LocalQueue, LocalSlot, Shared};
 use crate::tenure::Tenure;
 use crate::{Error, Result, Session};
@@ -329,7 +328,7 @@ async fn enqueue(
     pending: &mut Pending,
     wait: Wait,
 ) -> Result<Enqueued> {
-    let mut backoff = Backoff::new();
+    let mut backoff = shared.backoff();
     loop {
         shared.check_alive()?;
         let task = tokio::spawn({
@@ -519,7 +518,7 @@ pub(crate) async fn acquire_all(
         maybe_created: false,
         locals,
     };
-    let mut backoff = Backoff::new();
+    let mut backoff = shared.backoff();
     let entries = loop {
         let task = tokio::spawn({
             let remote = shared.remote.clone();

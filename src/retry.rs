@@ -35,6 +35,21 @@ impl Backoff {
         Self::capped(MAX_DELAY)
     }
 
+    /// The policy of a loop that works for a session of `ttl`: pauses grow up to a twentieth
+    /// of the TTL (between 20 ms and 1 s). A session's deadline keeps a fifth of its TTL in
+    /// hand, and what such a loop waits for (a new leader, a member back) must be noticed
+    /// within a small part of that: a second's pause after an election would add a second
+    /// without a grant.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut backoff = fencelock::backend::Backoff::for_ttl(Duration::from_secs(2));
+    /// assert!((0..50).map(|_| backoff.next_delay()).all(|d| d <= Duration::from_millis(200)));
+    /// ```
+    pub fn for_ttl(ttl: Duration) -> Self {
+        Self::capped((ttl / 20).min(MAX_DELAY))
+    }
+
     /// The same policy with pauses growing only up to `max` (at least the first pause): for a
     /// loop that must notice a recovery sooner than a second later.
     pub fn capped(max: Duration) -> Self {

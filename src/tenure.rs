@@ -179,7 +179,7 @@ impl Tenure {
 /// cannot be watched (a permanent error) or the session is gone: the session's own loss
 /// covers those.
 async fn own_entry_gone(remote: Arc<dyn BackendSession>, entry: Entry, session: Weak<Shared>) {
-    let mut backoff = Backoff::new();
+    let mut backoff = session.upgrade().map_or_else(Backoff::new, |s| s.backoff());
     loop {
         match remote.wait_own_gone(&entry).await {
             Ok(()) => return,
@@ -203,8 +203,8 @@ impl Tenure {
         let remote = shared.remote.clone();
         let weak = Arc::downgrade(shared);
         let entry = self.entry.clone();
+        let mut backoff = shared.backoff();
         async move {
-            let mut backoff = Backoff::new();
             loop {
                 match remote.wait_revoke(&entry).await {
                     Ok(()) => return,

@@ -175,7 +175,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    let mut backoff = Backoff::new();
+    let mut backoff = weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
     loop {
         match op().await {
             Ok(_) => return,

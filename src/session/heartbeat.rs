@@ -43,7 +43,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     drop(shared);
     let period = remote.heartbeat_interval().min(ttl / 3);
     let mut next = Instant::now() + period;
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::for_ttl(ttl);
     async move {
         loop {
             let Some(shared) = weak.upgrade() else { return };
@@ -84,7 +84,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     if let Some(shared) = weak.upgrade() {
                         shared.set_lost(SessionEnd::Closed);
                     }
-                    close_patiently(&*remote).await;
+                    close_patiently(&*remote, ttl).await;
                     return;
                 }
                 Wake::Deadline => {
@@ -94,7 +94,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     // Free our entries now rather than at the cluster's expiry — unless the
                     // heartbeats were halted to play a paused process, which sends nothing.
                     if !halted {
-                        close_patiently(&*remote).await;
+                        close_patiently(&*remote, ttl).await;
                     }
                     return;
                 }
@@ -143,7 +143,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                                 *shared.deadline.lock().unwrap() = extended;
                                 shared.set_state(SessionState::Live);
                             }
-                            backoff = Backoff::new();
+                            backoff = Backoff::for_ttl(ttl);
                             next = sent.mono + period;
                         }
                         Ok(Err(Error::SessionLost(reason))) => {
@@ -180,17 +180,17 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
 /// How long the background task keeps trying to end a lost or closed session on the cluster.
 const CLOSE_PATIENCE: Duration = Duration::from_secs(3600);
 
-/// The longest pause between two tries to end the session: once the cluster answers again,
-/// the session's locks are freed within about this long.
+/// The longest pause between two tries to end the session (a twentieth of the TTL if less):
+/// once the cluster answers again, the session's locks are freed within about this long.
 const CLOSE_RETRY_MAX: Duration = Duration::from_millis(250);
 
 /// Ends the session on the cluster, retrying temporary errors (the cluster unreachable) with
 /// backoff for up to [`CLOSE_PATIENCE`]. A cluster that comes back after an outage may revive
 /// the session (etcd grants every lease a fresh TTL under a new leader); ending it as soon as
 /// the cluster answers frees its locks at once instead of a TTL later.
-async fn close_patiently(remote: &dyn BackendSession) {
+async fn close_patiently(remote: &dyn BackendSession, ttl: Duration) {
     let give_up = Instant::now() + CLOSE_PATIENCE;
-    let mut backoff = Backoff::capped(CLOSE_RETRY_MAX);
+    let mut backoff = Backoff::capped(CLOSE_RETRY_MAX.min(ttl / 20));
     loop {
         match remote.close().await {
             Ok(()) => return,

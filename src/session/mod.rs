@@ -110,7 +110,9 @@ impl SessionBuilder {
             id = tracing::field::Empty
         );
         let give_up = Instant::now().checked_add(self.start_timeout);
-        let mut backoff = Backoff::new();
+        // Retried about as often as the session's own loops would: a cluster electing a leader
+        // is noticed within a twentieth of the TTL.
+        let mut backoff = Backoff::for_ttl(self.ttl);
         let clock = clock::Clock::default();
         let (sent, remote) = loop {
             let sent = clock.now();

@@ -186,6 +186,11 @@ impl Shared {
         }
     }
 
+    /// The retry policy of every loop working for this session ([`Backoff::for_ttl`]).
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff::for_ttl(self.ttl)
+    }
+
     /// Runs `op` until it succeeds, retrying temporary errors with [`Backoff`], and gives up
     /// with [`Error::SessionLost`] as soon as the session is lost.
     pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T>
@@ -193,7 +198,7 @@ impl Shared {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut backoff = Backoff::new();
+        let mut backoff = self.backoff();
         loop {
             self.check_alive()?;
             match self.unless_lost(op()).await? {

@@ -224,6 +224,9 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
         })
         .max()
         .unwrap_or_default();
+    if std::env::var("FENCELOCK_DEBUG_GAP").is_ok() {
+        print_gaps(&by_time, r.fault_began);
+    }
     let during = grants
         .iter()
         .filter(|o| {
@@ -292,6 +295,32 @@ fn overlaps(grants: &[&Op], limit: Limit) -> Vec<String> {
         }
     }
     v
+}
+
+/// Prints every gap of more than 300 ms between a tenure's end and the next grant, with its
+/// times relative to the first fault (`FENCELOCK_DEBUG_GAP`: where an unavailability goes).
+fn print_gaps(by_time: &[&Op], fault_began: Instant) {
+    let rel = |t: Instant| {
+        t.saturating_duration_since(fault_began).as_secs_f64()
+            - fault_began.saturating_duration_since(t).as_secs_f64()
+    };
+    for w in by_time.windows(2) {
+        let (Some(next), Some(prev)) = (w[1].completed, w[0].ended.or(w[0].completed)) else {
+            continue;
+        };
+        let gap = next.saturating_duration_since(prev);
+        if gap > Duration::from_millis(300) {
+            eprintln!(
+                "gap of {gap:.2?}: {} ended at {:+.3} s (lost: {}), then {} asked at {:+.3} s, granted at {:+.3} s",
+                w[0].worker,
+                rel(prev),
+                w[0].lost,
+                w[1].worker,
+                rel(w[1].invoked),
+                rel(next)
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -47,8 +47,27 @@ impl Stage<'_> {
 pub async fn kill_leader(st: &mut Stage<'_>) {
     let leader = st.cluster.leader().await;
     st.cluster.kill(leader);
-    tokio::time::sleep(st.ttl() + Duration::from_secs(1)).await;
+    let killed = Instant::now();
+    report_election(st, leader, "killed", killed).await;
+    tokio::time::sleep((st.ttl() + Duration::from_secs(1)).saturating_sub(killed.elapsed())).await;
     st.cluster.restart(leader);
+}
+
+/// Waits until a member other than `victim` leads, and prints how long after `since` that was:
+/// the gap between grants cannot be shorter than the cluster's election.
+async fn report_election(st: &Stage<'_>, victim: usize, how: &str, since: Instant) {
+    loop {
+        if st.cluster.leader().await != victim {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "{:?}: leader {victim} {how}; another elected after {:.2?} (TTL {:?})",
+        st.cluster.kind(),
+        since.elapsed(),
+        st.ttl()
+    );
 }
 
 /// Kills a follower and restarts it after TTL + 1 s.
@@ -124,18 +143,7 @@ pub async fn pause_member(st: &mut Stage<'_>, leader: bool) {
     // lost only if no leader could confirm anything before their deadline.
     st.cluster.pause(victim);
     let paused = Instant::now();
-    let elected = loop {
-        let next = st.cluster.leader().await;
-        if next != victim {
-            break paused.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!(
-        "{:?}: leader {victim} paused; another elected after {elected:.2?} (TTL {:?})",
-        st.cluster.kind(),
-        st.ttl()
-    );
+    report_election(st, victim, "paused", paused).await;
     tokio::time::sleep((st.ttl() * 3).saturating_sub(paused.elapsed())).await;
     st.cluster.resume(victim);
 }
