@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 use crate::error;
 use crate::layout::{is_latch, join, queue_path, sorted_entries, value_path};
 use crate::session::ZkSession;
-use crate::watch::check_session_event;
+use crate::watch::DataWatch;
 
 /// How often a revocation request retries when the node's data changes under it.
 const REVOKE_ATTEMPTS: usize = 5;
@@ -98,35 +98,23 @@ impl ZkSession {
     /// Resolves once the data of `own` is [`REVOKE_MARKER`]; fails with `EntryVanished` once
     /// it is gone. One data watch on the node, re-armed after each change.
     pub(crate) async fn wait_revoked(&self, own: &Entry) -> Result<()> {
-        const OP: &str = "watch revoke";
+        // Our own node: a wait given up (a dropped `revoke_requested()`) removes its watch.
         let vanished = || Error::EntryVanished {
             key: own.key.clone(),
         };
-        loop {
-            let broken = self.broken(OP);
-            let client = self.client()?;
-            let res = client.get_and_watch_data(&own.key).await;
-            drop(client);
-            let watcher = match res {
-                Err(zk::Error::NoNode) => return Err(vanished()),
-                Err(e) => return Err(error::map(OP, e)),
-                Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Err(vanished()),
-                Ok((data, _, _)) if data == REVOKE_MARKER => return Ok(()),
-                Ok((_, _, watcher)) => watcher,
-            };
-            // Our own node: a wait given up (a dropped `revoke_requested()`) removes its watch
-            // (see `watch`).
-            tokio::select! {
-                ev = watcher.changed() => match ev.event_type {
-                    zk::EventType::NodeDeleted => return Err(vanished()),
-                    zk::EventType::Session => {
-                        check_session_event(OP, &ev)?;
-                        return Err(error::disconnected(OP));
-                    }
-                    _ => continue, // data changed: read it
-                },
-                err = broken => return Err(err),
+        let w = DataWatch {
+            op: "watch revoke",
+            path: &own.key,
+            own: None,
+            gone: || Err(vanished()),
+        };
+        self.watch_data(w, |data, stat| {
+            if stat.czxid as u64 != own.token.get() {
+                Some(Err(vanished()))
+            } else {
+                (data == REVOKE_MARKER).then_some(Ok(()))
             }
-        }
+        })
+        .await
     }
 }

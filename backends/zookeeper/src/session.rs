@@ -25,7 +25,7 @@ use crate::layout::{
 };
 use crate::link::{self, Links, Moved};
 use crate::queue::ahead_of;
-use crate::watch::check_session_event;
+use crate::watch::DataWatch;
 use crate::Inner;
 
 /// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
@@ -373,45 +373,13 @@ impl BackendSession for ZkSession {
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
         self.unless_moved("wait", async {
-            const OP: &str = "wait";
-            loop {
-                let broken = self.broken(OP);
-                let client = self.client()?;
-                // One round trip: our own entry checked, the target read and watched (a data
-                // watch, as Curator does: unlike an exists watch it leaves nothing behind when the
-                // node is gone already).
-                let mine = client.check_stat(&own.key);
-                let theirs = client.get_and_watch_data(&target.key);
-                let (mine, theirs) = futures::join!(mine, theirs);
-                drop(client);
-                match mine {
-                    Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
-                    Ok(_) => {
-                        return Err(Error::EntryVanished {
-                            key: own.key.clone(),
-                        })
-                    }
-                    Err(e) => return Err(error::map(OP, e)),
-                }
-                let watcher = match theirs {
-                    Err(zk::Error::NoNode) => return Ok(()),
-                    Err(e) => return Err(error::map(OP, e)),
-                    Ok((_, _, watcher)) => watcher,
-                };
-                // Dropped unfired (the wait given up or broken), the watch is removed: the
-                // retry watches afresh (see `watch`).
-                tokio::select! {
-                    ev = watcher.changed() => match ev.event_type {
-                        zk::EventType::NodeDeleted => return Ok(()),
-                        zk::EventType::Session => {
-                            return Err(state_error(OP, ev.session_state)
-                                .unwrap_or_else(|| error::disconnected(OP)));
-                        }
-                        _ => continue, // its data changed: watch again
-                    },
-                    err = broken => return Err(err),
-                }
-            }
+            let w = DataWatch {
+                op: "wait",
+                path: &target.key,
+                own: Some(own),
+                gone: || Ok(()),
+            };
+            self.watch_data(w, |_, _| None).await
         })
         .await
     }
@@ -468,33 +436,19 @@ impl BackendSession for ZkSession {
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
+        // Our own node, which may stay for hours: a wait given up (a dropped `lost()`) removes
+        // its watch rather than leave it, and a task, until the node goes.
         self.unless_moved("wait_own_gone", async {
-            const OP: &str = "watch entry";
-            loop {
-                let broken = self.broken(OP);
-                let client = self.client()?;
-                let res = client.get_and_watch_data(&own.key).await;
-                drop(client);
-                let watcher = match res {
-                    Err(zk::Error::NoNode) => return Ok(()),
-                    Err(err) => return Err(error::map(OP, err)),
-                    Ok((_, stat, _)) if stat.czxid as u64 != own.token.get() => return Ok(()),
-                    Ok((_, _, watcher)) => watcher,
-                };
-                // Our own node, which may stay for hours: a wait given up (a dropped `lost()`)
-                // removes its watch rather than leave it, and a task, until the node goes.
-                tokio::select! {
-                    ev = watcher.changed() => match ev.event_type {
-                        zk::EventType::NodeDeleted => return Ok(()),
-                        zk::EventType::Session => {
-                            check_session_event(OP, &ev)?;
-                            return Err(error::disconnected(OP));
-                        }
-                        _ => continue, // data changed: watch again
-                    },
-                    err = broken => return Err(err),
-                }
-            }
+            let w = DataWatch {
+                op: "watch entry",
+                path: &own.key,
+                own: None,
+                gone: || Ok(()),
+            };
+            self.watch_data(w, |_, stat| {
+                (stat.czxid as u64 != own.token.get()).then_some(Ok(()))
+            })
+            .await
         })
         .await
     }
