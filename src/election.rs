@@ -277,6 +277,12 @@ impl Leadership {
 
     /// Publishes a new value, only while still leader (the write is guarded by our entry's
     /// identity on the cluster). A deposed leader gets [`Error::NotHeld`] with the reason.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the leadership as it was; the new value may or may not have
+    /// been published (the write is one request to the cluster, and a dropped future does not
+    /// know whether it arrived). Proclaim again to be sure of the value.
     pub async fn proclaim(&self, value: impl AsRef<[u8]> + Send) -> Result<()> {
         let value = value.as_ref().to_vec();
         let value = value.as_slice();
@@ -296,6 +302,11 @@ impl Leadership {
 
     /// Resigns at once: the next candidate is promoted. A second call fails with
     /// [`Error::NotHeld`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As `release`: dropping the future resigns all the same (the entry is removed by the
+    /// session's background task once the leadership is dropped).
     pub async fn resign(&self) -> Result<()> {
         self.release().await
     }

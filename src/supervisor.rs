@@ -78,6 +78,12 @@ impl Supervisor {
     ///
     /// Returns `Ok(())` after a shutdown or a `lead` that returned, with the session closed;
     /// an error only if it is permanent (an invalid name or value, authentication, permission).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future is a shutdown without waiting: the `lead` future is dropped, and
+    /// the session's last handle with it, so its background task closes the session on the
+    /// cluster (the leadership and any waiting candidacy go at once).
     pub async fn lead<F, Fut>(
         &self,
         name: &str,
@@ -113,6 +119,11 @@ impl Supervisor {
     /// guard runs on until it returns, and supervision ends then.
     ///
     /// Returns as [`lead`](Self::lead) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lead`](Self::lead): dropping the future drops `work` and closes the session (the
+    /// lock is released with it).
     pub async fn hold<F, Fut>(
         &self,
         name: &str,

@@ -383,6 +383,13 @@ macro_rules! holding_methods {
         /// deletes another holder's entry. Fails with
         /// [`Error::NotHeld`](crate::Error::NotHeld) and the reason if it was already
         /// released or lost (its entry deleted, its session ended).
+        ///
+        /// # Cancel safety
+        ///
+        /// Dropping the future ends the tenure all the same: from the first poll the grant
+        /// counts as released (a second call fails with `NotHeld(Released)`), and if the
+        /// removal did not complete, the session's background task removes the entry when
+        /// the guard is dropped ([`Session::flush`](crate::Session::flush) waits for it).
         pub async fn release(&self) -> $crate::Result<()> {
             self.hold.release().await
         }

@@ -96,6 +96,12 @@ impl SessionBuilder {
     /// than a heartbeat interval (a slow connect), a heartbeat is confirmed before it returns,
     /// and a session that cannot be confirmed in time is closed and reported as an error, never
     /// handed out lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it returns leaves no session here. A session the cluster
+    /// opened meanwhile owns nothing (no lock, no candidacy) and stays on the cluster until its
+    /// TTL runs out there.
     pub async fn start(self) -> Result<Session> {
         let backend = self.backend;
         validate_namespace(&self.namespace)?;
@@ -407,6 +413,12 @@ impl Session {
     /// once, and every guard's `lost()` fires with
     /// [`LostReason::Session`]`(`[`SessionEnd::Closed`]`)`. Closing a closed or lost session
     /// does nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes the session all the same: from the first poll it is lost
+    /// here (`Lost(Closed)`), and its background task ends it on the cluster, retrying while
+    /// the cluster is unreachable. Only the confirmation is lost with the future.
     pub async fn close(&self) -> Result<()> {
         let shared = self.shared();
         if shared.end().is_some() {
