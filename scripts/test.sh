@@ -12,26 +12,30 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 
 echo "== cargo test (workspace; etcd, ZooKeeper, PostgreSQL and Redis are started by the harnesses)"
+# Every package but the benchmark (`bench/`, which has no tests: the lints check it). Every
+# cargo command below selects the same packages, so that the dependencies' features resolve
+# alike and their builds are shared.
+packages=(--workspace --exclude fencelock-bench)
 # The fault suites (`adversity_*`, and the paused-member tests `gray_*`) run below, side by side.
-cargo test --workspace --all-targets "$@" -- --skip adversity_ --skip gray_
-cargo test --workspace --doc "$@"
+cargo test "${packages[@]}" --all-targets "$@" -- --skip adversity_ --skip gray_
+cargo test "${packages[@]}" --doc "$@"
 
 echo "== fault suites: 3-member etcd clusters, 3-server ZooKeeper ensembles, Redis primary + replica, side by side"
-# `--workspace`, not `-p`: the features resolve as for the tests above, whose builds of the
-# dependencies are reused (`-p` resolved fewer and rebuilt them: two minutes of a CI run).
+# The packages as above, not `-p`: the features resolve as for the tests above, whose builds of
+# the dependencies are reused (`-p` resolved fewer and rebuilt them: two minutes of a CI run).
 # The suites share nothing (own clusters, own ports) and mostly wait on faults: run them at
 # once, each printing its summary tables (etcd and ZooKeeper run their crash and gray parts
 # side by side too, each part on a cluster of its own). The paused-member tests follow the
 # shorter suites (Redis ~3 min, etcd ~4.5 min, ZooKeeper ~5.5 min in CI), so that the phase
 # lasts as long as the longest suite.
 tests=(etcd_cluster zookeeper_cluster redis_cluster paused_member zookeeper_paused_server)
-cargo test --workspace "${tests[@]/#/--test=}" --no-run "$@"
+cargo test "${packages[@]}" "${tests[@]/#/--test=}" --no-run "$@"
 logs="$(mktemp -d)"
 cargo_args=("$@")
 suite() {   # suite <test> <test binary's arguments>...: its output into the log of its name
   local test="$1"
   shift
-  cargo test --workspace --test "$test" "${cargo_args[@]}" -- --nocapture "$@" >"$logs/$test" 2>&1
+  cargo test "${packages[@]}" --test "$test" "${cargo_args[@]}" -- --nocapture "$@" >"$logs/$test" 2>&1
 }
 (s=0; suite etcd_cluster --test-threads 2 || s=1; suite zookeeper_paused_server gray_ || s=1; exit $s) &
 etcd_pid=$!

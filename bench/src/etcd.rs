@@ -1,4 +1,4 @@
-//! The etcd rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
+//! The etcd rows of the benchmark (`src/main.rs`), side by side in one run against one
 //! local member started here: our `Mutex` against raw transactions and etcd-client's `lock()`,
 //! uncontended and contended, and etcd's own Campaign API next to our election rows.
 
@@ -9,8 +9,8 @@ use fencelock::Session;
 use fencelock_etcd::EtcdBackend;
 
 use super::{election_row, ms, throughput_pair, time_interleaved, Args, Op};
-use crate::servers::etcd::{self as etcd_harness, EtcdCluster};
-use crate::servers::Cluster;
+use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
+use fencelock_integration::servers::Cluster;
 
 /// Prints the etcd rows (markdown tables): uncontended latency of `args.rounds` acquire +
 /// release, and contended throughput for each count of `args.sessions`.

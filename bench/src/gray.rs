@@ -33,12 +33,12 @@ use tokio::task::JoinHandle;
 use zookeeper_client as zk;
 
 use super::Args;
-use crate::curator::{self, CuratorProgram, JavaClasses};
-use crate::servers::etcd::{self as etcd_harness, EtcdCluster};
-use crate::servers::zookeeper::{self as zk_harness, ZkEnsemble};
-use crate::servers::Cluster;
-use crate::stamps::{grants_between, longest_gap_across, median_gap, Stamps};
-use crate::target::Kind;
+use fencelock_integration::curator::{self, CuratorProgram, JavaClasses};
+use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
+use fencelock_integration::servers::zookeeper::{self as zk_harness, ZkEnsemble};
+use fencelock_integration::servers::Cluster;
+use fencelock_integration::stamps::{grants_between, longest_gap_across, median_gap, Stamps};
+use fencelock_integration::target::Kind;
 
 /// Contending sessions per implementation (the measured one included).
 pub const CONTENDERS: usize = 3;

@@ -1,4 +1,5 @@
-//! The benchmark's pieces (the program is `src/bin/bench.rs`): latency histograms, interleaved
+//! The benchmark of fencelock (the program is `src/main.rs`), on the test harnesses of
+//! `fencelock-integration`: latency histograms, interleaved
 //! timing, contended throughput measured in alternating slices, and the leader-election rows
 //! (generic over the backend); the etcd and ZooKeeper rows live in their own modules, the
 //! gray-failure rows (a paused cluster member) in [`gray`].
@@ -17,11 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 
-use crate::faults::Holder;
-use crate::target::Target;
+use fencelock_integration::faults::Holder;
+use fencelock_integration::target::Target;
 
 /// The benchmark's options.
 #[derive(clap::Parser, Debug, Clone)]
@@ -152,7 +152,7 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// One operation of a row (an acquire + release, say), repeatable.
-pub type Op = Box<dyn FnMut() -> BoxFuture<'static, ()> + Send>;
+pub use fencelock_integration::load::Op;
 
 /// Times `rounds` runs of each of `ops`, interleaved in blocks (after a warm-up of every op), so
 /// that no row is favoured by running later on a warmer server.

@@ -2,12 +2,12 @@
 //! against the same local servers (started by the harness). Not a timed test: figures on a
 //! shared machine are noisy, so compare the rows of one run, and read the ratios.
 //!
-//! Run: `cargo run --release -p fencelock-integration --bin bench -- --help`
+//! Run: `cargo run --release -p fencelock-bench -- --help`
 
 use clap::Parser;
-use fencelock_integration::bench::alloc::Counting;
-use fencelock_integration::bench::etcd::{etcd_campaign_row, etcd_family, etcd_rows};
-use fencelock_integration::bench::{election_header, election_rows, Args};
+use fencelock_bench::alloc::Counting;
+use fencelock_bench::etcd::{etcd_campaign_row, etcd_family, etcd_rows};
+use fencelock_bench::{election_header, election_rows, Args};
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
 use fencelock_integration::servers::Cluster;
 
@@ -24,12 +24,10 @@ async fn main() {
         return;
     }
     let args = Args::parse();
-    fencelock_integration::emit!("# fencelock benchmark");
-    fencelock_integration::emit!(
-        "\nOne run, side by side, against servers started here on loopback."
-    );
+    fencelock_bench::emit!("# fencelock benchmark");
+    fencelock_bench::emit!("\nOne run, side by side, against servers started here on loopback.");
     if args.gray_only {
-        fencelock_integration::bench::gray::gray_rows(&args).await;
+        fencelock_bench::gray::gray_rows(&args).await;
         finish(&args);
         return;
     }
@@ -50,26 +48,22 @@ async fn main() {
                 etcd_campaign_row(&args, &cluster.endpoint(0)).await;
             }
             if !args.family_only && !args.no_scale {
-                fencelock_integration::bench::scale::etcd_scale(
-                    &args.held,
-                    &args.waiters,
-                    &cluster.endpoint(0),
-                )
-                .await;
+                fencelock_bench::scale::etcd_scale(&args.held, &args.waiters, &cluster.endpoint(0))
+                    .await;
             }
         } else {
-            fencelock_integration::emit!("\n(etcd not installed: skipped)");
+            fencelock_bench::emit!("\n(etcd not installed: skipped)");
         }
     }
     if matches!(args.backend.as_str(), "zookeeper" | "all") {
-        fencelock_integration::bench::zookeeper::zookeeper_rows(&args).await;
+        fencelock_bench::zookeeper::zookeeper_rows(&args).await;
     }
     if matches!(args.backend.as_str(), "redis" | "all") && !args.family_only && !args.scale_only {
-        fencelock_integration::bench::redis::redis_rows(&args).await;
+        fencelock_bench::redis::redis_rows(&args).await;
     }
-    fencelock_integration::bench::emit_summary();
+    fencelock_bench::emit_summary();
     if !args.no_gray && !args.family_only && !args.scale_only {
-        fencelock_integration::bench::gray::gray_rows(&args).await;
+        fencelock_bench::gray::gray_rows(&args).await;
     }
     finish(&args);
 }
@@ -78,9 +72,8 @@ async fn main() {
 fn finish(args: &Args) {
     if let Some(dir) = &args.report {
         let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-        let command =
-            format!("cargo run --release -p fencelock-integration --bin bench -- {command}");
-        match fencelock_integration::bench::report::write(dir, &command) {
+        let command = format!("cargo run --release -p fencelock-bench -- {command}");
+        match fencelock_bench::report::write(dir, &command) {
             Ok(()) => println!("\nreport written to {}", dir.join("README.md").display()),
             Err(e) => {
                 eprintln!("cannot write the report: {e}");

@@ -1,4 +1,4 @@
-//! The Redis rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
+//! The Redis rows of the benchmark (`src/main.rs`), side by side in one run against one
 //! local `redis-server` started here:
 //!
 //! 1. uncontended acquire + release latency of our `Mutex` on Redis, of a bare `SET NX PX` +
@@ -18,7 +18,7 @@ use fencelock_redis::{RedisBackend, Redlock};
 use redis::aio::ConnectionManager;
 
 use super::{ms, run_slice, time_interleaved, Args, Op};
-use crate::servers::redis::{self as harness, Durability, RedisServer};
+use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
 
 /// The lock TTL of the bare and rslock rows, and our session TTL.
 const TTL: Duration = Duration::from_secs(10);

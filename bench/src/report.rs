@@ -16,10 +16,10 @@ static PLOTS: Mutex<BTreeMap<String, Plot>> = Mutex::new(BTreeMap::new());
 #[macro_export]
 macro_rules! emit {
     () => {
-        $crate::bench::report::line("")
+        $crate::report::line("")
     };
     ($($t:tt)*) => {
-        $crate::bench::report::line(&format!($($t)*))
+        $crate::report::line(&format!($($t)*))
     };
 }
 

@@ -18,8 +18,8 @@ use zookeeper_client as zk;
 
 use super::alloc::allocated;
 use super::Samples;
-use crate::servers::fourlw;
-use crate::target::Kind;
+use fencelock_integration::servers::fourlw;
+use fencelock_integration::target::Kind;
 
 /// Acquisitions in flight while taking many locks.
 pub const IN_FLIGHT: usize = 64;
@@ -57,7 +57,7 @@ async fn watches(kind: Kind, endpoint: &str, zk_port: Option<u16>) -> Option<u64
             let body = {
                 let addr = endpoint.to_string();
                 tokio::task::spawn_blocking(move || {
-                    crate::notifications::http_get(&addr, "/metrics")
+                    fencelock_integration::notifications::http_get(&addr, "/metrics")
                 })
                 .await
                 .ok()??
@@ -610,7 +610,7 @@ async fn scale_rows<H, HF, O, OF>(
 
 /// The scale rows on etcd (member at `ep`), ours next to etcd-client's `lock()`.
 pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
-    let backend = crate::servers::etcd::connect(&[ep.to_string()]).await;
+    let backend = fencelock_integration::servers::etcd::connect(&[ep.to_string()]).await;
     scale_rows(
         "etcd",
         Kind::Etcd,

@@ -1,5 +1,5 @@
-//! The ZooKeeper rows of the benchmark (`src/bin/bench.rs`), side by side in one run against one
-//! local server started here with the harness of [`crate::servers::zookeeper`]:
+//! The ZooKeeper rows of the benchmark (`src/main.rs`), side by side in one run against one
+//! local server started here with the harness of [`fencelock_integration::servers::zookeeper`]:
 //!
 //! 1. uncontended acquire + release latency of our `Mutex`, of a raw ephemeral-sequential
 //!    create + delete, and of `zookeeper-client`'s own lock recipe (`Client::lock` with
@@ -25,9 +25,9 @@ use zookeeper_client as zk;
 use super::{
     election_header, election_rows, ms, throughput, throughput_pair, time_interleaved, Args, Op,
 };
-use crate::curator;
-use crate::servers::zookeeper::{self as harness, ZkEnsemble, MIN_SESSION_TIMEOUT};
-use crate::target::{Kind, Target};
+use fencelock_integration::curator;
+use fencelock_integration::servers::zookeeper::{self as harness, ZkEnsemble, MIN_SESSION_TIMEOUT};
+use fencelock_integration::target::{Kind, Target};
 
 /// The session TTL of the latency and throughput rows.
 const TTL: Duration = Duration::from_secs(10);

@@ -1,5 +1,5 @@
 // Contended throughput of Apache Curator's lock recipes, for fencelock's benchmark
-// (tests/src/bench/): N sessions (one CuratorFramework, hence one ZooKeeper connection, each),
+// (bench/src/): N sessions (one CuratorFramework, hence one ZooKeeper connection, each),
 // each looping acquire + release on the same path in a thread of its own.
 //
 //   java -cp <classes>:<curator jars> CuratorBench <connect-string> <path> <sessions> <seconds> [recipe]

@@ -1,5 +1,5 @@
 // Apache Curator's InterProcessMutex under a gray failure, for fencelock's benchmark
-// (tests/src/bench/gray.rs): N sessions (one CuratorFramework, hence one ZooKeeper connection,
+// (bench/src/gray.rs): N sessions (one CuratorFramework, hence one ZooKeeper connection,
 // each) loop acquire + release on one lock path, each in a thread of its own, while a server of
 // the ensemble is paused by the harness. The first session is the *measured* one.
 //

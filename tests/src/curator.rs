@@ -266,7 +266,7 @@ impl CuratorProgram {
         Self::start(classes, "CuratorLock", &args)
     }
 
-    /// Starts `CuratorGray` (the gray-failure benchmark, `tests/src/bench/gray.rs`): `sessions`
+    /// Starts `CuratorGray` (the gray-failure benchmark, `bench/src/gray.rs`): `sessions`
     /// Curator clients on `connect` (session timeout `session`, connection timeout
     /// `connection`) that, once told `START`, loop `InterProcessMutex` acquire + release on
     /// `path`; the first (measured) one also sends `checkExists("/")` every `beat`. It prints

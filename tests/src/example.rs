@@ -13,10 +13,10 @@ use crate::process::ManagedChild;
 /// once per test process: `cargo test` builds examples under hashed names and leaves the plain
 /// name pointing at whatever `cargo build` made last, which may be stale.
 ///
-/// Every example of the workspace is built at once, with the workspace's features: the
-/// dependencies' features are then the ones `cargo test --workspace` resolved, so their
-/// builds are reused (`-p fencelock-examples` alone resolved fewer features and rebuilt much of
-/// the dependency tree, a minute in CI).
+/// Every example of the workspace is built at once, with the packages `scripts/test.sh` tests
+/// (the workspace but the benchmark): the dependencies' features are then the ones its
+/// `cargo test` resolved, so their builds are reused (`-p fencelock-examples` alone resolved
+/// fewer features and rebuilt much of the dependency tree, a minute in CI).
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let exe = std::env::current_exe().expect("current exe");
@@ -26,7 +26,13 @@ pub fn binary(name: &str) -> PathBuf {
     if !*built {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let ok = Command::new(cargo)
-            .args(["build", "--workspace", "--examples"])
+            .args([
+                "build",
+                "--workspace",
+                "--exclude",
+                "fencelock-bench",
+                "--examples",
+            ])
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "cannot build the examples");

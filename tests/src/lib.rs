@@ -1,16 +1,17 @@
 //! Test harnesses of fencelock: real etcd and ZooKeeper clusters started from the binaries of
 //! Debian's packages on loopback ports with temporary data dirs, the conformance factories over
-//! them, a TCP proxy, the shared fault tests and their bookkeeping, the adversity suite, Apache Curator from Java,
-//! and the benchmark's pieces (the program is `src/bin/bench.rs`).
+//! them, a TCP proxy, the shared fault tests and their bookkeeping, the adversity suite, and Apache
+//! Curator from Java. The benchmark, which uses them, is a package of its own (`bench/`), so that
+//! the integration tests do not build it.
 
 pub mod adversity;
-pub mod bench;
 pub mod curator;
 pub mod errors;
 pub mod example;
 pub mod faults;
 pub mod guarded;
 pub mod holder;
+pub mod load;
 pub mod notifications;
 pub mod pki;
 pub mod process;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use fencelock::Session;
-use fencelock_integration::bench::family::{our_op, Load};
+use fencelock_integration::load::{our_op, Load};
 use fencelock_integration::notifications::Notifications;
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
 use fencelock_integration::servers::zookeeper::{ZkEnsemble, MIN_SESSION_TIMEOUT};
