@@ -225,7 +225,7 @@ pub fn check(scenario: &str, r: &Record, req: Requirements) -> Summary {
         .max()
         .unwrap_or_default();
     if std::env::var("FENCELOCK_DEBUG_GAP").is_ok() {
-        print_gaps(&by_time, r.fault_began);
+        print_gaps(&by_time, &r.ops, r.fault_began);
     }
     let during = grants
         .iter()
@@ -298,8 +298,9 @@ fn overlaps(grants: &[&Op], limit: Limit) -> Vec<String> {
 }
 
 /// Prints every gap of more than 300 ms between a tenure's end and the next grant, with its
-/// times relative to the first fault (`FENCELOCK_DEBUG_GAP`: where an unavailability goes).
-fn print_gaps(by_time: &[&Op], fault_began: Instant) {
+/// times relative to the first fault, and the acquisitions that failed meanwhile
+/// (`FENCELOCK_DEBUG_GAP`: where an unavailability goes).
+fn print_gaps(by_time: &[&Op], ops: &[Op], fault_began: Instant) {
     let rel = |t: Instant| {
         t.saturating_duration_since(fault_began).as_secs_f64()
             - fault_began.saturating_duration_since(t).as_secs_f64()
@@ -309,15 +310,28 @@ fn print_gaps(by_time: &[&Op], fault_began: Instant) {
             continue;
         };
         let gap = next.saturating_duration_since(prev);
-        if gap > Duration::from_millis(300) {
+        if gap <= Duration::from_millis(300) {
+            continue;
+        }
+        eprintln!(
+            "gap of {gap:.2?}: {} ended at {:+.3} s (lost: {}), then {} asked at {:+.3} s, granted at {:+.3} s",
+            w[0].worker,
+            rel(prev),
+            w[0].lost,
+            w[1].worker,
+            rel(w[1].invoked),
+            rel(next)
+        );
+        let failed = ops
+            .iter()
+            .filter(|o| o.error.is_some() && o.completed.is_some_and(|c| c > prev && c < next));
+        for o in failed {
             eprintln!(
-                "gap of {gap:.2?}: {} ended at {:+.3} s (lost: {}), then {} asked at {:+.3} s, granted at {:+.3} s",
-                w[0].worker,
-                rel(prev),
-                w[0].lost,
-                w[1].worker,
-                rel(w[1].invoked),
-                rel(next)
+                "  failed meanwhile: {} asked at {:+.3} s, failed at {:+.3} s: {}",
+                o.worker,
+                rel(o.invoked),
+                rel(o.completed.unwrap_or(o.invoked)),
+                o.error.as_deref().unwrap_or_default()
             );
         }
     }

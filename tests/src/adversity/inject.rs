@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::workload::{ChildWorker, Sessions, Workload};
 use crate::proxy::{Mode, Proxy};
 use crate::servers::Cluster;
-use crate::target::Target;
+use crate::target::{Kind, Target};
 
 /// What a fault may act on.
 pub struct Stage<'a> {
@@ -48,7 +48,10 @@ pub async fn kill_leader(st: &mut Stage<'_>) {
     let leader = st.cluster.leader().await;
     st.cluster.kill(leader);
     let killed = Instant::now();
-    report_election(st, leader, "killed", killed).await;
+    // (A Redis pair elects nothing: the harness promotes the replica as it kills the primary.)
+    if st.cluster.kind() != Kind::Redis {
+        report_election(st, leader, "killed", killed).await;
+    }
     tokio::time::sleep((st.ttl() + Duration::from_secs(1)).saturating_sub(killed.elapsed())).await;
     st.cluster.restart(leader);
 }
