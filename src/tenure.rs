@@ -141,8 +141,20 @@ impl Tenure {
         let shared = self.session.shared();
         let span = info_span!(parent: &shared.span, "release", key = %self.entry.key, token = %self.entry.token);
         let remote = shared.remote.clone();
+        // Whether a try failed without an answer: it may have removed the entry all the same.
+        let unanswered = AtomicBool::new(false);
         let res = shared
-            .retry(|| remote.remove(&self.entry))
+            .retry(|| {
+                let removing = remote.remove(&self.entry);
+                let unanswered = &unanswered;
+                async move {
+                    let r = removing.await;
+                    if r.as_ref().is_err_and(Error::is_temporary) {
+                        unanswered.store(true, Ordering::SeqCst);
+                    }
+                    r
+                }
+            })
             .instrument(span)
             .await;
         match (res, lost_before) {
@@ -153,6 +165,13 @@ impl Tenure {
             (_, Some(r)) => {
                 self.drop_local();
                 Err(Error::NotHeld(r))
+            }
+            // Gone at the retry after a try that got no answer (a member that hung, a leader
+            // that died with the reply): most likely that try removed it. Reporting
+            // `EntryDeleted` would blame someone else for our own release.
+            (Ok(false), None) if unanswered.load(Ordering::SeqCst) => {
+                self.drop_local();
+                Ok(())
             }
             (Ok(false), None) => {
                 self.drop_local();

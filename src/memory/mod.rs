@@ -47,6 +47,8 @@ struct Inner {
     /// Fault injection: how many creates are still to be carried out and then answered with a
     /// temporary error, as when a reply is lost on its way back.
     lost_replies: std::sync::atomic::AtomicUsize,
+    /// The same for removals (a release, say).
+    lost_remove_replies: std::sync::atomic::AtomicUsize,
     /// Signalled at each reply lost that way.
     reply_lost: tokio::sync::Notify,
 }
@@ -106,7 +108,17 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Resolves at the next reply lost by [`lose_create_replies`](Self::lose_create_replies).
+    /// Fault injection: the next `n` removals of an entry (a release) are carried out, then
+    /// answered with a temporary error, as when the reply of a committed delete was lost.
+    #[cfg(feature = "testing")]
+    pub fn lose_remove_replies(&self, n: usize) {
+        self.inner
+            .lost_remove_replies
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Resolves at the next reply lost by [`lose_create_replies`](Self::lose_create_replies)
+    /// or [`lose_remove_replies`](Self::lose_remove_replies).
     #[cfg(feature = "testing")]
     pub async fn reply_lost(&self) {
         self.inner.reply_lost.notified().await
@@ -157,18 +169,18 @@ impl Inner {
         self.changed.send_replace(st.revision);
     }
 
-    /// Whether this create's reply is to be lost (see [`MemoryBackend::lose_create_replies`]).
-    fn lose_reply(&self) -> Result<()> {
+    /// Whether the reply of this `op` (counted down in `counter`) is to be lost (see
+    /// [`MemoryBackend::lose_create_replies`]).
+    fn lose_reply(&self, counter: &std::sync::atomic::AtomicUsize, op: &'static str) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let lose = self
-            .lost_replies
+        let lose = counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if lose {
             self.reply_lost.notify_one();
             return Err(Error::backend(
                 NAME,
-                "create",
+                op,
                 true,
                 "reply lost (fault injection)",
             ));
@@ -405,7 +417,7 @@ impl BackendSession for MemorySession {
         let key = self.key(req.queue, req.kind, req.attempt);
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
-        self.inner.lose_reply()?;
+        self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Enqueued::new(entry, ahead))
     }
 
@@ -430,7 +442,7 @@ impl BackendSession for MemorySession {
             .map(|(r, key)| st.enqueue(self.id, r, key).0)
             .collect();
         self.inner.notify(&st);
-        self.inner.lose_reply()?;
+        self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Some(entries))
     }
 
@@ -492,6 +504,9 @@ impl BackendSession for MemorySession {
         st.entries.remove(&e.key);
         st.revision += 1;
         self.inner.notify(&st);
+        drop(st);
+        self.inner
+            .lose_reply(&self.inner.lost_remove_replies, "remove")?;
         Ok(true)
     }
 

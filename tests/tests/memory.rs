@@ -33,3 +33,26 @@ async fn multi_lock_retry_after_a_lost_reply_leaves_nothing() {
     assert_eq!(entries.len(), 1, "only b's entry is left: {entries:?}");
     guard.release().await.unwrap();
 }
+
+/// A release whose delete was carried out but whose reply was lost (a member that hung, a
+/// leader that died with the reply): the retry finds the entry gone, and the release still
+/// succeeds — our own delete, not someone else's, removed it.
+#[tokio::test(start_paused = true)]
+async fn release_after_a_lost_reply_succeeds() {
+    let backend = MemoryBackend::new();
+    let s = Session::builder(backend.clone()).start().await.unwrap();
+    let guard = s.mutex("x").unwrap().lock().await.unwrap();
+    backend.lose_remove_replies(1);
+    guard
+        .release()
+        .await
+        .expect("our own delete removed the entry");
+    assert!(s.list_entries().await.unwrap().is_empty());
+    // Without a lost reply, a second release is told it was released already.
+    let again = s.mutex("x").unwrap().lock().await.unwrap();
+    again.release().await.unwrap();
+    assert!(matches!(
+        again.release().await,
+        Err(fencelock::Error::NotHeld(fencelock::LostReason::Released))
+    ));
+}
