@@ -1,0 +1,117 @@
+//! Fault injection (most of it behind the feature `testing`): sessions expired at once, replies
+//! lost after their request was carried out, keys written or deleted as another tool would.
+
+#[cfg(feature = "testing")]
+use super::cluster::Record;
+use super::{Inner, MemoryBackend, NAME};
+#[cfg(feature = "testing")]
+use crate::backend::EntryKind;
+use crate::{Error, Result};
+
+impl MemoryBackend {
+    /// Expires session `id` (as given by [`crate::Session::id`]) at once, as the cluster would
+    /// after a missed TTL: for tests of expiry handling. Returns whether it was alive.
+    pub fn expire_session(&self, id: &str) -> bool {
+        let Ok(id) = u64::from_str_radix(id, 16) else {
+            return false;
+        };
+        let mut st = self.inner.state.lock().unwrap();
+        let alive = st.sessions.get(&id).is_some_and(|s| s.alive);
+        if alive {
+            st.kill(id);
+            self.inner.notify(&st);
+        }
+        alive
+    }
+
+    /// Fault injection: the next `n` create requests (an enqueue, or a multi-lock's
+    /// all-or-nothing create) are carried out, then answered with a temporary error, as when
+    /// the cluster committed a request whose reply was lost. For tests of the
+    /// create-succeeded-but-reply-lost case.
+    #[cfg(feature = "testing")]
+    pub fn lose_create_replies(&self, n: usize) {
+        self.inner
+            .lost_replies
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Fault injection: the next `n` removals of an entry (a release) are carried out, then
+    /// answered with a temporary error, as when the reply of a committed delete was lost.
+    #[cfg(feature = "testing")]
+    pub fn lose_remove_replies(&self, n: usize) {
+        self.inner
+            .lost_remove_replies
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Resolves at the next reply lost by [`lose_create_replies`](Self::lose_create_replies)
+    /// or [`lose_remove_replies`](Self::lose_remove_replies).
+    #[cfg(feature = "testing")]
+    pub async fn reply_lost(&self) {
+        self.inner.reply_lost.notified().await
+    }
+
+    /// **Testing only** (feature `testing`): writes `key` as another tool would, bypassing
+    /// fencelock's names (say `{namespace}/jobs//{session}`, the key `etcdctl lock` makes
+    /// for a prefix ending in `/`), owned by session `session` (an id as
+    /// [`Session::id`](crate::Session::id) gives) so that it goes with it. Returns whether
+    /// that session is alive and the key was written.
+    #[cfg(feature = "testing")]
+    pub fn put_foreign_key(&self, key: &str, session: &str) -> bool {
+        let Ok(session) = u64::from_str_radix(session, 16) else {
+            return false;
+        };
+        let mut st = self.inner.lock();
+        if st.alive(session).is_err() {
+            return false;
+        }
+        st.revision += 1;
+        let record = Record {
+            create_rev: st.revision,
+            session,
+            kind: EntryKind::Exclusive,
+            value: Vec::new(),
+        };
+        st.entries.insert(key.to_string(), record);
+        self.inner.notify(&st);
+        true
+    }
+
+    /// Deletes the entry at `key` as an outsider would (an operator with a CLI): its holder's
+    /// `lost()` fires with [`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted).
+    /// Returns whether it existed.
+    pub fn delete_key(&self, key: &str) -> bool {
+        let mut st = self.inner.lock();
+        let existed = st.entries.remove(key).is_some();
+        if existed {
+            st.revision += 1;
+            self.inner.notify(&st);
+        }
+        existed
+    }
+}
+
+impl Inner {
+    /// Whether the reply of this `op` (counted down in `counter`) is to be lost (see
+    /// [`MemoryBackend::lose_create_replies`]).
+    pub(super) fn lose_reply(
+        &self,
+        counter: &std::sync::atomic::AtomicUsize,
+        op: &'static str,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let lose = counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            self.reply_lost.notify_one();
+            return Err(Error::backend(
+                NAME,
+                op,
+                true,
+                "reply lost (fault injection)",
+            ));
+        }
+        Ok(())
+    }
+}
