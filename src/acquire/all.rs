@@ -1,0 +1,89 @@
+//! The multi-lock's acquisition: an exclusive entry in every queue in one atomic request.
+
+use tracing::debug;
+use uuid::Uuid;
+
+use super::pending::{answer_of, PendingAll};
+use crate::backend::{EnqueueRequest, EntryKind, QueueId};
+use crate::session::LocalSlot;
+use crate::tenure::Tenure;
+use crate::{Result, Session};
+
+/// Takes an exclusive entry in every one of `queues` in one atomic request, each only if it
+/// heads its queue at once, holding the local slots `locals` (one per queue); `None` if any is
+/// taken (then nothing was created). Retries temporary errors.
+pub(crate) async fn acquire_all(
+    session: &Session,
+    queues: &[QueueId],
+    locals: Vec<LocalSlot>,
+) -> Result<Option<Vec<Tenure>>> {
+    let shared = session.shared().clone();
+    shared.check_alive()?;
+    let mut pending = PendingAll {
+        shared: shared.clone(),
+        queues: queues.iter().map(|q| (q.clone(), Uuid::new_v4())).collect(),
+        inflight: None,
+        maybe_created: false,
+        locals,
+    };
+    let mut backoff = shared.backoff();
+    let entries = loop {
+        let task = tokio::spawn({
+            let remote = shared.remote.clone();
+            let queues = pending.queues.clone();
+            let retry = pending.maybe_created;
+            async move {
+                let reqs: Vec<EnqueueRequest<'_>> = queues
+                    .iter()
+                    .map(|(q, attempt)| {
+                        let r = EnqueueRequest::new(q, EntryKind::Exclusive, *attempt, b"");
+                        if retry {
+                            r.retried()
+                        } else {
+                            r
+                        }
+                    })
+                    .collect();
+                remote.enqueue_all(&reqs).await
+            }
+        });
+        let answer = answer_of(
+            &shared,
+            &mut pending.inflight,
+            task,
+            &mut pending.maybe_created,
+            "enqueue all",
+        );
+        match answer.await? {
+            Ok(entries) => break entries,
+            Err(e) if e.is_temporary() => {
+                pending.maybe_created = true;
+                debug!(error = %e, "enqueue of all failed, retrying");
+                shared.unless_lost(backoff.pause()).await?;
+            }
+            Err(e) => {
+                pending.maybe_created = true;
+                return Err(e);
+            }
+        }
+    };
+    let Some(entries) = entries else {
+        // This try created nothing (the contract of `enqueue_all`); an earlier one whose reply
+        // was lost may have, in queues the retry then found taken: abandon those.
+        if pending.maybe_created {
+            pending.abandon_now().await;
+        }
+        return Ok(None);
+    };
+    pending.maybe_created = false;
+    let locals = std::mem::take(&mut pending.locals);
+    let tenures = queues
+        .iter()
+        .zip(entries)
+        .zip(locals)
+        .map(|((queue, entry), local)| {
+            Tenure::new(session.clone(), queue.clone(), entry, Some(local))
+        })
+        .collect();
+    Ok(Some(tenures))
+}

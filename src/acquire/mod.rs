@@ -1,0 +1,268 @@
+//! The acquire path shared by every primitive: the local queue first, then one remote entry
+//! that waits only on the entries ahead that its rule depends on.
+
+mod all;
+mod pending;
+mod wait;
+
+use std::time::Duration;
+
+use tokio::time::{timeout_at, Instant};
+use tracing::{debug, info_span, Instrument};
+use uuid::Uuid;
+
+pub(crate) use all::acquire_all;
+use pending::Pending;
+use wait::{enqueue, Attempt};
+
+use crate::backend::{EntryKind, Peer, QueueId, QueueKind};
+use crate::session::{LocalQueue, LocalSlot, Shared};
+use crate::tenure::Tenure;
+use crate::{Error, Result, Session};
+
+/// How long an acquisition may wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    /// Until granted (or the session is lost).
+    Forever,
+    /// Not at all: give up if the lock is taken.
+    No,
+    /// Until this instant, then fail with a timeout (`after` is the timeout asked for) and
+    /// leave no entry.
+    Until { deadline: Instant, after: Duration },
+}
+
+impl Wait {
+    /// Waiting for at most `timeout`. A timeout too large to add to the clock waits forever
+    /// (it would never expire anyway).
+    pub(crate) fn at_most(timeout: Duration) -> Wait {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => Wait::Until {
+                deadline,
+                after: timeout,
+            },
+            None => Wait::Forever,
+        }
+    }
+
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Until { deadline, .. } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    fn timed_out(self) -> Error {
+        let after = match self {
+            Wait::Until { after, .. } => after,
+            _ => Duration::ZERO,
+        };
+        Error::Timeout {
+            op: "acquire",
+            after,
+        }
+    }
+}
+
+/// Which entries ahead an entry waits for: the grant rule of one primitive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rule {
+    /// Granted at the head of the queue: waits for the entry just ahead (mutex, election,
+    /// writer).
+    Exclusive,
+    /// Granted when no exclusive entry is ahead: waits for the nearest exclusive entry ahead
+    /// (reader).
+    Shared,
+    /// Granted when fewer than this many entries are ahead: waits for any of them to go (a
+    /// semaphore's permit; only one waiter at a time does, see [`crate::Semaphore`]).
+    Permits(usize),
+}
+
+impl Rule {
+    /// The indexes in `ahead` of the entries to wait for next (any one of them going is
+    /// progress); empty when granted.
+    fn targets(self, ahead: &[Peer]) -> Vec<usize> {
+        match self {
+            Rule::Exclusive => ahead.len().checked_sub(1).into_iter().collect(),
+            Rule::Shared => ahead
+                .iter()
+                .rposition(|p| p.kind == EntryKind::Exclusive)
+                .into_iter()
+                .collect(),
+            Rule::Permits(n) if ahead.len() < n => Vec::new(),
+            Rule::Permits(_) => (0..ahead.len()).collect(),
+        }
+    }
+
+    /// What [`targets`](Self::targets) needs to know of the entries ahead: their kind (or any)
+    /// and how many of the nearest. A semaphore's waiter needs its `n` nearest: fewer than `n`
+    /// entries ahead can only come about if one of those goes.
+    fn window(self) -> (Option<EntryKind>, usize) {
+        match self {
+            Rule::Exclusive => (None, 1),
+            Rule::Shared => (Some(EntryKind::Exclusive), 1),
+            Rule::Permits(n) => (None, n),
+        }
+    }
+}
+
+/// What to acquire: one entry of `kind` in `queue`, granted by `rule`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) queue: &'a QueueId,
+    pub(crate) kind: EntryKind,
+    pub(crate) rule: Rule,
+    pub(crate) value: &'a [u8],
+}
+
+/// Checks an entry value against the backend's limit.
+pub(crate) fn check_value(shared: &Shared, value: &[u8]) -> Result<()> {
+    let max = shared.backend.max_value_len();
+    if value.len() > max {
+        return Err(Error::InvalidValue(crate::error::InvalidInput::new(
+            format!("{} bytes", value.len()),
+            format!(
+                "longer than the {} backend's limit of {max} bytes",
+                shared.backend_name()
+            ),
+        )));
+    }
+    Ok(())
+}
+
+/// Acquires `req` for `session`, holding the local queue slot `local` (if the primitive has a
+/// local queue). Returns `None` only for
+/// [`Wait::No`] when the lock is taken.
+///
+/// The first enqueue request is never cut off by a timeout (it is bounded, like every request,
+/// by the session's local deadline): a timeout bounds the waiting and the retries. So
+/// `lock_timeout(Duration::ZERO)` grants a free lock, exactly like `try_lock`.
+pub(crate) async fn acquire(
+    session: &Session,
+    req: Request<'_>,
+    local: Option<LocalSlot>,
+    wait: Wait,
+) -> Result<Option<Tenure>> {
+    use crate::metrics::{acquisition, primitive, Outcome};
+    let started = Instant::now();
+    let mut waited = false;
+    let res = acquire_recorded(session, req, local, wait, &mut waited).await;
+    let outcome = match &res {
+        Ok(Some(_)) => Outcome::Granted {
+            waited,
+            after: started.elapsed(),
+        },
+        Ok(None) => Outcome::NotAcquired,
+        Err(Error::Timeout { .. }) => Outcome::Timeout,
+        Err(_) => Outcome::Error,
+    };
+    let name = session
+        .shared()
+        .metrics_names
+        .then_some(req.queue.name.as_str());
+    acquisition(primitive(req.queue, req.kind), name, outcome);
+    res
+}
+
+/// [`acquire`], telling through `waited` whether the grant had to wait for another holder.
+async fn acquire_recorded(
+    session: &Session,
+    req: Request<'_>,
+    local: Option<LocalSlot>,
+    wait: Wait,
+    waited: &mut bool,
+) -> Result<Option<Tenure>> {
+    let shared = session.shared().clone();
+    shared.check_alive()?;
+    let span = info_span!(parent: &shared.span, "acquire", queue = %req.queue, token = tracing::field::Empty);
+    async {
+        let mut pending = Pending {
+            shared: shared.clone(),
+            queue: req.queue.clone(),
+            kind: req.kind,
+            attempt: Uuid::new_v4(),
+            inflight: None,
+            maybe_created: false,
+            entry: None,
+            local,
+        };
+        let enqueued = enqueue(&shared, req, &mut pending, wait).await;
+        let res = match enqueued {
+            Ok(enqueued) => {
+                let own = enqueued.entry.clone();
+                pending.entry = Some(own.clone());
+                let attempt = Attempt {
+                    shared: &shared,
+                    req,
+                    own: &own,
+                    wait,
+                };
+                let turn = attempt.turn(enqueued.ahead, waited);
+                match wait.deadline() {
+                    Some(d) => timeout_at(d, turn)
+                        .await
+                        .unwrap_or_else(|_| Err(wait.timed_out())),
+                    None => turn.await,
+                }
+                .map(|granted| granted.then_some(()))
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(Some(())) => {
+                // Granted: never report a grant past the local deadline.
+                shared.check_alive()?;
+                let entry = pending.entry.take().expect("granted entry");
+                let local = pending.local.take();
+                // An earlier failed create attempt is settled: the retry found or created our
+                // one entry, so there is nothing left to abandon.
+                pending.maybe_created = false;
+                tracing::Span::current().record("token", entry.token.get());
+                debug!(key = %entry.key, "granted");
+                Ok(Some(Tenure::new(
+                    session.clone(),
+                    req.queue.clone(),
+                    entry,
+                    local,
+                )))
+            }
+            Ok(None) => {
+                pending.cleanup_now().await;
+                Ok(None)
+            }
+            Err(e @ Error::Timeout { .. }) => {
+                pending.cleanup_now().await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Waits for this session's local turn on `queue` (see [`crate::session::LocalQueue`]), a
+/// reader's turn if `shared_turn` (in a read-write lock). Returns `None` only for [`Wait::No`]
+/// when another task of the session has it.
+pub(crate) async fn local_turn(
+    shared: &Shared,
+    queue: &QueueId,
+    shared_turn: bool,
+    wait: Wait,
+) -> Result<Option<LocalSlot>> {
+    shared.check_alive()?;
+    let make = match queue.kind {
+        QueueKind::ReadWrite => LocalQueue::read_write,
+        _ => LocalQueue::exclusive,
+    };
+    let q = shared.local_queue(queue, make);
+    match wait {
+        Wait::No => Ok(q.try_lock(shared_turn)),
+        Wait::Forever => shared.unless_lost(q.lock(shared_turn)).await.map(Some),
+        Wait::Until { deadline, .. } => shared
+            .unless_lost(timeout_at(deadline, q.lock(shared_turn)))
+            .await?
+            .map(Some)
+            .map_err(|_| wait.timed_out()),
+    }
+}
