@@ -1,0 +1,277 @@
+//! The queue operations of an etcd session: enqueue (one or several queues at once), wait for
+//! the entries ahead, re-read them, remove or abandon an entry, set its value.
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use fencelock::backend::{
+    Ahead, BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+};
+use fencelock::{Error, Result, SessionEnd};
+use uuid::Uuid;
+
+use crate::error::temporary;
+use crate::layout::{ahead_range, entry_of, key_of, peer_of, prefix_of, queue_order};
+use crate::session::{gets, keys_only, queue_keys, same, EtcdSession};
+
+/// How often [`enqueue_all`] re-checks queues that changed
+/// between its read and its write before it reports them taken.
+const ENQUEUE_ALL_TRIES: usize = 3;
+
+pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+    let key = key_of(req.queue, session.lease, req.kind, req.attempt);
+    let prefix = prefix_of(req.queue);
+    let Ahead { kind, nearest } = req.ahead;
+    // The queue read: only the newest entries when the caller needs only the nearest
+    // (ours is the newest of the queue right after its create, in the same txn), so that
+    // the reply does not grow with the queue.
+    let limited = nearest < usize::MAX;
+    let limit = nearest.saturating_add(1);
+    let range = ahead_range(req.queue, kind);
+    let queue_read = if limited {
+        GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+    } else {
+        queue_keys()
+    };
+    let own_read = TxnOp::get(key.as_str(), Some(keys_only()));
+    let queue_read = TxnOp::get(range.as_str(), Some(queue_read));
+    // Create if absent (with our lease), else find it again: the key is derived from the
+    // lease, so a retry after a lost reply finds our own entry. Either way, read the queue
+    // in the same round trip. A create's revision is the txn's: no read of our own key.
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([session.put(&key, req.value), queue_read.clone()])
+        .or_else([own_read, queue_read]);
+    let resp = session.txn("enqueue", txn).await?;
+    let created = resp.succeeded();
+    let mut reads = gets(&resp).into_iter();
+    let own_rev = if created {
+        resp.header().map(|h| h.revision())
+    } else {
+        reads
+            .next()
+            .and_then(|own| own.first().map(KeyValue::create_revision))
+    };
+    let Some(own_rev) = own_rev else {
+        // A retry that finds nothing: the put with a dead lease fails instead, so this is
+        // unexpected.
+        return Err(Error::SessionLost(SessionEnd::Expired));
+    };
+    let queue = reads
+        .next()
+        .ok_or_else(|| temporary("enqueue", "unexpected txn reply"))?;
+    let entry = entry_of(key, req.kind, own_rev);
+    let mut ahead: Vec<Peer> = queue_order(req.queue, &prefix, &queue)
+        .into_iter()
+        .filter(|(kv, k)| {
+            (kv.create_revision() as u64) < entry.order && kind.is_none_or(|want| *k == want)
+        })
+        .map(peer_of)
+        .collect();
+    // A limited read may not have reached far enough: our entry was found again rather
+    // than created (newer entries came first), or keys of nested locks took up the limit.
+    if limited && ahead.len() < nearest && (!created || queue.len() >= limit) {
+        ahead = session
+            .still_ahead(&entry, req.queue, kind, nearest)
+            .await?;
+    }
+    Ok(Enqueued::new(entry, ahead))
+}
+
+pub(crate) async fn enqueue_all(
+    session: &EtcdSession,
+    reqs: &[EnqueueRequest<'_>],
+) -> Result<Option<Vec<Entry>>> {
+    let keys: Vec<String> = reqs
+        .iter()
+        .map(|r| key_of(r.queue, session.lease, r.kind, r.attempt))
+        .collect();
+    let prefixes: Vec<String> = reqs.iter().map(|r| prefix_of(r.queue)).collect();
+    let puts: Vec<TxnOp> = reqs
+        .iter()
+        .zip(&keys)
+        .map(|(r, k)| session.put(k, r.value))
+        .collect();
+    let own_reads: Vec<TxnOp> = keys
+        .iter()
+        .map(|k| TxnOp::get(k.as_str(), Some(keys_only())))
+        .collect();
+    let queue_reads: Vec<TxnOp> = prefixes
+        .iter()
+        .map(|p| TxnOp::get(p.as_str(), Some(queue_keys())))
+        .collect();
+    // First: every queue empty (a range compare: no key under the prefix) → create all.
+    let empty: Vec<Compare> = prefixes
+        .iter()
+        .map(|p| Compare::create_revision(p.as_str(), CompareOp::Equal, 0).with_prefix())
+        .collect();
+    let mut txn = Txn::new()
+        .when(empty)
+        .and_then([puts.clone(), own_reads.clone()].concat())
+        .or_else(queue_reads.clone());
+    for _ in 0..ENQUEUE_ALL_TRIES {
+        let resp = session.txn("enqueue all", txn).await?;
+        let reads = gets(&resp);
+        if resp.succeeded() {
+            let entries = reads
+                .iter()
+                .zip(keys.iter().zip(reqs))
+                .map(|(kvs, (k, r))| {
+                    kvs.first()
+                        .map(|kv| entry_of(k.clone(), r.kind, kv.create_revision()))
+                        .ok_or(Error::SessionLost(SessionEnd::Expired))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Some(entries));
+        }
+        // A prefix was not empty: taken, unless all it holds is our own entry (a retry) or
+        // deeper keys of other locks (`a/b/…` under `a/`).
+        let mut must_create = Vec::new();
+        for (((kvs, prefix), (key, put)), req) in reads
+            .iter()
+            .zip(&prefixes)
+            .zip(keys.iter().zip(&puts))
+            .zip(reqs)
+        {
+            let direct = queue_order(req.queue, prefix, kvs);
+            if direct.iter().any(|(kv, _)| kv.key() != key.as_bytes()) {
+                return Ok(None);
+            }
+            if direct.is_empty() {
+                must_create.push((key.clone(), put.clone()));
+            }
+        }
+        // Then: nothing under any prefix changed since that read → create what is missing.
+        let read_at = resp.header().map_or(0, |h| h.revision());
+        let unchanged: Vec<Compare> = prefixes
+            .iter()
+            .map(|p| Compare::mod_revision(p.as_str(), CompareOp::Less, read_at + 1).with_prefix())
+            .collect();
+        let creates: Vec<TxnOp> = must_create.into_iter().map(|(_, put)| put).collect();
+        txn = Txn::new()
+            .when(unchanged)
+            .and_then([creates, own_reads.clone()].concat())
+            .or_else(queue_reads.clone());
+    }
+    Ok(None)
+}
+
+pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> Result<()> {
+    // Watch the key from now, then read it in a txn that also confirms our own entry: no
+    // deletion can slip between the two, and the read costs the same whatever the queue's
+    // length (one key, never a range).
+    let reg = session.watcher.register(&target.key).await?;
+    let txn = Txn::new()
+        .when([same(own)])
+        .and_then([TxnOp::get(target.key.as_str(), Some(keys_only()))]);
+    let resp = session.txn("wait", txn).await?;
+    if !resp.succeeded() {
+        return Err(Error::EntryVanished {
+            key: own.key.clone(),
+        });
+    }
+    let still_there = gets(&resp)
+        .first()
+        .and_then(|kvs| kvs.first().map(|kv| kv.create_revision() as u64))
+        == Some(target.order);
+    let res = if still_there {
+        reg.wait().await
+    } else {
+        Ok(())
+    };
+    session.watcher.prune_if_large().await;
+    res
+}
+
+pub(crate) async fn exists(session: &EtcdSession, own: &Entry) -> Result<bool> {
+    Ok(session.create_rev("check entry", &own.key).await? == Some(own.order))
+}
+
+pub(crate) async fn still_ahead(
+    session: &EtcdSession,
+    own: &Entry,
+    queue: &QueueId,
+    kind: Option<EntryKind>,
+    nearest: usize,
+) -> Result<Vec<Peer>> {
+    // Go's `waitDeletes`: the last keys created before ours, by a range read limited to
+    // what is needed, in a txn that also confirms our entry. Keys of other locks under the
+    // prefix (`a/b/…` under `a/`) take up room in the limit: read more if they did.
+    let prefix = prefix_of(queue);
+    let range = ahead_range(queue, kind);
+    let mut limit = nearest.max(1);
+    loop {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(own.order as i64 - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let txn = Txn::new()
+            .when([same(own)])
+            .and_then([TxnOp::get(range.as_str(), Some(options))]);
+        let resp = session.txn("read queue", txn).await?;
+        if !resp.succeeded() {
+            return Err(Error::EntryVanished {
+                key: own.key.clone(),
+            });
+        }
+        let kvs = gets(&resp).into_iter().next().unwrap_or_default();
+        let full = kvs.len() >= limit;
+        let mut ahead: Vec<Peer> = queue_order(queue, &prefix, &kvs)
+            .into_iter()
+            .filter(|(_, k)| kind.is_none_or(|want| *k == want))
+            .map(peer_of)
+            .collect();
+        if ahead.len() >= nearest || !full {
+            let skip = ahead.len().saturating_sub(nearest);
+            return Ok(ahead.split_off(skip));
+        }
+        limit = limit.saturating_mul(4);
+    }
+}
+
+pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<()> {
+    let reg = session.watcher.register(&own.key).await?;
+    let res = if session.exists(own).await? {
+        reg.wait().await
+    } else {
+        Ok(())
+    };
+    session.watcher.prune_if_large().await;
+    res
+}
+
+pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool> {
+    let txn = Txn::new()
+        .when([same(entry)])
+        .and_then([TxnOp::delete(entry.key.as_str(), None)]);
+    Ok(session.txn("release", txn).await?.succeeded())
+}
+
+pub(crate) async fn abandon(
+    session: &EtcdSession,
+    queue: &QueueId,
+    kind: EntryKind,
+    attempt: Uuid,
+) -> Result<()> {
+    // The key is ours alone (derived from our lease, and the attempt where a session may
+    // hold several entries) and the caller holds the session's local slot for this queue,
+    // so whatever entry is there belongs to the abandoned attempt. Delete it guarded by its create revision, never unconditionally: a request
+    // that reaches the cluster late (sent through a member that died, say) must not delete
+    // an entry this session creates afterwards.
+    let key = key_of(queue, session.lease, kind, attempt);
+    if let Some(rev) = session.create_rev("abandon", &key).await? {
+        session.remove(&entry_of(key, kind, rev as i64)).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_value(session: &EtcdSession, entry: &Entry, value: &[u8]) -> Result<bool> {
+    let txn = Txn::new()
+        .when([same(entry)])
+        .and_then([session.put(&entry.key, value)]);
+    Ok(session.txn("proclaim", txn).await?.succeeded())
+}

@@ -1,0 +1,130 @@
+//! The reads of an etcd session: a queue's head (and waiting for it to change), a queue's
+//! entries with their values, and every key of a namespace.
+
+use etcd_client::{GetOptions, SortOrder, SortTarget};
+use fencelock::backend::{BackendSession, Entry, EntryInfo, QueueId};
+use fencelock::{FencingToken, Result};
+
+use crate::error::{map, temporary, watch_refused};
+use crate::layout::{entry_of, key_string, prefix_of, queue_order};
+use crate::session::{queue_keys, within, EtcdSession};
+
+/// How often [`head`] reads the queue again when the head it found went
+/// before its value was read.
+const HEAD_READS: usize = 10;
+
+pub(crate) async fn head(
+    session: &EtcdSession,
+    queue: &QueueId,
+) -> Result<Option<(Entry, Vec<u8>)>> {
+    // The keys first, then the head's value alone: candidates' values may be up to 1 MB
+    // each, and reading them all would cost the whole queue's values per read (and
+    // overflow a reply's size limit with a few large ones).
+    let prefix = prefix_of(queue);
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    for _ in 0..HEAD_READS {
+        let mut kv = session.client.kv_client();
+        let resp = within(
+            session.bound,
+            "leader",
+            kv.get(prefix.as_str(), Some(options.clone())),
+        )
+        .await?;
+        let Some(&(kv, kind)) = queue_order(queue, &prefix, resp.kvs()).first() else {
+            return Ok(None);
+        };
+        let entry = entry_of(key_string(kv), kind, kv.create_revision());
+        // By the key's bytes: a foreign key that is not UTF-8 is read back as itself.
+        let mut large = session.large_kv();
+        let value = within(session.bound, "leader", large.get(kv.key(), None)).await?;
+        // Still the same entry (else the head changed in between: read again).
+        if let Some(kv) = value
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() as u64 == entry.order)
+        {
+            return Ok(Some((entry, kv.value().to_vec())));
+        }
+    }
+    Err(temporary("leader", "the queue's head kept changing"))
+}
+
+pub(crate) async fn wait_queue_change(
+    session: &EtcdSession,
+    queue: &QueueId,
+    seen: Option<&(Entry, Vec<u8>)>,
+) -> Result<()> {
+    let prefix = prefix_of(queue);
+    // Opened and created within the request bound (a stream sent to a member that hangs
+    // is given up, and the caller's retry goes elsewhere).
+    let mut watches = session
+        .client
+        .watch_client()
+        .max_decoding_message_size(usize::MAX);
+    let options = etcd_client::WatchOptions::new().with_prefix();
+    let opened = watches.watch(prefix.as_str(), Some(options));
+    let mut stream = within(session.bound, "observe", opened).await?;
+    match within(session.bound, "observe", stream.message()).await? {
+        Some(r) if r.created() && !r.canceled() => {}
+        Some(r) if r.canceled() => return Err(watch_refused(r.cancel_reason())),
+        _ => return Err(temporary("observe", "watch was not created")),
+    }
+    let now = session.head(queue).await?;
+    let same = match (&now, seen) {
+        (None, None) => true,
+        (Some((e, v)), Some((se, sv))) => e == se && v == sv,
+        _ => false,
+    };
+    if !same {
+        return Ok(());
+    }
+    loop {
+        match stream.message().await.map_err(|e| map("observe", e))? {
+            Some(r) if r.canceled() => {
+                return Err(temporary("observe", "watch canceled"));
+            }
+            Some(r) if !r.events().is_empty() => return Ok(()),
+            Some(_) => {}
+            None => return Err(temporary("observe", "watch ended")),
+        }
+    }
+}
+
+pub(crate) async fn inspect(session: &EtcdSession, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+    let prefix = prefix_of(queue);
+    let mut large = session.large_kv();
+    let get = large.get(prefix.as_str(), Some(GetOptions::new().with_prefix()));
+    let resp = within(session.bound, "inspect", get).await?;
+    Ok(queue_order(queue, &prefix, resp.kvs())
+        .into_iter()
+        .map(|(kv, kind)| {
+            EntryInfo::new(
+                key_string(kv),
+                FencingToken::new(kv.create_revision() as u64),
+                kind,
+                format!("{:x}", kv.lease()),
+                kv.value().to_vec(),
+                // etcd records revisions, not times.
+                None,
+            )
+        })
+        .collect())
+}
+
+pub(crate) async fn list(session: &EtcdSession, namespace: &str) -> Result<Vec<String>> {
+    let mut kv = session.client.kv_client();
+    let get = kv.get(format!("{namespace}/"), Some(queue_keys()));
+    let resp = within(session.bound, "list", get).await?;
+    // A foreign key that is not UTF-8 is left out (fencelock's names are UTF-8): shown
+    // lossily it would pass for a queue that no read can find.
+    let mut keys: Vec<String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.key_str().ok().map(str::to_string))
+        .collect();
+    keys.sort();
+    Ok(keys)
+}
