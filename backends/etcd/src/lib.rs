@@ -26,6 +26,7 @@ mod connect;
 mod error;
 mod guarded;
 mod layout;
+mod lifecycle;
 mod queue;
 mod read;
 mod revoke;
@@ -145,7 +146,7 @@ impl Backend for EtcdBackend {
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
         Ok(Arc::new(
-            session::EtcdSession::open(Client::clone(&self.client), self.rotation.clone(), ttl)
+            lifecycle::EtcdSession::open(Client::clone(&self.client), self.rotation.clone(), ttl)
                 .await?,
         ))
     }

@@ -7,7 +7,7 @@ use fencelock::{FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
 use crate::layout::{entry_of, key_string, prefix_of, queue_order};
-use crate::session::{queue_keys, within, EtcdSession};
+use crate::lifecycle::{queue_keys, within, EtcdSession};
 
 /// How often [`head`] reads the queue again when the head it found went
 /// before its value was read.

@@ -6,7 +6,7 @@ use fencelock::backend::{Entry, REVOKE_MARKER};
 use fencelock::{Error, FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
-use crate::session::{within, EtcdSession};
+use crate::lifecycle::{within, EtcdSession};
 
 pub(crate) async fn request_revoke(
     session: &EtcdSession,

@@ -1,301 +1,19 @@
-//! One etcd lease per session, kept alive by one keep-alive stream; the request plumbing that
-//! every operation shares (bounded requests, txns); and the one `impl BackendSession`, a table
-//! of contents of `queue.rs` (the queue operations), `read.rs` (the reads) and `revoke.rs`.
+//! The one `impl BackendSession` of the etcd backend, as a table of contents: the lifecycle in
+//! `lifecycle.rs`, the queue operations in `queue.rs`, the reads in `read.rs`, revocation in
+//! `revoke.rs`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseKeepAliveResponse, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
 use fencelock::backend::{
     BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
     SessionEvent,
 };
-use fencelock::{Error, FencingToken, Result, SessionEnd};
-use tokio::sync::{mpsc, Mutex as AsyncMutex};
-use tracing::debug;
+use fencelock::{FencingToken, Result};
 use uuid::Uuid;
 
-use crate::error::{map, temporary, unreachable};
-use crate::rotation::Rotation;
-use crate::watch::KeyWatcher;
+use crate::lifecycle::{self, keep_alive_bound, EtcdSession};
 use crate::{queue, read, revoke};
-
-/// One session: a lease, its keep-alive stream, and the watch stream of its waits.
-pub(crate) struct EtcdSession {
-    pub(crate) client: Client,
-    /// The lease: every entry of the session is attached to it.
-    pub(crate) lease: i64,
-    /// The TTL the cluster granted.
-    pub(crate) ttl: Duration,
-    /// How long one request may wait for its answer (see [`request_bound`]).
-    pub(crate) bound: Duration,
-    /// The client's rotation: a member silent on the keep-alive stream is taken out of it.
-    pub(crate) rotation: Arc<Rotation>,
-    pub(crate) keeper: AsyncMutex<Option<KeepAlive>>,
-    /// Failed keep-alives so far: each failure opens the next stream on the next member of
-    /// the rotation. A member that answers with an error ("no leader": say, a follower just
-    /// resumed from a pause that has not learnt of the new leader) stays in the rotation, but
-    /// the session does not keep asking it alone.
-    pub(crate) turn: AtomicU64,
-    /// Watches on the keys this session waits for, on one watch stream.
-    pub(crate) watcher: KeyWatcher,
-    /// What the streams learn by themselves (a broken stream: `Disconnected`).
-    pub(crate) events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
-    pub(crate) events_tx: mpsc::UnboundedSender<SessionEvent>,
-}
-
-/// The lease's keep-alive stream: requests go through the keeper; a task reads the replies as
-/// they come, so that a broken stream is noticed at once (the session reports `Disconnected`)
-/// rather than at the next heartbeat.
-pub(crate) struct KeepAlive {
-    keeper: LeaseKeeper,
-    replies: mpsc::UnboundedReceiver<Result<Option<LeaseKeepAliveResponse>, etcd_client::Error>>,
-    /// Set when we drop the stream on purpose (its end is then no disconnect).
-    retired: Arc<AtomicBool>,
-    /// The endpoint the stream is on: taken out of the rotation if the stream goes silent.
-    endpoint: String,
-}
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.retired.store(true, Ordering::SeqCst);
-    }
-}
-
-impl EtcdSession {
-    /// Opens the keep-alive stream on an endpoint of the rotation, through a client on that
-    /// endpoint alone (see [`Rotation::stream_endpoint`]): etcd-client sends a first keep-alive
-    /// and waits for its reply, here at most [`keep_alive_bound`]. Unanswered (the member
-    /// hangs), the endpoint is taken out of the rotation, so that the retry goes elsewhere.
-    async fn open_keep_alive(&self) -> Result<KeepAlive> {
-        let seed = (self.lease as u64).wrapping_add(self.turn.load(Ordering::Relaxed));
-        let endpoint = self.rotation.stream_endpoint(seed).await;
-        let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
-            let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
-            match leases.keep_alive(self.lease).await {
-                Ok(opened) => Ok(opened),
-                Err(e) => {
-                    // Refused (a member killed or restarting): out as a silent one is, or
-                    // the retry picks the same endpoint until the monitor notices.
-                    if unreachable(&e) {
-                        self.rotation.take_out(&self.client, &endpoint).await;
-                    }
-                    Err(map("keep-alive", e))
-                }
-            }
-        })
-        .await;
-        let (keeper, mut stream) = match opened {
-            Ok(opened) => opened?,
-            Err(_) => {
-                self.rotation.take_out(&self.client, &endpoint).await;
-                return Err(temporary("keep-alive", "the new stream was not answered"));
-            }
-        };
-        let (tx, replies) = mpsc::unbounded_channel();
-        let retired = Arc::new(AtomicBool::new(false));
-        let (events, gone) = (self.events_tx.clone(), retired.clone());
-        tokio::spawn(async move {
-            loop {
-                let reply = stream.message().await;
-                let end = !matches!(reply, Ok(Some(_)));
-                if tx.send(reply).is_err() || end {
-                    if end && !gone.load(Ordering::SeqCst) {
-                        debug!("the keep-alive stream broke");
-                        let _ = events.send(SessionEvent::Disconnected);
-                    }
-                    return;
-                }
-            }
-        });
-        Ok(KeepAlive {
-            keeper,
-            replies,
-            retired,
-            endpoint,
-        })
-    }
-
-    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, or
-    /// broken with its connection, the stream's endpoint is taken out of the rotation (its
-    /// member hangs or died, or the leader it forwards to hangs), so that the retry, which the
-    /// heartbeat makes at once, opens a stream on a member that answers; the caller drops the
-    /// stream.
-    async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
-        let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
-            ka.keeper
-                .keep_alive()
-                .await
-                .map_err(|e| map("keep-alive", e))?;
-            Ok(ka.replies.recv().await)
-        })
-        .await;
-        let reply = match reply {
-            Ok(reply) => reply?,
-            Err(_) => {
-                self.rotation.take_out(&self.client, &ka.endpoint).await;
-                return Err(temporary(
-                    "keep-alive",
-                    "no reply within a sixth of the TTL",
-                ));
-            }
-        };
-        match reply {
-            Some(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
-            Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
-            Some(Err(e)) => {
-                // The stream broke with its member (killed): the retry goes elsewhere.
-                if unreachable(&e) {
-                    self.rotation.take_out(&self.client, &ka.endpoint).await;
-                }
-                Err(map("keep-alive", e))
-            }
-            Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
-        }
-    }
-}
-
-impl std::fmt::Debug for EtcdSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdSession")
-            .field("lease", &format_args!("{:x}", self.lease))
-            .field("ttl", &self.ttl)
-            .finish()
-    }
-}
-
-/// How long one request may wait for its answer: a third of the TTL, at least half a second.
-///
-/// A request that went to a member just before it died (or hung) is not answered until the
-/// connection gives up, seconds later (7 s were measured when the leader was killed): the
-/// revocation of a lost session and the lease of its replacement waited that long, and the lock
-/// with them. Bounded, the request fails as temporary and its retry goes to a member that
-/// answers (the endpoint monitor takes a silent one out of the rotation within about a second).
-/// Every request is safe to repeat: a create whose reply was lost is found again by its key.
-pub(crate) fn request_bound(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(500))
-}
-
-/// How often the session sends a heartbeat, and how long one waits for its reply (as does a
-/// new keep-alive stream for its first): a sixth of the TTL.
-///
-/// Shorter than [`request_bound`] because of the local deadline: at the default safety margin
-/// it is 1 s after a confirmed heartbeat's send at the shortest TTL (2 s). A heartbeat sent to a
-/// member that hangs is given up a sixth of the TTL after its send, at most a third of the TTL
-/// after the last confirmed one, and retried at once on a stream opened on another member:
-/// a third of the TTL is left for that retry. (A heartbeat every third of the TTL, waiting a
-/// third, would run into the deadline before any retry.) A keep-alive is one message on an
-/// open stream: sending it twice as often costs next to nothing.
-pub(crate) fn keep_alive_bound(ttl: Duration) -> Duration {
-    ttl / 6
-}
-
-/// `fut`, or a temporary error once `bound` has passed without an answer.
-pub(crate) async fn within<T>(
-    bound: Duration,
-    op: &'static str,
-    fut: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    match tokio::time::timeout(bound, fut).await {
-        Ok(r) => r.map_err(|e| map(op, e)),
-        Err(_) => Err(temporary(op, "no answer within a third of the TTL")),
-    }
-}
-
-impl EtcdSession {
-    pub(crate) async fn open(
-        mut client: Client,
-        rotation: Arc<Rotation>,
-        ttl: Duration,
-    ) -> Result<Self> {
-        // Whole seconds, rounded up (the backend's maximum keeps this within an i64).
-        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        let secs = i64::try_from(secs).map_err(|_| Error::invalid_ttl(ttl, "too long for etcd"))?;
-        // A grant whose answer is lost leaves a lease that expires by itself.
-        let grant = within(
-            request_bound(ttl),
-            "lease grant",
-            client.lease_grant(secs, None),
-        )
-        .await?;
-        if !grant.error().is_empty() {
-            return Err(Error::backend(
-                "etcd",
-                "lease grant",
-                false,
-                grant.error().to_string(),
-            ));
-        }
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let granted = Duration::from_secs(grant.ttl().max(0) as u64);
-        let bound = request_bound(granted.max(ttl));
-        Ok(EtcdSession {
-            client: client.clone(),
-            lease: grant.id(),
-            ttl: granted,
-            bound,
-            rotation: rotation.clone(),
-            turn: AtomicU64::new(0),
-            keeper: AsyncMutex::new(None),
-            watcher: KeyWatcher::new(client.clone(), events_tx.clone(), rotation, bound),
-            events: AsyncMutex::new(events),
-            events_tx,
-        })
-    }
-
-    pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
-        within(self.bound, op, self.client.kv_client().txn(txn)).await
-    }
-
-    /// Reads `key`: its create revision, or `None` if absent.
-    pub(crate) async fn create_rev(&self, op: &'static str, key: &str) -> Result<Option<u64>> {
-        let mut kv = self.client.kv_client();
-        let get = kv.get(key, Some(GetOptions::new().with_keys_only()));
-        let resp = within(self.bound, op, get).await?;
-        Ok(resp.kvs().first().map(|kv| kv.create_revision() as u64))
-    }
-
-    /// A KV client for replies that carry entries' values: up to 1 MB each, so that a few of
-    /// them exceed gRPC's default 4 MiB reply limit.
-    pub(crate) fn large_kv(&self) -> etcd_client::KvClient {
-        self.client
-            .kv_client()
-            .max_decoding_message_size(usize::MAX)
-    }
-
-    pub(crate) fn put(&self, key: &str, value: &[u8]) -> TxnOp {
-        TxnOp::put(key, value, Some(PutOptions::new().with_lease(self.lease)))
-    }
-}
-
-/// `create_revision(key) == rev`: the entry is still the same one.
-pub(crate) fn same(entry: &Entry) -> Compare {
-    Compare::create_revision(entry.key.as_str(), CompareOp::Equal, entry.order as i64)
-}
-
-pub(crate) fn keys_only() -> GetOptions {
-    GetOptions::new().with_keys_only()
-}
-
-pub(crate) fn queue_keys() -> GetOptions {
-    GetOptions::new().with_prefix().with_keys_only()
-}
-
-/// The range reads of a txn reply, in order.
-pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
-            _ => None,
-        })
-        .collect()
-}
 
 #[async_trait]
 impl BackendSession for EtcdSession {
@@ -313,43 +31,15 @@ impl BackendSession for EtcdSession {
     }
 
     async fn keep_alive(&self) -> Result<()> {
-        let mut slot = self.keeper.lock().await;
-        // Taken out while in flight: if this future is cancelled, or the reply does not come
-        // in time, the stream is dropped with it, so a late reply can never confirm a later
-        // heartbeat.
-        let beaten = match slot.take() {
-            // Opening the stream sends keep-alives and waits for their replies.
-            None => self.open_keep_alive().await,
-            Some(mut ka) => self.beat(&mut ka).await.map(|()| ka),
-        };
-        match beaten {
-            Ok(ka) => {
-                *slot = Some(ka);
-                Ok(())
-            }
-            Err(e) => {
-                // The next stream on the next member (see `turn`).
-                self.turn.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
-        }
+        lifecycle::keep_alive(self).await
     }
 
     async fn next_event(&self) -> SessionEvent {
-        let mut events = self.events.lock().await;
-        match events.recv().await {
-            Some(ev) => ev,
-            None => std::future::pending().await,
-        }
+        lifecycle::next_event(self).await
     }
 
     async fn close(&self) -> Result<()> {
-        let mut leases = self.client.lease_client();
-        match within(self.bound, "close", leases.revoke(self.lease)).await {
-            Ok(_) => Ok(()),
-            Err(Error::SessionLost(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        lifecycle::close(self).await
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
