@@ -45,14 +45,16 @@ use tracing::Instrument;
 
 mod config;
 mod connect;
-mod election;
 mod error;
 mod guarded;
-mod inspect;
 mod layout;
+mod lifecycle;
 mod link;
+mod nodes;
 mod parents;
 mod queue;
+mod read;
+mod revoke;
 mod session;
 mod watch;
 
@@ -168,7 +170,7 @@ impl Backend for ZooKeeperBackend {
         let span = info_span!("zookeeper_session", requested = ?ttl);
         async {
             let (client, server) = self.inner.config.connect_client(ttl).await?;
-            let session: Arc<dyn BackendSession> = Arc::new(session::ZkSession::new(
+            let session: Arc<dyn BackendSession> = Arc::new(lifecycle::ZkSession::new(
                 self.inner.clone(),
                 client,
                 server,

@@ -1,10 +1,7 @@
-//! One ZooKeeper session: its lifecycle (heartbeat, session events, the keep-alive watchdog,
-//! close) and the one `impl BackendSession`, built on the queue operations of `queue.rs`, the
-//! queue reads of `election.rs` and the watches of `watch.rs`.
+//! The one `impl BackendSession` of the ZooKeeper backend, as a table of contents: the
+//! lifecycle in `lifecycle.rs`, the queue operations in `queue.rs`, the reads in `read.rs`,
+//! revocation in `revoke.rs`.
 
-use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,257 +9,11 @@ use fencelock::backend::{
     BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
     SessionEvent,
 };
-use fencelock::{Error, FencingToken, Result, SessionEnd};
-use tokio::sync::{mpsc, Mutex as AsyncMutex};
-use tokio::time::Instant;
-use tracing::{debug, warn};
+use fencelock::{FencingToken, Result};
 use uuid::Uuid;
-use zookeeper_client as zk;
 
-use crate::error::{self, state_error};
-use crate::layout::{
-    basename, is_entry_name, is_latch, join, namespace_root, queue_path, sorted_entries,
-};
-use crate::link::{self, Links, Moved};
-use crate::queue::ahead_of;
-use crate::watch::DataWatch;
-use crate::Inner;
-
-/// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
-/// session at most.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
-
-/// One ZooKeeper session, as a [`BackendSession`].
-///
-/// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
-/// session deletes all of them at once. Dropping it closes the session too.
-///
-/// It talks to the cluster through one server at a time and moves to another when that one
-/// falls silent or drops the connection (see [`crate::link`]).
-///
-/// **Heartbeat contract** (see [`BackendSession`]). The ZooKeeper client pings the server by
-/// itself, which would keep the session alive for as long as the process runs, even after
-/// fencelock's heartbeat stopped. To keep the contract (a session lives only while its
-/// heartbeat runs: the entries of an owner that stopped heartbeating go after the TTL), the
-/// session closes itself when [`keep_alive`](BackendSession::keep_alive) has not been called
-/// for one TTL.
-pub(crate) struct ZkSession {
-    pub(crate) backend: Arc<Inner>,
-    links: Arc<Links>,
-    /// When `keep_alive` was last called (or the session opened).
-    last_beat: Arc<StdMutex<Instant>>,
-    pub(crate) id: i64,
-    ttl: Duration,
-    /// See [`crate::connect::heartbeat_interval`].
-    heartbeat: Duration,
-    events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
-    /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
-    /// take turns).
-    closed: AsyncMutex<Closing>,
-}
-
-impl fmt::Debug for ZkSession {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkSession")
-            .field("id", &self.id())
-            .field("ttl", &self.ttl)
-            .field(
-                "state",
-                &self.links.current().map(|l| l.state.peek_state()).ok(),
-            )
-            .finish()
-    }
-}
-
-impl ZkSession {
-    /// The session of `client`, connected through server `server`.
-    pub(crate) fn new(
-        backend: Arc<Inner>,
-        client: zk::Client,
-        server: usize,
-        requested: Duration,
-    ) -> Self {
-        let id = client.session_id().0;
-        let ttl = client.session_timeout();
-        let heartbeat = crate::connect::heartbeat_interval(ttl, requested);
-        let links = Links::new(backend.clone(), client, server, requested);
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(link::follow(Arc::downgrade(&links), tx));
-        let last_beat = Arc::new(StdMutex::new(Instant::now()));
-        tokio::spawn(watchdog(
-            Arc::downgrade(&links),
-            Arc::downgrade(&last_beat),
-            ttl,
-            id,
-        ));
-        ZkSession {
-            backend,
-            links,
-            last_beat,
-            id,
-            ttl,
-            heartbeat,
-            events: AsyncMutex::new(rx),
-            closed: AsyncMutex::new(Closing::NotYet),
-        }
-    }
-
-    /// `fut`, or a temporary error if the session moves to another client first (or ends): a
-    /// request sent through the old client may wait on a server the session left (a silent
-    /// one) until that client gives up; the core retries it through the new client instead.
-    /// Every operation is safe to give up at any await point (a lost reply: see
-    /// [`EnqueueRequest::retry`]).
-    async fn unless_moved<T>(
-        &self,
-        op: &'static str,
-        fut: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let mut moved = self.links.subscribe();
-        tokio::select! {
-            biased;
-            res = fut => res,
-            _ = moved.changed() => Err(error::disconnected(op)),
-        }
-    }
-
-    /// Ends the session here and on the cluster (each try at most [`CLOSE_WAIT`]). A close
-    /// that no server confirmed is a temporary error, so that the core tries again (the
-    /// cluster may be electing a leader, or down) — for one TTL at most: every try reaches the
-    /// cluster with the session's id, and renews it there if a one-way partition keeps the
-    /// confirmation from us. Then the cluster expires it.
-    async fn close_once(&self) -> Result<()> {
-        if let Some(last) = self.links.end(SessionEnd::Closed) {
-            // Its client ends once the waits on it woke and let go (the end wakes them):
-            // alive, it would take the session back from the closer when the server drops
-            // its connection for the closer's, and the close would fail.
-            let mut state = last.state.clone();
-            drop(last);
-            let ended = async {
-                while !state.state().is_terminated() {
-                    state.changed().await;
-                }
-            };
-            let _ = tokio::time::timeout(link::silence(self.ttl), ended).await;
-        }
-        let mut closed = self.closed.lock().await;
-        let first = match *closed {
-            Closing::Done => return Ok(()),
-            Closing::NotYet => Instant::now(),
-            Closing::Tried(first) => first,
-        };
-        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
-        let failure = match res {
-            Ok(Ok(())) => {
-                debug!(session = %self.id(), "zookeeper session closed");
-                *closed = Closing::Done;
-                return Ok(());
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "not confirmed in time".to_string(),
-        };
-        if first.elapsed() >= self.ttl {
-            warn!(session = %self.id(), error = %failure, "the ZooKeeper session could not be closed; it expires after its timeout");
-            *closed = Closing::Done;
-            return Ok(());
-        }
-        *closed = Closing::Tried(first);
-        Err(error::temporary("close", failure))
-    }
-
-    /// A clone of the current client for one operation, or the reason there is none.
-    /// Operations must not keep it across long waits (watches): the session may move to
-    /// another client meanwhile, and [`close`](BackendSession::close) must really end it.
-    pub(crate) fn client(&self) -> Result<zk::Client> {
-        self.links.current().map(|l| l.client.clone())
-    }
-
-    /// Resolves with an error when the session state breaks an ongoing wait: a disconnect or
-    /// a move to another server *after* this call (temporary: the wait watches again through
-    /// the new client), or the end of the session. A connection that is down already when
-    /// this is called does not count: requests sent now wait for the reconnection, and
-    /// watches set then are valid.
-    pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
-        let mut moved = self.links.subscribe();
-        // The state now, not at the first poll: a disconnect in between breaks the wait.
-        let watched = self.links.current().map(|link| {
-            let mut watcher = link.state.clone();
-            let now = watcher.state();
-            (watcher, now)
-        });
-        async move {
-            let (mut watcher, now) = match watched {
-                Ok(w) => w,
-                Err(e) => return e,
-            };
-            if now.is_terminated() {
-                if let Some(e) = state_error(op, now) {
-                    return e;
-                }
-            }
-            loop {
-                tokio::select! {
-                    state = watcher.changed() => {
-                        if let Some(e) = state_error(op, state) {
-                            return e;
-                        }
-                    }
-                    _ = moved.changed() => return error::disconnected(op),
-                }
-            }
-        }
-    }
-}
-
-/// How far the close on the cluster got.
-enum Closing {
-    NotYet,
-    /// Tried first at this instant, not confirmed.
-    Tried(Instant),
-    Done,
-}
-
-impl Drop for ZkSession {
-    /// A session dropped without [`close`](BackendSession::close) is closed in the background
-    /// (its clients are detached: dropping them alone would leave it to expire).
-    fn drop(&mut self) {
-        if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
-            return;
-        }
-        self.links.end(SessionEnd::Closed);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let links = self.links.clone();
-            rt.spawn(async move {
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
-            });
-        }
-    }
-}
-
-/// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
-/// contract on [`ZkSession`]). Ends with the session.
-async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: Duration, id: i64) {
-    loop {
-        let Some(last) = last_beat.upgrade().map(|b| *b.lock().unwrap()) else {
-            return;
-        };
-        if Instant::now() >= last + ttl {
-            let Some(links) = links.upgrade() else {
-                return;
-            };
-            if links.end(SessionEnd::Expired).is_some() {
-                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
-                // As the cluster would: its entries go now, not a TTL after the client's own
-                // last ping.
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
-            }
-            return;
-        }
-        if links.upgrade().is_none_or(|l| !l.is_open()) {
-            return; // closed
-        }
-        tokio::time::sleep_until(last + ttl).await;
-    }
-}
+use crate::lifecycle::{self, ZkSession};
+use crate::{queue, read, revoke};
 
 #[async_trait]
 impl BackendSession for ZkSession {
@@ -279,122 +30,31 @@ impl BackendSession for ZkSession {
     }
 
     async fn keep_alive(&self) -> Result<()> {
-        const OP: &str = "keep-alive";
-        *self.last_beat.lock().unwrap() = Instant::now();
-        let link = self.links.current()?;
-        // Fail fast while disconnected: the request would only wait for the reconnection.
-        if let Some(e) = state_error(OP, link.state.peek_state()) {
-            return Err(e);
-        }
-        // `sync` rather than a plain read: the server we are connected to answers only after
-        // a round trip to the leader, having applied every transaction the leader committed
-        // before, our session's close included if the leader had expired it. So a reply
-        // proves the session alive at the leader after this call started, even when our
-        // server is a follower cut off from the leader (it would keep serving reads for a
-        // while). Unlike a write, it costs no transaction.
-        //
-        // Unanswered for a while, the server is silent (paused, stalled): the session moves
-        // to another server, in a task of its own so that the heartbeat's own timeout cannot
-        // cancel the move halfway; the next heartbeat goes through the new client.
-        let answered = tokio::time::timeout(link::silence(self.ttl), link.client.sync("/")).await;
-        match answered {
-            Ok(res) => res.map_err(|e| error::map(OP, e)),
-            Err(_) => {
-                let links = self.links.clone();
-                let mover =
-                    tokio::spawn(async move { links.move_off(&link, "silent server").await });
-                match mover.await {
-                    Ok(Moved::Ended(reason)) => Err(Error::SessionLost(reason)),
-                    _ => Err(error::disconnected(OP)),
-                }
-            }
-        }
+        lifecycle::keep_alive(self).await
     }
 
     async fn next_event(&self) -> SessionEvent {
-        let mut rx = self.events.lock().await;
-        match rx.recv().await {
-            Some(event) => event,
-            None => std::future::pending().await,
-        }
+        lifecycle::next_event(self).await
     }
 
     async fn close(&self) -> Result<()> {
-        self.close_once().await
+        lifecycle::close(self).await
     }
 
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> {
-        self.unless_moved("enqueue", async {
-            const OP: &str = "enqueue";
-            let parent = self.parent_of(&req)?;
-            if req.retry {
-                // The create of an earlier try may have succeeded with its reply lost: adopt the
-                // node if it is there (ours: named with the attempt, owned by this session).
-                let children = self.children(OP, &parent).await?;
-                if let Some(own) = self
-                    .find_own(&parent, &children, &req)
-                    .await?
-                    .into_iter()
-                    .next()
-                {
-                    debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
-                    let sorted = sorted_entries(children, req.queue.kind);
-                    let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
-                    return Ok(Enqueued::new(own, ahead));
-                }
-            }
-            let created = self.create_listed(&parent, &req).await?;
-            let own = created.entry;
-            let name = basename(&own.key).to_string();
-            // The listing sent with the create shows our node; should it not, list again.
-            let listed = created
-                .listing
-                .and_then(|c| ahead_of(&parent, &sorted_entries(c, req.queue.kind), &name));
-            let ahead = match listed {
-                Some(ahead) => ahead,
-                None => {
-                    let children = self.children(OP, &parent).await?;
-                    ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name).ok_or_else(
-                        || Error::EntryVanished {
-                            key: own.key.clone(),
-                        },
-                    )?
-                }
-            };
-            Ok(Enqueued::new(own, ahead))
-        })
-        .await
+        queue::enqueue(self, req).await
     }
 
     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> {
-        self.unless_moved("enqueue_all", async { self.create_all(reqs).await })
-            .await
+        queue::enqueue_all(self, reqs).await
     }
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
-        self.unless_moved("wait", async {
-            let w = DataWatch {
-                op: "wait",
-                path: &target.key,
-                own: Some(own),
-                gone: || Ok(()),
-            };
-            self.watch_data(w, |_, _| None).await
-        })
-        .await
+        queue::wait(self, own, target).await
     }
 
     async fn exists(&self, own: &Entry) -> Result<bool> {
-        self.unless_moved("exists", async {
-            let client = self.client()?;
-            let res = client.check_stat(&own.key).await;
-            match res {
-                Ok(Some(stat)) => Ok(stat.czxid as u64 == own.token.get()),
-                Ok(None) => Ok(false),
-                Err(e) => Err(error::map("check entry", e)),
-            }
-        })
-        .await
+        queue::exists(self, own).await
     }
 
     async fn still_ahead(
@@ -404,97 +64,27 @@ impl BackendSession for ZkSession {
         kind: Option<EntryKind>,
         nearest: usize,
     ) -> Result<Vec<Peer>> {
-        self.unless_moved("still_ahead", async {
-            const OP: &str = "read queue";
-            let parent = queue_path(queue, self.chrooted())?;
-            // One request: our node is in the listing if it still exists (its name carries the
-            // attempt's uuid: never re-used, so its presence is its identity). Curator's recipes
-            // list the children on each wake-up too.
-            let children = match self.client()?.list_children(&parent).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(error::map(OP, e)),
-            };
-            if !children.iter().any(|c| c == basename(&own.key)) {
-                return Err(Error::EntryVanished {
-                    key: own.key.clone(),
-                });
-            }
-            let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
-                .into_iter()
-                .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))
-                .map(|l| Peer {
-                    key: join(&parent, &l.name),
-                    order: l.seq,
-                    kind: l.kind,
-                })
-                .collect();
-            let skip = ahead.len().saturating_sub(nearest);
-            Ok(ahead.split_off(skip))
-        })
-        .await
+        queue::still_ahead(self, own, queue, kind, nearest).await
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
-        // Our own node, which may stay for hours: a wait given up (a dropped `lost()`) removes
-        // its watch rather than leave it, and a task, until the node goes.
-        self.unless_moved("wait_own_gone", async {
-            let w = DataWatch {
-                op: "watch entry",
-                path: &own.key,
-                own: None,
-                gone: || Ok(()),
-            };
-            self.watch_data(w, |_, stat| {
-                (stat.czxid as u64 != own.token.get()).then_some(Ok(()))
-            })
-            .await
-        })
-        .await
+        queue::wait_own_gone(self, own).await
     }
 
     async fn remove(&self, e: &Entry) -> Result<bool> {
-        self.unless_moved("remove", async {
-            let deleted = self.delete("delete entry", &e.key).await?;
-            if deleted {
-                debug!(key = %e.key, "deleted entry");
-            }
-            if is_latch(&e.key) {
-                self.forget_value(&e.key).await;
-            }
-            Ok(deleted)
-        })
-        .await
+        queue::remove(self, e).await
     }
 
     async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> {
-        self.unless_moved("abandon", async {
-            let req = EnqueueRequest::new(queue, kind, attempt, b"");
-            self.abandon_attempt(&req).await
-        })
-        .await
+        queue::abandon(self, queue, kind, attempt).await
     }
 
     async fn set_value(&self, e: &Entry, value: &[u8]) -> Result<bool> {
-        self.unless_moved("set_value", async {
-            if is_latch(&e.key) {
-                // Never on the candidate's node itself: see `layout::value_path`.
-                return self.proclaim(e, value).await;
-            }
-            let client = self.client()?;
-            let res = client.set_data(&e.key, value, None).await;
-            match res {
-                Ok(_) => Ok(true),
-                Err(zk::Error::NoNode) => Ok(false),
-                Err(err) => Err(error::map("set value", err)),
-            }
-        })
-        .await
+        queue::set_value(self, e, value).await
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
-        self.unless_moved("head", async { self.read_head(queue).await })
-            .await
+        read::head(self, queue).await
     }
 
     async fn wait_queue_change(
@@ -502,69 +92,22 @@ impl BackendSession for ZkSession {
         queue: &QueueId,
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()> {
-        self.unless_moved("wait_queue_change", async {
-            self.wait_head_change(queue, seen).await
-        })
-        .await
+        read::wait_queue_change(self, queue, seen).await
     }
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
-        self.unless_moved("inspect", async { self.inspect_queue(queue).await })
-            .await
+        read::inspect(self, queue).await
     }
 
     async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {
-        self.unless_moved("request_revoke", async { self.revoke_at(key, token).await })
-            .await
+        revoke::request_revoke(self, key, token).await
     }
 
     async fn wait_revoke(&self, own: &Entry) -> Result<()> {
-        self.unless_moved("wait_revoke", async { self.wait_revoked(own).await })
-            .await
+        revoke::wait_revoke(self, own).await
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
-        self.unless_moved("list", async {
-            const OP: &str = "list";
-            let root = namespace_root(namespace, self.chrooted())?;
-            let skip_reserved = !self.chrooted();
-            let mut out = Vec::new();
-            let mut dirs = vec![root.clone()];
-            while !dirs.is_empty() {
-                let client = self.client()?;
-                let lists =
-                    futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
-                let mut next = Vec::new();
-                for (dir, res) in dirs.iter().zip(lists) {
-                    let children = match res {
-                        Ok(c) => c,
-                        Err(zk::Error::NoNode) => continue,
-                        // A node below the namespace that another client made unreadable to us
-                        // holds nothing of ours (we make our nodes readable): skipped, rather than
-                        // fail the listing of the whole namespace.
-                        Err(zk::Error::NoAuth) if *dir != root => {
-                            debug!(node = %dir, "skipped a node we may not read");
-                            continue;
-                        }
-                        Err(e) => return Err(error::map(OP, e)),
-                    };
-                    for child in children {
-                        if skip_reserved && dir == "/" && child == "zookeeper" {
-                            continue;
-                        }
-                        let path = join(dir, &child);
-                        if is_entry_name(&child) {
-                            out.push(path);
-                        } else {
-                            next.push(path);
-                        }
-                    }
-                }
-                dirs = next;
-            }
-            out.sort();
-            Ok(out)
-        })
-        .await
+        read::list(self, namespace).await
     }
 }

@@ -6,7 +6,7 @@ use fencelock::{Error, Result};
 use zookeeper_client as zk;
 
 use crate::error::{self, state_error};
-use crate::session::ZkSession;
+use crate::lifecycle::ZkSession;
 
 // A one-shot watch is awaited as `OneshotWatcher::changed()`; dropping that future before it
 // fired removes the watch (zookeeper-client sends RemoveWatches once no other watcher of the

@@ -1,94 +1,92 @@
-//! Elections: the leader's value (proclaimed values live outside the election's parent, see
-//! [`value_path`]) and waiting until the head of a queue or its value changes.
+//! The reads of a ZooKeeper session: a queue's head and waiting until it or its value changes,
+//! a queue's entries with their values, and every node of a namespace.
 
-use fencelock::backend::{Entry, QueueId};
-use fencelock::{Error, Result};
+use std::time::{Duration, SystemTime};
+
+use fencelock::backend::{Entry, EntryInfo, QueueId};
+use fencelock::{FencingToken, Result};
+use tracing::debug;
 use zookeeper_client as zk;
 
-use crate::error;
-use crate::layout::{is_latch, join, queue_path, sorted_entries, value_path};
-use crate::queue::entry;
-use crate::session::ZkSession;
+use crate::error::{self};
+use crate::layout::{
+    is_entry_name, is_latch, join, namespace_root, queue_path, sorted_entries, value_path,
+};
+use crate::lifecycle::ZkSession;
+use crate::nodes::entry;
 use crate::watch::check_session_event;
 
-/// How often a proclaim retries when the node of values vanishes under it.
-const PROCLAIM_ATTEMPTS: usize = 5;
+pub(crate) async fn head(session: &ZkSession, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+    session
+        .unless_moved("head", async { session.read_head(queue).await })
+        .await
+}
+
+pub(crate) async fn wait_queue_change(
+    session: &ZkSession,
+    queue: &QueueId,
+    seen: Option<&(Entry, Vec<u8>)>,
+) -> Result<()> {
+    session
+        .unless_moved("wait_queue_change", async {
+            session.wait_head_change(queue, seen).await
+        })
+        .await
+}
+
+pub(crate) async fn inspect(session: &ZkSession, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+    session
+        .unless_moved("inspect", async { session.inspect_queue(queue).await })
+        .await
+}
+
+pub(crate) async fn list(session: &ZkSession, namespace: &str) -> Result<Vec<String>> {
+    session
+        .unless_moved("list", async {
+            const OP: &str = "list";
+            let root = namespace_root(namespace, session.chrooted())?;
+            let skip_reserved = !session.chrooted();
+            let mut out = Vec::new();
+            let mut dirs = vec![root.clone()];
+            while !dirs.is_empty() {
+                let client = session.client()?;
+                let lists =
+                    futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
+                let mut next = Vec::new();
+                for (dir, res) in dirs.iter().zip(lists) {
+                    let children = match res {
+                        Ok(c) => c,
+                        Err(zk::Error::NoNode) => continue,
+                        // A node below the namespace that another client made unreadable to us
+                        // holds nothing of ours (we make our nodes readable): skipped, rather than
+                        // fail the listing of the whole namespace.
+                        Err(zk::Error::NoAuth) if *dir != root => {
+                            debug!(node = %dir, "skipped a node we may not read");
+                            continue;
+                        }
+                        Err(e) => return Err(error::map(OP, e)),
+                    };
+                    for child in children {
+                        if skip_reserved && dir == "/" && child == "zookeeper" {
+                            continue;
+                        }
+                        let path = join(dir, &child);
+                        if is_entry_name(&child) {
+                            out.push(path);
+                        } else {
+                            next.push(path);
+                        }
+                    }
+                }
+                dirs = next;
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
+}
 
 impl ZkSession {
-    /// Publishes `value` for the candidate `e`, only while its node exists (a `multi` that
-    /// checks it): the value node is set, or created (ephemeral, ours) on the first proclaim.
-    /// Returns `false` if the candidate's node is gone.
-    pub(crate) async fn proclaim(&self, e: &Entry, value: &[u8]) -> Result<bool> {
-        const OP: &str = "proclaim";
-        let Some(vpath) = value_path(&e.key) else {
-            return Ok(false);
-        };
-        let values = vpath.rsplit_once('/').map_or("", |(p, _)| p).to_string();
-        let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.backend.config.acls());
-        for _ in 0..PROCLAIM_ATTEMPTS {
-            let client = self.client()?;
-            let mut multi = client.new_multi_writer();
-            multi
-                .add_check_version(&e.key, -1)
-                .map_err(|err| error::map(OP, err))?;
-            multi
-                .add_set_data(&vpath, value, None)
-                .map_err(|err| error::map(OP, err))?;
-            match multi.commit().await {
-                Ok(_) => return Ok(true),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(false),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NoNode,
-                }) => {}
-                Err(err) => return Err(error::map(OP, err.into())),
-            }
-            // The first proclaim: create the value node (and its container parent).
-            let mut multi = client.new_multi_writer();
-            multi
-                .add_check_version(&e.key, -1)
-                .map_err(|err| error::map(OP, err))?;
-            multi
-                .add_create(&vpath, value, &ephemeral)
-                .map_err(|err| error::map(OP, err))?;
-            match multi.commit().await {
-                Ok(_) => return Ok(true),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(false),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NoNode,
-                }) => {
-                    self.ensure_parent(&values).await?;
-                }
-                // Created meanwhile by a concurrent proclaim of ours: set it.
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NodeExists,
-                }) => {}
-                Err(err) => return Err(error::map(OP, err.into())),
-            }
-        }
-        Err(Error::backend(
-            error::NAME,
-            OP,
-            true,
-            "the node of proclaimed values kept vanishing",
-        ))
-    }
-
-    /// Deletes the proclaimed value of the candidate `key`, if any (after its node is gone).
-    pub(crate) async fn forget_value(&self, key: &str) {
-        if let Some(vpath) = value_path(key) {
-            let _ = self.delete("forget value", &vpath).await;
-        }
-    }
-
     /// The first entry of `queue` and its value (for an election, the value it proclaimed
     /// last, else its campaign value), read in one round trip.
     pub(crate) async fn read_head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
@@ -230,5 +228,55 @@ impl ZkSession {
                 err = broken => return Err(err),
             }
         }
+    }
+
+    /// Every entry of `queue` with its stat and value, in queue order: one listing, then every
+    /// node read in one pipelined round trip. Entries gone in between are skipped.
+    pub(crate) async fn inspect_queue(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        const OP: &str = "inspect";
+        let parent = queue_path(queue, self.chrooted())?;
+        let sorted = sorted_entries(self.children(OP, &parent).await?, queue.kind);
+        let client = self.client()?;
+        // Every request goes out now (the client sends on call); the replies are awaited after.
+        let reads: Vec<_> = sorted
+            .iter()
+            .map(|l| {
+                let path = join(&parent, &l.name);
+                let proclaimed = value_path(&path)
+                    .filter(|_| is_latch(&path))
+                    .map(|v| client.get_data(&v));
+                (
+                    path,
+                    l.kind,
+                    client.get_data(&join(&parent, &l.name)),
+                    proclaimed,
+                )
+            })
+            .collect();
+        let mut out = Vec::with_capacity(reads.len());
+        for (path, kind, node, proclaimed) in reads {
+            let proclaimed = match proclaimed {
+                Some(f) => match f.await {
+                    Ok((v, _)) => Some(v),
+                    Err(zk::Error::NoNode) => None,
+                    Err(e) => return Err(error::map(OP, e)),
+                },
+                None => None,
+            };
+            let (data, stat) = match node.await {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(error::map(OP, e)),
+            };
+            out.push(EntryInfo::new(
+                path,
+                FencingToken::new(stat.czxid as u64),
+                kind,
+                format!("{:x}", stat.ephemeral_owner as u64),
+                proclaimed.unwrap_or(data),
+                SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(stat.ctime.max(0) as u64)),
+            ));
+        }
+        Ok(out)
     }
 }

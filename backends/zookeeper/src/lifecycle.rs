@@ -1,0 +1,299 @@
+//! One ZooKeeper session: its lifecycle (heartbeat, session events, the keep-alive watchdog,
+//! close) and the one `impl BackendSession`, built on the queue operations of `queue.rs`, the
+//! queue reads of `election.rs` and the watches of `watch.rs`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use fencelock::backend::{BackendSession, SessionEvent};
+use fencelock::{Error, Result, SessionEnd};
+use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+use zookeeper_client as zk;
+
+use crate::error::{self, state_error};
+use crate::link::{self, Links, Moved};
+use crate::Inner;
+
+/// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
+/// session at most.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// One ZooKeeper session, as a [`BackendSession`].
+///
+/// Every entry it creates is an ephemeral node owned by this session: closing or expiring the
+/// session deletes all of them at once. Dropping it closes the session too.
+///
+/// It talks to the cluster through one server at a time and moves to another when that one
+/// falls silent or drops the connection (see [`crate::link`]).
+///
+/// **Heartbeat contract** (see [`BackendSession`]). The ZooKeeper client pings the server by
+/// itself, which would keep the session alive for as long as the process runs, even after
+/// fencelock's heartbeat stopped. To keep the contract (a session lives only while its
+/// heartbeat runs: the entries of an owner that stopped heartbeating go after the TTL), the
+/// session closes itself when [`keep_alive`](BackendSession::keep_alive) has not been called
+/// for one TTL.
+pub(crate) struct ZkSession {
+    pub(crate) backend: Arc<Inner>,
+    links: Arc<Links>,
+    /// When `keep_alive` was last called (or the session opened).
+    last_beat: Arc<StdMutex<Instant>>,
+    pub(crate) id: i64,
+    pub(crate) ttl: Duration,
+    /// See [`crate::connect::heartbeat_interval`].
+    pub(crate) heartbeat: Duration,
+    events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
+    /// take turns).
+    closed: AsyncMutex<Closing>,
+}
+
+impl fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkSession")
+            .field("id", &self.id())
+            .field("ttl", &self.ttl)
+            .field(
+                "state",
+                &self.links.current().map(|l| l.state.peek_state()).ok(),
+            )
+            .finish()
+    }
+}
+
+impl ZkSession {
+    /// The session of `client`, connected through server `server`.
+    pub(crate) fn new(
+        backend: Arc<Inner>,
+        client: zk::Client,
+        server: usize,
+        requested: Duration,
+    ) -> Self {
+        let id = client.session_id().0;
+        let ttl = client.session_timeout();
+        let heartbeat = crate::connect::heartbeat_interval(ttl, requested);
+        let links = Links::new(backend.clone(), client, server, requested);
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(link::follow(Arc::downgrade(&links), tx));
+        let last_beat = Arc::new(StdMutex::new(Instant::now()));
+        tokio::spawn(watchdog(
+            Arc::downgrade(&links),
+            Arc::downgrade(&last_beat),
+            ttl,
+            id,
+        ));
+        ZkSession {
+            backend,
+            links,
+            last_beat,
+            id,
+            ttl,
+            heartbeat,
+            events: AsyncMutex::new(rx),
+            closed: AsyncMutex::new(Closing::NotYet),
+        }
+    }
+
+    /// `fut`, or a temporary error if the session moves to another client first (or ends): a
+    /// request sent through the old client may wait on a server the session left (a silent
+    /// one) until that client gives up; the core retries it through the new client instead.
+    /// Every operation is safe to give up at any await point (a lost reply: see
+    /// [`EnqueueRequest::retry`]).
+    pub(crate) async fn unless_moved<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut moved = self.links.subscribe();
+        tokio::select! {
+            biased;
+            res = fut => res,
+            _ = moved.changed() => Err(error::disconnected(op)),
+        }
+    }
+
+    /// Ends the session here and on the cluster (each try at most [`CLOSE_WAIT`]). A close
+    /// that no server confirmed is a temporary error, so that the core tries again (the
+    /// cluster may be electing a leader, or down) — for one TTL at most: every try reaches the
+    /// cluster with the session's id, and renews it there if a one-way partition keeps the
+    /// confirmation from us. Then the cluster expires it.
+    pub(crate) async fn close_once(&self) -> Result<()> {
+        if let Some(last) = self.links.end(SessionEnd::Closed) {
+            // Its client ends once the waits on it woke and let go (the end wakes them):
+            // alive, it would take the session back from the closer when the server drops
+            // its connection for the closer's, and the close would fail.
+            let mut state = last.state.clone();
+            drop(last);
+            let ended = async {
+                while !state.state().is_terminated() {
+                    state.changed().await;
+                }
+            };
+            let _ = tokio::time::timeout(link::silence(self.ttl), ended).await;
+        }
+        let mut closed = self.closed.lock().await;
+        let first = match *closed {
+            Closing::Done => return Ok(()),
+            Closing::NotYet => Instant::now(),
+            Closing::Tried(first) => first,
+        };
+        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
+        let failure = match res {
+            Ok(Ok(())) => {
+                debug!(session = %self.id(), "zookeeper session closed");
+                *closed = Closing::Done;
+                return Ok(());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "not confirmed in time".to_string(),
+        };
+        if first.elapsed() >= self.ttl {
+            warn!(session = %self.id(), error = %failure, "the ZooKeeper session could not be closed; it expires after its timeout");
+            *closed = Closing::Done;
+            return Ok(());
+        }
+        *closed = Closing::Tried(first);
+        Err(error::temporary("close", failure))
+    }
+
+    /// A clone of the current client for one operation, or the reason there is none.
+    /// Operations must not keep it across long waits (watches): the session may move to
+    /// another client meanwhile, and [`close`](BackendSession::close) must really end it.
+    pub(crate) fn client(&self) -> Result<zk::Client> {
+        self.links.current().map(|l| l.client.clone())
+    }
+
+    /// Resolves with an error when the session state breaks an ongoing wait: a disconnect or
+    /// a move to another server *after* this call (temporary: the wait watches again through
+    /// the new client), or the end of the session. A connection that is down already when
+    /// this is called does not count: requests sent now wait for the reconnection, and
+    /// watches set then are valid.
+    pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
+        let mut moved = self.links.subscribe();
+        // The state now, not at the first poll: a disconnect in between breaks the wait.
+        let watched = self.links.current().map(|link| {
+            let mut watcher = link.state.clone();
+            let now = watcher.state();
+            (watcher, now)
+        });
+        async move {
+            let (mut watcher, now) = match watched {
+                Ok(w) => w,
+                Err(e) => return e,
+            };
+            if now.is_terminated() {
+                if let Some(e) = state_error(op, now) {
+                    return e;
+                }
+            }
+            loop {
+                tokio::select! {
+                    state = watcher.changed() => {
+                        if let Some(e) = state_error(op, state) {
+                            return e;
+                        }
+                    }
+                    _ = moved.changed() => return error::disconnected(op),
+                }
+            }
+        }
+    }
+}
+
+/// How far the close on the cluster got.
+enum Closing {
+    NotYet,
+    /// Tried first at this instant, not confirmed.
+    Tried(Instant),
+    Done,
+}
+
+impl Drop for ZkSession {
+    /// A session dropped without [`close`](BackendSession::close) is closed in the background
+    /// (its clients are detached: dropping them alone would leave it to expire).
+    fn drop(&mut self) {
+        if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
+            return;
+        }
+        self.links.end(SessionEnd::Closed);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let links = self.links.clone();
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+            });
+        }
+    }
+}
+
+/// Closes the session when `keep_alive` has not been called for `ttl` (see the heartbeat
+/// contract on [`ZkSession`]). Ends with the session.
+async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: Duration, id: i64) {
+    loop {
+        let Some(last) = last_beat.upgrade().map(|b| *b.lock().unwrap()) else {
+            return;
+        };
+        if Instant::now() >= last + ttl {
+            let Some(links) = links.upgrade() else {
+                return;
+            };
+            if links.end(SessionEnd::Expired).is_some() {
+                warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
+                // As the cluster would: its entries go now, not a TTL after the client's own
+                // last ping.
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+            }
+            return;
+        }
+        if links.upgrade().is_none_or(|l| !l.is_open()) {
+            return; // closed
+        }
+        tokio::time::sleep_until(last + ttl).await;
+    }
+}
+
+pub(crate) async fn keep_alive(session: &ZkSession) -> Result<()> {
+    const OP: &str = "keep-alive";
+    *session.last_beat.lock().unwrap() = Instant::now();
+    let link = session.links.current()?;
+    // Fail fast while disconnected: the request would only wait for the reconnection.
+    if let Some(e) = state_error(OP, link.state.peek_state()) {
+        return Err(e);
+    }
+    // `sync` rather than a plain read: the server we are connected to answers only after
+    // a round trip to the leader, having applied every transaction the leader committed
+    // before, our session's close included if the leader had expired it. So a reply
+    // proves the session alive at the leader after this call started, even when our
+    // server is a follower cut off from the leader (it would keep serving reads for a
+    // while). Unlike a write, it costs no transaction.
+    //
+    // Unanswered for a while, the server is silent (paused, stalled): the session moves
+    // to another server, in a task of its own so that the heartbeat's own timeout cannot
+    // cancel the move halfway; the next heartbeat goes through the new client.
+    let answered = tokio::time::timeout(link::silence(session.ttl), link.client.sync("/")).await;
+    match answered {
+        Ok(res) => res.map_err(|e| error::map(OP, e)),
+        Err(_) => {
+            let links = session.links.clone();
+            let mover = tokio::spawn(async move { links.move_off(&link, "silent server").await });
+            match mover.await {
+                Ok(Moved::Ended(reason)) => Err(Error::SessionLost(reason)),
+                _ => Err(error::disconnected(OP)),
+            }
+        }
+    }
+}
+
+pub(crate) async fn next_event(session: &ZkSession) -> SessionEvent {
+    let mut rx = session.events.lock().await;
+    match rx.recv().await {
+        Some(event) => event,
+        None => std::future::pending().await,
+    }
+}
+
+pub(crate) async fn close(session: &ZkSession) -> Result<()> {
+    session.close_once().await
+}
