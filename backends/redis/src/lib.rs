@@ -92,11 +92,15 @@ mod config;
 mod error;
 mod guarded;
 pub mod layout;
+mod lifecycle;
 mod notify;
 mod owned;
+mod queue;
+mod read;
 mod redlock;
 mod replicas;
 mod reply;
+mod revoke;
 mod scripts;
 mod session;
 
@@ -262,7 +266,7 @@ impl Backend for RedisBackend {
             }
         }
         Ok(Arc::new(
-            session::RedisSession::open(
+            lifecycle::RedisSession::open(
                 self.con.clone(),
                 self.client.clone(),
                 self.config.clone(),

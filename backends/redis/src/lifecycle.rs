@@ -1,0 +1,274 @@
+//! The lifecycle of a Redis session (a session key with a TTL, kept alive and ended by one
+//! script each), and the plumbing its operations share.
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use fencelock::backend::{Entry, QueueId};
+use fencelock::{Error, Result, SessionEnd};
+use redis::aio::ConnectionManager;
+use redis::{Script, ScriptInvocation, Value};
+use tokio::sync::RwLock;
+use uuid::Uuid;
+
+use crate::config::RedisConfig;
+use crate::error::{map, unexpected};
+use crate::layout::{kind_of, queue_path};
+use crate::notify::Notifier;
+use crate::owned::Owned;
+use crate::replicas::Acks;
+use crate::reply::{arg, array, bytes, entry, int, ms, text, Args};
+use crate::scripts;
+
+/// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
+/// a key when it is read at or after its deadline, so a little slack is enough.
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(20);
+
+/// One session: its key, its connection, and the gate that orders creates against its end.
+pub(crate) struct RedisSession {
+    pub(crate) con: ConnectionManager,
+    /// With `wait_for_replicas`: where creates and heartbeats go, each followed by a `WAIT`.
+    pub(crate) acked: Option<Arc<Acks>>,
+    pub(crate) sid: String,
+    pub(crate) ttl: Duration,
+    pub(crate) notifier: Notifier,
+    pub(crate) owned: StdMutex<Owned>,
+    /// Held, shared, by every change of what the session owns, from tracking it to its reply;
+    /// a reconciliation takes it alone, so that it never deletes a create in flight.
+    pub(crate) gate: RwLock<()>,
+}
+
+impl std::fmt::Debug for RedisSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSession")
+            .field("sid", &self.sid)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+/// The backstop of the contract: a value over the limit is refused before anything is sent (the
+/// core checks first).
+pub(crate) fn check_value(value: &[u8]) -> Result<()> {
+    if value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
+        return Err(Error::InvalidValue(fencelock::InvalidInput::new(
+            format!("{} bytes", value.len()),
+            "longer than the largest value accepted",
+        )));
+    }
+    Ok(())
+}
+
+impl RedisSession {
+    pub(crate) async fn open(
+        con: ConnectionManager,
+        client: redis::Client,
+        config: Arc<RedisConfig>,
+        acked: Option<Arc<Acks>>,
+        ttl: Duration,
+    ) -> Result<Self> {
+        // A random id: a counter could hand out a live session's id again after a failover
+        // lost its increments.
+        let session = RedisSession {
+            con,
+            acked,
+            sid: Uuid::new_v4().simple().to_string(),
+            ttl,
+            notifier: Notifier::new(client, config.timeout),
+            owned: StdMutex::default(),
+            gate: RwLock::new(()),
+        };
+        let reply = session
+            .create_call(
+                "open session",
+                &scripts::OPEN,
+                vec![arg(&session.sid), arg(ms(ttl))],
+            )
+            .await?;
+        if int(&reply) != Some(1) {
+            return Err(unexpected("open session"));
+        }
+        Ok(session)
+    }
+
+    pub(crate) fn invocation(script: &Script, args: Args) -> ScriptInvocation<'_> {
+        let mut inv = script.prepare_invoke();
+        for a in args {
+            inv.arg(a);
+        }
+        inv
+    }
+
+    pub(crate) async fn call(
+        &self,
+        op: &'static str,
+        script: &Script,
+        args: Args,
+    ) -> Result<Value> {
+        let mut con = self.con.clone();
+        Self::invocation(script, args)
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| map(op, e))
+    }
+
+    /// A call that creates something a failover must not lose: acknowledged by the replicas
+    /// when the backend is configured to wait for them.
+    pub(crate) async fn create_call(
+        &self,
+        op: &'static str,
+        script: &Script,
+        args: Args,
+    ) -> Result<Value> {
+        match &self.acked {
+            Some(acks) => acks.creates.run(op, Self::invocation(script, args)).await,
+            None => self.call(op, script, args).await,
+        }
+    }
+
+    /// A heartbeat: acknowledged by the replicas too when the backend waits for them, so that
+    /// a promoted replica has the session's renewed expiry (the local deadline counts from the
+    /// heartbeat's send time, and must not outlast what the replica knows).
+    pub(crate) async fn heartbeat_call(&self, script: &Script, args: Args) -> Result<Value> {
+        match &self.acked {
+            Some(acks) => {
+                acks.heartbeats
+                    .run("keep-alive", Self::invocation(script, args))
+                    .await
+            }
+            None => self.call("keep-alive", script, args).await,
+        }
+    }
+
+    pub(crate) fn known(&self) -> i64 {
+        self.owned().version
+    }
+
+    pub(crate) fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a failover lost some of this session's changes: deletes the entries the session
+    /// does not believe it owns (released ones that came back) and moves the version past both.
+    /// The caller holds the gate alone.
+    pub(crate) async fn reconcile(&self) -> Result<()> {
+        let (known, names) = {
+            let o = self.owned();
+            (o.version, o.names.keys().cloned().collect::<Vec<_>>())
+        };
+        let mut args = vec![arg(&self.sid), arg(known)];
+        args.extend(names.iter().map(arg));
+        let reply = self.call("reconcile", &scripts::RECONCILE, args).await?;
+        match int(&reply) {
+            Some(v) if v >= 0 => {
+                let mut o = self.owned();
+                o.version = o.version.max(v);
+                o.diverged = false;
+                Ok(())
+            }
+            Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
+            None => Err(unexpected("reconcile")),
+        }
+    }
+
+    pub(crate) fn vanished(own: &Entry) -> Error {
+        Error::EntryVanished {
+            key: own.key.clone(),
+        }
+    }
+
+    /// Whether `own` is live, and its value if `value`.
+    pub(crate) async fn read_own(&self, own: &Entry, value: bool) -> Result<Option<Vec<u8>>> {
+        let reply = self
+            .call(
+                "read entry",
+                &scripts::READ_OWN,
+                vec![
+                    arg(&own.key),
+                    arg(own.token.get()),
+                    arg(if value { "1" } else { "0" }),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("read entry"))?;
+        match a.first().and_then(int) {
+            Some(1) => Ok(Some(a.get(1).map(bytes).unwrap_or_default())),
+            Some(0) => Ok(None),
+            _ => Err(unexpected("read entry")),
+        }
+    }
+
+    /// The head of `queue`, its value, and how long its session has left.
+    pub(crate) async fn head_with_ttl(
+        &self,
+        queue: &QueueId,
+    ) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
+        let reply = self
+            .call("leader", &scripts::HEAD, vec![arg(queue_path(queue))])
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("leader"))?;
+        if a.is_empty() {
+            return Ok(None);
+        }
+        let parse = || -> Option<_> {
+            let key = text(a.first()?)?;
+            let token = u64::try_from(int(a.get(1)?)?).ok()?;
+            let kind = kind_of(&text(a.get(2)?)?);
+            let value = bytes(a.get(3)?);
+            // No expiry at all (-1: persisted by hand): looked at again after a TTL, not
+            // polled.
+            let left = u64::try_from(int(a.get(4)?)?).map_or(self.ttl, Duration::from_millis);
+            Some(((entry(key, kind, token), value), left))
+        };
+        parse().map(Some).ok_or_else(|| unexpected("leader"))
+    }
+}
+
+pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
+    let reply = session
+        .heartbeat_call(
+            &scripts::KEEP_ALIVE,
+            vec![
+                arg(&session.sid),
+                arg(ms(session.ttl)),
+                arg(session.known()),
+            ],
+        )
+        .await?;
+    let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
+    match a.first().and_then(int) {
+        Some(v) if v >= 0 => {}
+        Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
+        None => return Err(unexpected("keep-alive")),
+    }
+    let diverged = {
+        let mut o = session.owned();
+        o.saw(a.first().and_then(int), a.get(1).and_then(int));
+        o.diverged
+    };
+    // Only when no change of what the session owns is in flight (else at a later
+    // heartbeat): the heartbeat itself never waits for one.
+    if diverged {
+        if let Ok(_alone) = session.gate.try_write() {
+            tracing::warn!(
+                session = %session.sid,
+                "the Redis server lost changes of this session (a failover to a replica \
+                 that lagged): deleting the entries it released that came back"
+            );
+            // The session is confirmed alive either way; a failed reconciliation is tried
+            // again at the next heartbeat.
+            if let Err(e) = session.reconcile().await {
+                tracing::warn!(session = %session.sid, error = %e, "reconciliation failed");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn close(session: &RedisSession) -> Result<()> {
+    session.notifier.shutdown().await;
+    session
+        .call("close", &scripts::CLOSE, vec![arg(&session.sid)])
+        .await?;
+    Ok(())
+}

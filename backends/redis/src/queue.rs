@@ -1,0 +1,289 @@
+//! The queue operations of a Redis session: enqueue (one queue or several at once), wait for
+//! the entries ahead, re-read them, remove or abandon an entry, set its value.
+
+use std::time::Duration;
+
+use fencelock::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId};
+use fencelock::{Error, Result, SessionEnd};
+use uuid::Uuid;
+
+use crate::error::unexpected;
+use crate::layout::{chan_entry, entry_name, filter_code, kind_code, queue_path};
+use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
+use crate::reply::{arg, array, entry, int, ms, peers};
+use crate::scripts;
+
+pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
+    check_value(req.value)?;
+    let name = entry_name(req.queue, &session.sid, req.kind, req.attempt);
+    let _changing = session.gate.read().await;
+    let args = vec![
+        arg(&session.sid),
+        arg(queue_path(req.queue)),
+        arg(&name),
+        arg(kind_code(req.kind)),
+        req.value.to_vec(),
+        arg(ms(session.ttl)),
+        arg(filter_code(req.ahead.kind)),
+        arg(req.ahead.nearest),
+        arg(session.known()),
+    ];
+    // Counted once per attempt: a retry may find what the first try created.
+    if !req.retry {
+        session.owned().track(&name);
+    }
+    let reply = match session
+        .create_call("enqueue", &scripts::ENQUEUE, args)
+        .await
+    {
+        Ok(reply) => reply,
+        Err(e) => {
+            // A temporary error may hide a create: the core abandons the attempt.
+            if !e.is_temporary() {
+                session.owned().untrack(&name);
+            }
+            return Err(e);
+        }
+    };
+    let a = array(&reply).ok_or_else(|| unexpected("enqueue"))?;
+    let token = a
+        .first()
+        .and_then(int)
+        .ok_or_else(|| unexpected("enqueue"))?;
+    if token < 0 {
+        return Err(Error::SessionLost(SessionEnd::Expired));
+    }
+    let ahead = a
+        .get(2)
+        .and_then(peers)
+        .ok_or_else(|| unexpected("enqueue"))?;
+    session
+        .owned()
+        .saw(a.get(3).and_then(int), a.get(4).and_then(int));
+    Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
+}
+
+pub(crate) async fn enqueue_all(
+    session: &RedisSession,
+    reqs: &[EnqueueRequest<'_>],
+) -> Result<Option<Vec<Entry>>> {
+    let Some(first) = reqs.first() else {
+        return Ok(Some(Vec::new()));
+    };
+    let _changing = session.gate.read().await;
+    let mut args = vec![
+        arg(&session.sid),
+        arg(ms(session.ttl)),
+        arg(session.known()),
+    ];
+    let mut names = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let name = entry_name(r.queue, &session.sid, r.kind, r.attempt);
+        args.extend([
+            arg(queue_path(r.queue)),
+            arg(&name),
+            arg(kind_code(r.kind)),
+            r.value.to_vec(),
+        ]);
+        names.push(name);
+    }
+    if !first.retry {
+        for name in &names {
+            session.owned().track(name);
+        }
+    }
+    let untrack = |names: &[String]| {
+        let mut o = session.owned();
+        for name in names {
+            o.untrack(name);
+        }
+    };
+    let reply = match session
+        .create_call("enqueue all", &scripts::ENQUEUE_ALL, args)
+        .await
+    {
+        Ok(reply) => reply,
+        Err(e) => {
+            if !e.is_temporary() {
+                untrack(&names);
+            }
+            return Err(e);
+        }
+    };
+    let a = array(&reply).ok_or_else(|| unexpected("enqueue all"))?;
+    match a.first().and_then(int) {
+        Some(-1) => Err(Error::SessionLost(SessionEnd::Expired)),
+        Some(0) => {
+            untrack(&names);
+            Ok(None)
+        }
+        Some(1) => {
+            session
+                .owned()
+                .saw(a.get(2).and_then(int), a.get(3).and_then(int));
+            let tokens = a
+                .get(1)
+                .and_then(array)
+                .ok_or_else(|| unexpected("enqueue all"))?;
+            let entries = names
+                .into_iter()
+                .zip(reqs)
+                .zip(tokens)
+                .map(|((name, r), t)| {
+                    let t = int(t).and_then(|t| u64::try_from(t).ok());
+                    t.map(|t| entry(name, r.kind, t))
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| unexpected("enqueue all"))?;
+            Ok(Some(entries))
+        }
+        _ => Err(unexpected("enqueue all")),
+    }
+}
+
+pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
+    // Subscribed before the read: a deletion between the two is not missed.
+    let reg = session.notifier.register(chan_entry(&target.key)).await?;
+    loop {
+        let reply = session
+            .call(
+                "wait",
+                &scripts::CHECK_WAIT,
+                vec![
+                    arg(&own.key),
+                    arg(own.token.get()),
+                    arg(&target.key),
+                    arg(target.order),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
+        let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
+            (Some(0), _) => return Err(RedisSession::vanished(own)),
+            (Some(1), Some(0)) => return Ok(()),
+            (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
+            _ => return Err(unexpected("wait")),
+        };
+        // The predecessor's session expires without a message: check again when it would.
+        let left = u64::try_from(left).map_or(session.ttl, Duration::from_millis);
+        tokio::select! {
+            r = reg.notified() => {
+                // Deleted after we subscribed: gone (a newer entry under the same name
+                // would be behind ours). The core's next read confirms it anyway.
+                if r? {
+                    return Ok(());
+                }
+            }
+            _ = tokio::time::sleep(left + EXPIRY_SLACK) => {}
+        }
+    }
+}
+
+pub(crate) async fn exists(session: &RedisSession, own: &Entry) -> Result<bool> {
+    Ok(session.read_own(own, false).await?.is_some())
+}
+
+pub(crate) async fn still_ahead(
+    session: &RedisSession,
+    own: &Entry,
+    queue: &QueueId,
+    kind: Option<EntryKind>,
+    nearest: usize,
+) -> Result<Vec<Peer>> {
+    let reply = session
+        .call(
+            "read queue",
+            &scripts::STILL_AHEAD,
+            vec![
+                arg(queue_path(queue)),
+                arg(&own.key),
+                arg(own.token.get()),
+                arg(filter_code(kind)),
+                arg(nearest),
+            ],
+        )
+        .await?;
+    let a = array(&reply).ok_or_else(|| unexpected("read queue"))?;
+    match a.first().and_then(int) {
+        Some(0) => Err(RedisSession::vanished(own)),
+        Some(1) => a
+            .get(1)
+            .and_then(peers)
+            .ok_or_else(|| unexpected("read queue")),
+        _ => Err(unexpected("read queue")),
+    }
+}
+
+pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result<()> {
+    let reg = session.notifier.register(chan_entry(&own.key)).await?;
+    while session.read_own(own, false).await?.is_some() {
+        reg.notified().await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
+    let _changing = session.gate.read().await;
+    let reply = session
+        .call(
+            "release",
+            &scripts::REMOVE,
+            vec![
+                arg(&entry.key),
+                arg(entry.token.get()),
+                arg(session.known()),
+            ],
+        )
+        .await?;
+    let a = array(&reply).ok_or_else(|| unexpected("release"))?;
+    let removed = a.first().and_then(int) == Some(1);
+    let mut o = session.owned();
+    o.untrack(&entry.key);
+    o.saw(
+        a.get(1).and_then(int).filter(|v| *v >= 0),
+        a.get(2).and_then(int),
+    );
+    Ok(removed)
+}
+
+pub(crate) async fn abandon(
+    session: &RedisSession,
+    queue: &QueueId,
+    kind: EntryKind,
+    attempt: Uuid,
+) -> Result<()> {
+    let name = entry_name(queue, &session.sid, kind, attempt);
+    let _changing = session.gate.read().await;
+    let reply = session
+        .call(
+            "abandon",
+            &scripts::ABANDON,
+            vec![
+                arg(queue_path(queue)),
+                arg(&name),
+                arg(&session.sid),
+                arg(session.known()),
+            ],
+        )
+        .await?;
+    let a = array(&reply).ok_or_else(|| unexpected("abandon"))?;
+    let mut o = session.owned();
+    o.untrack(&name);
+    o.saw(
+        a.first().and_then(int).filter(|v| *v >= 0),
+        a.get(1).and_then(int),
+    );
+    Ok(())
+}
+
+pub(crate) async fn set_value(session: &RedisSession, entry: &Entry, value: &[u8]) -> Result<bool> {
+    check_value(value)?;
+    let reply = session
+        .call(
+            "proclaim",
+            &scripts::SET_VALUE,
+            vec![arg(&entry.key), arg(entry.token.get()), value.to_vec()],
+        )
+        .await?;
+    Ok(int(&reply) == Some(1))
+}

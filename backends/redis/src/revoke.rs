@@ -1,0 +1,38 @@
+//! Revocation requests on Redis: the request written into the holder's entry, and the
+//! holder's wait for one.
+
+use fencelock::backend::{Entry, REVOKE_MARKER};
+use fencelock::{FencingToken, Result};
+
+use crate::layout::chan_entry;
+use crate::lifecycle::RedisSession;
+use crate::reply::{arg, int};
+use crate::scripts;
+
+pub(crate) async fn request_revoke(
+    session: &RedisSession,
+    key: &str,
+    token: FencingToken,
+) -> Result<bool> {
+    let reply = session
+        .call(
+            "request revoke",
+            &scripts::SET_VALUE,
+            vec![arg(key), arg(token.get()), REVOKE_MARKER.to_vec()],
+        )
+        .await?;
+    Ok(int(&reply) == Some(1))
+}
+
+pub(crate) async fn wait_revoke(session: &RedisSession, own: &Entry) -> Result<()> {
+    let reg = session.notifier.register(chan_entry(&own.key)).await?;
+    loop {
+        match session.read_own(own, true).await? {
+            None => return Err(RedisSession::vanished(own)),
+            Some(v) if v == REVOKE_MARKER => return Ok(()),
+            Some(_) => {
+                reg.notified().await?;
+            }
+        }
+    }
+}
