@@ -2,6 +2,7 @@
 
 mod cleanup;
 mod clock;
+mod handoff;
 mod heartbeat;
 mod local;
 mod shared;
@@ -17,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info_span, Instrument};
 
-pub(crate) use cleanup::{Cleanup, EnqueueAllTask, EnqueueTask};
+pub(crate) use handoff::{Cleanup, EnqueueAllTask, EnqueueTask};
 pub(crate) use local::{LocalQueue, LocalSlot};
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};

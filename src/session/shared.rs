@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::cleanup::Cleanup;
 use super::clock::{Clock, Stamp};
+use super::handoff::Cleanup;
 use super::local::LocalQueue;
 use super::state::{SessionEnd, SessionState};
 use crate::backend::{Backend, BackendSession, QueueId, QueueKind};
