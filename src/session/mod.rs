@@ -1,5 +1,6 @@
 //! The session: one lease / ZooKeeper session per process, one heartbeat for every lock.
 
+mod builder;
 mod cleanup;
 mod clock;
 mod handoff;
@@ -14,218 +15,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_core::Stream;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{timeout_at, Instant};
-use tracing::{debug, info_span, Instrument};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument;
 
+pub use builder::{
+    IntoBackend, SessionBuilder, DEFAULT_NAMESPACE, DEFAULT_START_TIMEOUT, DEFAULT_TTL,
+};
 pub(crate) use handoff::{Cleanup, EnqueueAllTask, EnqueueTask};
 pub(crate) use local::{LocalQueue, LocalSlot};
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};
 
-use crate::backend::{Backend, QueueId, QueueKind};
-use crate::name::{validate_name, validate_namespace};
-use crate::retry::Backoff;
-use crate::{Error, Result};
-
-/// The default session TTL (10 s).
-pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-/// The default namespace (key prefix) of a session.
-pub const DEFAULT_NAMESPACE: &str = "fencelock";
-/// How long [`SessionBuilder::start`] keeps trying by default when the cluster is unreachable
-/// (10 s).
-pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Builds a [`Session`]; see [`Session::builder`].
-#[derive(Debug)]
-#[must_use = "a builder does nothing until `start()` is awaited"]
-#[derive(Clone)]
-pub struct SessionBuilder {
-    backend: Arc<dyn Backend>,
-    ttl: Duration,
-    margin: Option<Duration>,
-    namespace: String,
-    start_timeout: Duration,
-    metrics_names: bool,
-}
-
-impl SessionBuilder {
-    /// The session TTL: how long the cluster keeps the session without a heartbeat
-    /// (default 10 s). Heartbeats go every `ttl / 3`. Must lie between the backend's minimum
-    /// and maximum ([`Error::InvalidTtl`] otherwise).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// The safety margin subtracted from the TTL to get the local deadline (default
-    /// `max(ttl / 5, 1 s)`, but at most `ttl / 2`). Must be positive (a zero margin leaves no
-    /// room for the client's and the cluster's clocks to run at different rates) and below the
-    /// TTL the cluster grants; [`Error::InvalidTtl`] otherwise.
-    pub fn safety_margin(mut self, margin: Duration) -> Self {
-        self.margin = Some(margin);
-        self
-    }
-
-    /// The key prefix under which every lock and election of this session lives
-    /// (default `"fencelock"`). An empty namespace gives keys `/{name}/...`, the layout of
-    /// etcd's Go `concurrency` package for a prefix `/{name}`.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Whether the acquisition metrics (see [`crate::metrics`]) carry the lock's name as a
-    /// `name` label (default off: one series per lock name can be a lot of series).
-    pub fn metrics_lock_names(mut self, on: bool) -> Self {
-        self.metrics_names = on;
-        self
-    }
-
-    /// How long [`start`](Self::start) keeps trying while the cluster answers with temporary
-    /// errors (unreachable, electing a leader) before it gives up with the last one (default
-    /// [`DEFAULT_START_TIMEOUT`]). Permanent errors (authentication, permissions, bad
-    /// settings) are returned at once.
-    pub fn start_timeout(mut self, timeout: Duration) -> Self {
-        self.start_timeout = timeout;
-        self
-    }
-
-    /// Validates the settings, opens the session on the cluster and starts its heartbeat.
-    ///
-    /// The returned session is live, with its local deadline ahead: if opening took longer
-    /// than a heartbeat interval (a slow connect), a heartbeat is confirmed before it returns,
-    /// and a session that cannot be confirmed in time is closed and reported as an error, never
-    /// handed out lost.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future before it returns leaves no session here. A session the cluster
-    /// opened meanwhile owns nothing (no lock, no candidacy) and stays on the cluster until its
-    /// TTL runs out there.
-    pub async fn start(self) -> Result<Session> {
-        let backend = self.backend;
-        validate_namespace(&self.namespace)?;
-        backend.check_namespace(&self.namespace)?;
-        check_ttl(&*backend, self.ttl)?;
-        if let Some(m) = self.margin {
-            check_margin(m, self.ttl)?;
-        }
-        let span = info_span!(
-            "session",
-            backend = backend.name(),
-            id = tracing::field::Empty
-        );
-        let give_up = Instant::now().checked_add(self.start_timeout);
-        // Retried about as often as the session's own loops would: a cluster electing a leader
-        // is noticed within a twentieth of the TTL.
-        let mut backoff = Backoff::for_ttl(self.ttl);
-        let clock = clock::Clock::default();
-        let (sent, remote) = loop {
-            let sent = clock.now();
-            match backend
-                .open_session(self.ttl)
-                .instrument(span.clone())
-                .await
-            {
-                Ok(remote) => break (sent, remote),
-                Err(e) if e.is_temporary() => {
-                    let pause = backoff.next_delay();
-                    if give_up.is_some_and(|g| Instant::now() + pause >= g) {
-                        return Err(e);
-                    }
-                    debug!(error = %e, "cannot open the session yet, retrying");
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        span.record("id", remote.id());
-        // The granted TTL may differ from the request (etcd raises it to its minimum,
-        // ZooKeeper negotiates it): the deadline follows what the cluster enforces.
-        let ttl = remote.ttl();
-        let margin = self
-            .margin
-            .unwrap_or_else(|| (ttl / 5).max(Duration::from_secs(1)).min(ttl / 2));
-        if let Err(e) = check_margin(margin, ttl) {
-            let _ = remote.close().await;
-            return Err(e);
-        }
-        let mut deadline = sent.after(ttl - margin);
-        // On both clocks: a machine suspended while opening counts as a slow open.
-        if clock.passed(sent.after(ttl / 3)) {
-            // A slow open: confirm the session now rather than hand out one whose deadline is
-            // near (or past).
-            let again = clock.now();
-            let patience = deadline.mono.max(again.mono + (ttl - margin));
-            match timeout_at(patience, remote.keep_alive()).await {
-                Ok(Ok(())) => deadline = again.after(ttl - margin),
-                Ok(Err(e)) => {
-                    let _ = remote.close().await;
-                    return Err(e);
-                }
-                Err(_) => {
-                    let _ = remote.close().await;
-                    return Err(Error::Timeout {
-                        op: "first heartbeat",
-                        after: ttl - margin,
-                    });
-                }
-            }
-        }
-        let (cleanup_tx, cleanup_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::new(
-            backend,
-            remote,
-            self.namespace,
-            ttl,
-            margin,
-            clock,
-            deadline,
-            cleanup_tx,
-            span,
-            self.metrics_names,
-        ));
-        tokio::spawn(heartbeat::run(Arc::downgrade(&shared), shared.stop.clone()));
-        tokio::spawn(cleanup::worker(shared.clone(), cleanup_rx));
-        Ok(Session {
-            handle: Arc::new(Handle { shared }),
-        })
-    }
-}
-
-fn check_ttl(backend: &dyn Backend, ttl: Duration) -> Result<()> {
-    let (min, max) = (backend.min_ttl(), backend.max_ttl());
-    if ttl < min {
-        return Err(Error::invalid_ttl(
-            ttl,
-            format!("below the {} backend's minimum of {min:?}", backend.name()),
-        ));
-    }
-    if ttl > max {
-        return Err(Error::invalid_ttl(
-            ttl,
-            format!("above the {} backend's maximum of {max:?}", backend.name()),
-        ));
-    }
-    Ok(())
-}
-
-fn check_margin(margin: Duration, ttl: Duration) -> Result<()> {
-    if margin.is_zero() {
-        return Err(Error::invalid_ttl(
-            margin,
-            "the safety margin must be positive: it is the room left for clock drift",
-        ));
-    }
-    if margin >= ttl {
-        return Err(Error::invalid_ttl(
-            margin,
-            format!("the safety margin must be below the ttl ({ttl:?})"),
-        ));
-    }
-    Ok(())
-}
+use crate::backend::{QueueId, QueueKind};
+use crate::name::validate_name;
+use crate::Result;
 
 /// A session on the cluster: one etcd lease or one ZooKeeper session, kept alive by one
 /// heartbeat, carrying every lock and candidacy of the process.
@@ -279,14 +83,7 @@ impl Drop for Handle {
 impl Session {
     /// Starts building a session on `backend`.
     pub fn builder(backend: impl IntoBackend) -> SessionBuilder {
-        SessionBuilder {
-            backend: backend.into_backend(),
-            ttl: DEFAULT_TTL,
-            margin: None,
-            namespace: DEFAULT_NAMESPACE.to_string(),
-            start_timeout: DEFAULT_START_TIMEOUT,
-            metrics_names: false,
-        }
+        SessionBuilder::new(backend.into_backend())
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -467,20 +264,23 @@ impl Session {
     }
 }
 
-/// Anything that can be turned into a shared backend: a backend value or an `Arc` of one.
-pub trait IntoBackend {
-    /// Converts into `Arc<dyn Backend>`.
-    fn into_backend(self) -> Arc<dyn Backend>;
-}
-
-impl<B: Backend> IntoBackend for B {
-    fn into_backend(self) -> Arc<dyn Backend> {
-        Arc::new(self)
-    }
-}
-
-impl IntoBackend for Arc<dyn Backend> {
-    fn into_backend(self) -> Arc<dyn Backend> {
-        self
+impl SessionBuilder {
+    /// Validates the settings, opens the session on the cluster and starts its heartbeat.
+    ///
+    /// The returned session is live, with its local deadline ahead: if opening took longer
+    /// than a heartbeat interval (a slow connect), a heartbeat is confirmed before it returns,
+    /// and a session that cannot be confirmed in time is closed and reported as an error, never
+    /// handed out lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it returns leaves no session here. A session the cluster
+    /// opened meanwhile owns nothing (no lock, no candidacy) and stays on the cluster until its
+    /// TTL runs out there.
+    pub async fn start(self) -> Result<Session> {
+        let shared = self.open().await?;
+        Ok(Session {
+            handle: Arc::new(Handle { shared }),
+        })
     }
 }

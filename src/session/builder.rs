@@ -1,0 +1,233 @@
+//! Building a session: its settings, checked, and the opening on the cluster (the session's
+//! shared state and its background tasks; `Session` wraps what this returns).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{timeout_at, Instant};
+use tracing::{debug, info_span, Instrument};
+
+use super::shared::Shared;
+use super::{cleanup, clock, heartbeat};
+use crate::backend::Backend;
+use crate::name::validate_namespace;
+use crate::retry::Backoff;
+use crate::{Error, Result};
+
+/// The default session TTL (10 s).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// The default namespace (key prefix) of a session.
+pub const DEFAULT_NAMESPACE: &str = "fencelock";
+/// How long [`SessionBuilder::start`] keeps trying by default when the cluster is unreachable
+/// (10 s).
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds a [`Session`](crate::Session); see [`Session::builder`](crate::Session::builder).
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `start()` is awaited"]
+#[derive(Clone)]
+pub struct SessionBuilder {
+    backend: Arc<dyn Backend>,
+    ttl: Duration,
+    margin: Option<Duration>,
+    namespace: String,
+    start_timeout: Duration,
+    metrics_names: bool,
+}
+
+impl SessionBuilder {
+    /// The defaults on `backend` (see [`Session::builder`](super::Session::builder)).
+    pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
+        SessionBuilder {
+            backend,
+            ttl: DEFAULT_TTL,
+            margin: None,
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            start_timeout: DEFAULT_START_TIMEOUT,
+            metrics_names: false,
+        }
+    }
+
+    /// The session TTL: how long the cluster keeps the session without a heartbeat
+    /// (default 10 s). Heartbeats go every `ttl / 3`. Must lie between the backend's minimum
+    /// and maximum ([`Error::InvalidTtl`] otherwise).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The safety margin subtracted from the TTL to get the local deadline (default
+    /// `max(ttl / 5, 1 s)`, but at most `ttl / 2`). Must be positive (a zero margin leaves no
+    /// room for the client's and the cluster's clocks to run at different rates) and below the
+    /// TTL the cluster grants; [`Error::InvalidTtl`] otherwise.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
+        self
+    }
+
+    /// The key prefix under which every lock and election of this session lives
+    /// (default `"fencelock"`). An empty namespace gives keys `/{name}/...`, the layout of
+    /// etcd's Go `concurrency` package for a prefix `/{name}`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Whether the acquisition metrics (see [`crate::metrics`]) carry the lock's name as a
+    /// `name` label (default off: one series per lock name can be a lot of series).
+    pub fn metrics_lock_names(mut self, on: bool) -> Self {
+        self.metrics_names = on;
+        self
+    }
+
+    /// How long [`start`](Self::start) keeps trying while the cluster answers with temporary
+    /// errors (unreachable, electing a leader) before it gives up with the last one (default
+    /// [`DEFAULT_START_TIMEOUT`]). Permanent errors (authentication, permissions, bad
+    /// settings) are returned at once.
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = timeout;
+        self
+    }
+
+    /// Validates the settings, opens the session on the cluster and starts its background
+    /// tasks (see [`start`](SessionBuilder::start)).
+    pub(super) async fn open(self) -> Result<Arc<Shared>> {
+        let backend = self.backend;
+        validate_namespace(&self.namespace)?;
+        backend.check_namespace(&self.namespace)?;
+        check_ttl(&*backend, self.ttl)?;
+        if let Some(m) = self.margin {
+            check_margin(m, self.ttl)?;
+        }
+        let span = info_span!(
+            "session",
+            backend = backend.name(),
+            id = tracing::field::Empty
+        );
+        let give_up = Instant::now().checked_add(self.start_timeout);
+        // Retried about as often as the session's own loops would: a cluster electing a leader
+        // is noticed within a twentieth of the TTL.
+        let mut backoff = Backoff::for_ttl(self.ttl);
+        let clock = clock::Clock::default();
+        let (sent, remote) = loop {
+            let sent = clock.now();
+            match backend
+                .open_session(self.ttl)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(remote) => break (sent, remote),
+                Err(e) if e.is_temporary() => {
+                    let pause = backoff.next_delay();
+                    if give_up.is_some_and(|g| Instant::now() + pause >= g) {
+                        return Err(e);
+                    }
+                    debug!(error = %e, "cannot open the session yet, retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        span.record("id", remote.id());
+        // The granted TTL may differ from the request (etcd raises it to its minimum,
+        // ZooKeeper negotiates it): the deadline follows what the cluster enforces.
+        let ttl = remote.ttl();
+        let margin = self
+            .margin
+            .unwrap_or_else(|| (ttl / 5).max(Duration::from_secs(1)).min(ttl / 2));
+        if let Err(e) = check_margin(margin, ttl) {
+            let _ = remote.close().await;
+            return Err(e);
+        }
+        let mut deadline = sent.after(ttl - margin);
+        // On both clocks: a machine suspended while opening counts as a slow open.
+        if clock.passed(sent.after(ttl / 3)) {
+            // A slow open: confirm the session now rather than hand out one whose deadline is
+            // near (or past).
+            let again = clock.now();
+            let patience = deadline.mono.max(again.mono + (ttl - margin));
+            match timeout_at(patience, remote.keep_alive()).await {
+                Ok(Ok(())) => deadline = again.after(ttl - margin),
+                Ok(Err(e)) => {
+                    let _ = remote.close().await;
+                    return Err(e);
+                }
+                Err(_) => {
+                    let _ = remote.close().await;
+                    return Err(Error::Timeout {
+                        op: "first heartbeat",
+                        after: ttl - margin,
+                    });
+                }
+            }
+        }
+        let (cleanup_tx, cleanup_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new(
+            backend,
+            remote,
+            self.namespace,
+            ttl,
+            margin,
+            clock,
+            deadline,
+            cleanup_tx,
+            span,
+            self.metrics_names,
+        ));
+        tokio::spawn(heartbeat::run(Arc::downgrade(&shared), shared.stop.clone()));
+        tokio::spawn(cleanup::worker(shared.clone(), cleanup_rx));
+        Ok(shared)
+    }
+}
+
+fn check_ttl(backend: &dyn Backend, ttl: Duration) -> Result<()> {
+    let (min, max) = (backend.min_ttl(), backend.max_ttl());
+    if ttl < min {
+        return Err(Error::invalid_ttl(
+            ttl,
+            format!("below the {} backend's minimum of {min:?}", backend.name()),
+        ));
+    }
+    if ttl > max {
+        return Err(Error::invalid_ttl(
+            ttl,
+            format!("above the {} backend's maximum of {max:?}", backend.name()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_margin(margin: Duration, ttl: Duration) -> Result<()> {
+    if margin.is_zero() {
+        return Err(Error::invalid_ttl(
+            margin,
+            "the safety margin must be positive: it is the room left for clock drift",
+        ));
+    }
+    if margin >= ttl {
+        return Err(Error::invalid_ttl(
+            margin,
+            format!("the safety margin must be below the ttl ({ttl:?})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Anything that can be turned into a shared backend: a backend value or an `Arc` of one.
+pub trait IntoBackend {
+    /// Converts into `Arc<dyn Backend>`.
+    fn into_backend(self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        Arc::new(self)
+    }
+}
+
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
