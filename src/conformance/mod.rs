@@ -22,9 +22,11 @@ mod input;
 mod inspect;
 mod multilock;
 mod mutex;
+mod names;
 mod rwlock;
 mod semaphore;
 mod session;
+mod supervisor;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,9 +44,11 @@ pub use input::*;
 pub use inspect::*;
 pub use multilock::*;
 pub use mutex::*;
+pub use names::*;
 pub use rwlock::*;
 pub use semaphore::*;
 pub use session::*;
+pub use supervisor::*;
 
 /// Hands out what the suite needs from one backend.
 #[async_trait]

@@ -98,6 +98,7 @@ mod owned;
 mod queue;
 mod read;
 mod redlock;
+mod redlock_timing;
 mod replicas;
 mod reply;
 mod revoke;
@@ -114,9 +115,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
 pub use guarded::guarded_set;
-pub use redlock::{
-    Redlock, RedlockGuard, RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL,
-};
+pub use redlock::{Redlock, RedlockGuard};
+pub use redlock_timing::{RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL};
 
 use error::NAME;
 

@@ -1,6 +1,6 @@
 //! Redlock: a lock on a majority of N independent Redis servers, with a fencing token.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -12,77 +12,8 @@ use tokio::time::Instant;
 
 use crate::error::{map, NAME};
 use crate::layout::KEY_PREFIX;
-
-/// The longest lock TTL accepted (one day).
-pub const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
-
-/// The shortest lock TTL accepted (10 ms). A TTL must also leave, less the drift allowance,
-/// more than the request timeout ([`RedlockTiming::request_timeout`], 50 ms by default): with
-/// the default timing, the shortest usable TTL is about 53 ms.
-pub const MIN_LOCK_TTL: Duration = Duration::from_millis(10);
-
-/// The longest [`RedlockTiming::retry_delay`] accepted (one minute).
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
-
-/// SET NX PX on the lock key; if set, the server's token counter (0 if none), else -1.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
-end
-return -1
-"#,
-    )
-});
-
-/// Raises the token counter to ARGV[1] (never lowers it), only while we hold the lock here.
-static FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if c < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
-return 1
-"#,
-    )
-});
-
-/// Deletes the lock key if it is still ours.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"#,
-    )
-});
-
-/// Redlock's timing parameters.
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct RedlockTiming {
-    /// How long one request to one server may take before that server counts as failed
-    /// (default 50 ms: small next to the TTL, so a slow or paused server does not eat the
-    /// lock's validity).
-    pub request_timeout: Duration,
-    /// The clock drift allowed, as a fraction of the TTL (default 0.01), plus 2 ms.
-    pub drift_factor: f64,
-    /// The first retry delay of [`Redlock::lock_timeout`] (default 50 ms, doubling up to 1 s
-    /// or this delay if longer, with jitter so that contenders do not retry in step). More
-    /// than zero and at most [`MAX_RETRY_DELAY`].
-    pub retry_delay: Duration,
-}
-
-impl Default for RedlockTiming {
-    fn default() -> Self {
-        RedlockTiming {
-            request_timeout: Duration::from_millis(50),
-            drift_factor: 0.01,
-            retry_delay: Duration::from_millis(50),
-        }
-    }
-}
+use crate::redlock_timing::{RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL};
+use crate::scripts::redlock::{ACQUIRE, FENCE, RELEASE};
 
 /// Redlock over N independent Redis servers (no replication between them), as the Redis
 /// documentation describes it: a lock is granted when a majority of servers set its key

@@ -397,3 +397,44 @@ return out
 "#,
     )
 });
+
+/// The scripts of [`Redlock`](crate::Redlock), one per server and step.
+pub(crate) mod redlock {
+    use std::sync::LazyLock;
+
+    use redis::Script;
+
+    /// SET NX PX on the lock key; if set, the server's token counter (0 if none), else -1.
+    pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r#"
+    if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+      return tonumber(redis.call('GET', KEYS[2]) or '0')
+    end
+    return -1
+    "#,
+        )
+    });
+
+    /// Raises the token counter to ARGV[1] (never lowers it), only while we hold the lock here.
+    pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r#"
+    if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+    local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if c < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+    return 1
+    "#,
+        )
+    });
+
+    /// Deletes the lock key if it is still ours.
+    pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r#"
+    if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+    return 0
+    "#,
+        )
+    });
+}

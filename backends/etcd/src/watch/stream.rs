@@ -1,326 +1,23 @@
-//! Watches on predecessor keys, multiplexed on one etcd watch stream per session.
-//!
-//! A waiter watches only the key of its predecessor (and a holder only its own key), from the
-//! moment the watch is created — never from a past revision, which etcd serves from a slow
-//! catch-up loop. All those watches share one gRPC stream per session: creating one costs a
-//! message on an open stream, not a new stream.
-//!
-//! A stream stays on the member it was opened on. If that member hangs (a stopped or stalled
-//! process still accepts connections), the stream goes silent and its waiters would sleep
-//! until HTTP/2 keep-alive gives up, seconds later. So a stream that carries watches and has
-//! been quiet for a while is asked for progress; unanswered within the request bound, it is
-//! dropped, its member taken out of the client's rotation, and its watches created again on a
-//! new stream from the revision each one covered from: every deletion since is delivered
-//! (etcd replays it), none is missed, and the waiters keep waiting undisturbed.
+//! One watch stream: opened on a member, its creates sent in order, its replies read, asked for
+//! progress when quiet, and its watches moved to a new stream when it goes silent.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
+    EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
 };
 use fencelock::backend::SessionEvent;
-use fencelock::{Error, Result};
-use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex, Notify};
+use fencelock::Result;
+use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::error::{map, temporary, watch_refused};
-use crate::rotation::Rotation;
 
-type Waker = oneshot::Sender<Result<()>>;
+use super::state::*;
 
-/// A created watch: its id, the stream it lives on, and the first revision it covers. Ids are
-/// numbered per stream (from 0 on each new stream), so an id alone names a different watch
-/// once the stream was replaced: a watch is cancelled on its own stream, never on whichever
-/// is current.
-#[derive(Clone)]
-struct WatchRef {
-    id: i64,
-    stream: Arc<StdMutex<Stream>>,
-    sender: Arc<AsyncMutex<WatchRequestSender>>,
-    /// The first revision whose deletions it delivers: where a copy of it on a new stream
-    /// starts, so that no deletion falls between the two.
-    start: i64,
-}
-
-impl WatchRef {
-    /// Cancels the watch on its own stream (nothing to do if that stream is gone).
-    async fn cancel(self) {
-        {
-            let mut ss = self.stream.lock().unwrap();
-            if ss.dead {
-                return;
-            }
-            ss.ids.remove(&self.id);
-        }
-        let _ = self.sender.lock().await.cancel(self.id).await;
-    }
-}
-
-#[derive(Default)]
-struct KeyState {
-    /// This key's watch, once created.
-    watch: Option<WatchRef>,
-    /// Registrations waiting for the watch to be created.
-    creating: Vec<oneshot::Sender<Result<()>>>,
-    /// The watch is being created again on a new stream (its old stream went silent): its
-    /// waiters keep waiting, and a new registration waits for that create instead of sending
-    /// one of its own.
-    moving: bool,
-    /// Registrations waiting for the key's deletion.
-    waiters: Vec<Waker>,
-}
-
-impl KeyState {
-    /// Whether a registration or a create still needs this key's state.
-    fn needed(&mut self) -> bool {
-        self.waiters.retain(|w| !w.is_closed());
-        !self.waiters.is_empty() || !self.creating.is_empty() || self.moving
-    }
-
-    /// Tells every registration of the key that its watch is gone (they re-read).
-    fn fail(self, why: &str) {
-        for c in self.creating {
-            let _ = c.send(Err(temporary("watch", why)));
-        }
-        for w in self.waiters {
-            let _ = w.send(Err(temporary("watch", why)));
-        }
-    }
-}
-
-#[derive(Default)]
-struct State {
-    keys: HashMap<String, KeyState>,
-}
-
-/// A create request: the key, and the revision to start from (`None`: from now).
-struct Create {
-    key: String,
-    start: Option<i64>,
-}
-
-/// What belongs to one watch stream (a broken stream's leftovers never touch the next one).
-struct Stream {
-    /// Creates sent, in order: etcd answers creates in order.
-    pending: VecDeque<Create>,
-    /// Watch ids of this stream.
-    ids: HashMap<i64, String>,
-    /// Set when the stream ended or was given up.
-    dead: bool,
-    /// When the stream last delivered anything (a quiet one with watches is asked for
-    /// progress).
-    heard: Instant,
-    /// The member it is on, from its replies' headers.
-    member: Option<u64>,
-    /// Stops the stream's reader when the stream is given up (its watches moved on).
-    retire: Arc<Notify>,
-}
-
-impl Stream {
-    fn new() -> Self {
-        Stream {
-            pending: VecDeque::new(),
-            ids: HashMap::new(),
-            dead: false,
-            heard: Instant::now(),
-            member: None,
-            retire: Arc::new(Notify::new()),
-        }
-    }
-
-    /// Whether the stream carries a watch or a create.
-    fn busy(&self) -> bool {
-        !self.ids.is_empty() || !self.pending.is_empty()
-    }
-}
-
-struct Conn {
-    sender: Arc<AsyncMutex<WatchRequestSender>>,
-    stream: Arc<StdMutex<Stream>>,
-}
-
-/// What the watcher's tasks share.
-struct Inner {
-    client: Client,
-    state: Arc<StdMutex<State>>,
-    conn: AsyncMutex<Option<Conn>>,
-    /// Where a broken stream is reported (the session's `Disconnected`).
-    events: mpsc::UnboundedSender<SessionEvent>,
-    /// The client's rotation: a member silent on the stream is taken out of it.
-    rotation: Arc<Rotation>,
-    /// How long a stream may take to answer (the session's request bound).
-    bound: Duration,
-    /// Silent streams whose watches must move, for the task that moves them.
-    moves: mpsc::UnboundedSender<Arc<StdMutex<Stream>>>,
-}
-
-/// One watch stream per session, carrying a watch per awaited key.
-pub(crate) struct KeyWatcher {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for KeyWatcher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyWatcher").finish_non_exhaustive()
-    }
-}
-
-/// A registered wait; resolves when the key is deleted (or the stream broke: an error the
-/// caller retries after re-reading). Dropped before that (the key was found gone already, the
-/// wait was given up), it cancels the key's watch if no other wait needs it: a watch left
-/// behind would cost a notification at the key's next deletion, and keys repeat (a session
-/// re-creates its own key at each acquisition), so idle watches would make every release
-/// notify every session that ever waited on that key.
-pub(crate) struct Registration {
-    rx: Option<oneshot::Receiver<Result<()>>>,
-    key: String,
-    state: Arc<StdMutex<State>>,
-}
-
-impl Registration {
-    pub(crate) async fn wait(mut self) -> Result<()> {
-        let rx = self.rx.as_mut().expect("a registration is awaited once");
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(temporary("watch", "watch stream closed")),
-        }
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        drop(self.rx.take()); // closes our waiter
-        let idle = {
-            let mut st = self.state.lock().unwrap();
-            let Some(ks) = st.keys.get_mut(&self.key) else {
-                return;
-            };
-            if ks.needed() {
-                return;
-            }
-            st.keys.remove(&self.key).and_then(|ks| ks.watch)
-        };
-        if let (Some(watch), Ok(rt)) = (idle, tokio::runtime::Handle::try_current()) {
-            rt.spawn(watch.cancel());
-        }
-    }
-}
-
-impl KeyWatcher {
-    /// A watcher whose streams must answer within `bound` (the session's request bound).
-    pub(crate) fn new(
-        client: Client,
-        events: mpsc::UnboundedSender<SessionEvent>,
-        rotation: Arc<Rotation>,
-        bound: Duration,
-    ) -> Self {
-        let (moves, silent) = mpsc::unbounded_channel();
-        let inner = Arc::new(Inner {
-            client,
-            state: Arc::default(),
-            conn: AsyncMutex::new(None),
-            events,
-            rotation,
-            bound,
-            moves,
-        });
-        tokio::spawn(mover(Arc::downgrade(&inner), silent));
-        KeyWatcher { inner }
-    }
-
-    /// Registers interest in the deletion of `key` and returns once a watch on it is
-    /// established: every deletion after this returns is delivered. The caller must then read
-    /// the key once, to catch a deletion that happened before.
-    pub(crate) async fn register(&self, key: &str) -> Result<Registration> {
-        let (tx, rx) = oneshot::channel();
-        let (created_tx, created_rx) = oneshot::channel();
-        let must_create = {
-            let mut st = self.inner.state.lock().unwrap();
-            let ks = st.keys.entry(key.to_string()).or_default();
-            ks.waiters.retain(|w| !w.is_closed());
-            ks.waiters.push(tx);
-            if ks.watch.is_some() {
-                let _ = created_tx.send(Ok(()));
-                false
-            } else {
-                let first = ks.creating.is_empty() && !ks.moving;
-                ks.creating.push(created_tx);
-                first
-            }
-        };
-        if must_create {
-            // The create runs as a task of its own: a caller dropped half way must not leave
-            // a key in `pending` whose request never went out (the FIFO of created replies
-            // would then name the wrong keys).
-            let inner = self.inner.clone();
-            let k = key.to_string();
-            let sent = tokio::spawn(async move {
-                let create = Create {
-                    key: k.clone(),
-                    start: None,
-                };
-                let r = send_creates(&inner, &mut *inner.conn.lock().await, vec![create]).await;
-                if let Err(e) = &r {
-                    fail_keys(&inner.state, [k.as_str()], &e.to_string());
-                }
-                r
-            });
-            match sent.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(temporary("watch", &e.to_string())),
-            }
-        }
-        let registration = Registration {
-            rx: Some(rx),
-            key: key.to_string(),
-            state: self.inner.state.clone(),
-        };
-        match created_rx.await {
-            Ok(Ok(())) => Ok(registration),
-            Ok(Err(e)) => {
-                if !matches!(e, Error::PermissionDenied { .. }) {
-                    // A watch refused for an expired token: a unary request refreshes the
-                    // token (watches cannot), so that the retry is created.
-                    let _ = self.inner.client.kv_client().get(key, None).await;
-                }
-                Err(e)
-            }
-            Err(_) => Err(temporary("watch", "watch stream closed")),
-        }
-    }
-
-    /// Cancels watches whose key has no waiter left, once more than a few are idle.
-    pub(crate) async fn prune_if_large(&self) {
-        if self.inner.state.lock().unwrap().keys.len() > 32 {
-            self.prune().await;
-        }
-    }
-
-    /// Cancels watches whose key has no waiter left.
-    async fn prune(&self) {
-        let idle: Vec<WatchRef> = {
-            let mut st = self.inner.state.lock().unwrap();
-            let mut idle = Vec::new();
-            st.keys.retain(|_, ks| {
-                let keep = ks.needed();
-                if !keep {
-                    idle.extend(ks.watch.take());
-                }
-                keep
-            });
-            idle
-        };
-        for watch in idle {
-            watch.cancel().await;
-        }
-    }
-}
-
-async fn read_loop(
+pub(super) async fn read_loop(
     mut responses: WatchResponseStream,
     state: Arc<StdMutex<State>>,
     stream: Arc<StdMutex<Stream>>,
@@ -457,7 +154,7 @@ async fn read_loop(
 }
 
 /// Cancels watch `id` on its stream, from a task (the caller holds the stream's state).
-fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
+pub(super) fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
     let sender = sender.clone();
     tokio::spawn(async move {
         let _ = sender.lock().await.cancel(id).await;
@@ -470,7 +167,7 @@ fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
 ///
 /// etcd answers a progress request at once, from the member itself (no consensus involved),
 /// so silence means the member, or the path to it, hangs.
-async fn supervise(
+pub(super) async fn supervise(
     inner: Weak<Inner>,
     stream: Arc<StdMutex<Stream>>,
     sender: Arc<AsyncMutex<WatchRequestSender>>,
@@ -521,7 +218,10 @@ async fn supervise(
 
 /// Moves the watches of each silent stream it is handed (see [`move_watches`]), one stream at
 /// a time, for as long as the watcher lives.
-async fn mover(inner: Weak<Inner>, mut silent: mpsc::UnboundedReceiver<Arc<StdMutex<Stream>>>) {
+pub(super) async fn mover(
+    inner: Weak<Inner>,
+    mut silent: mpsc::UnboundedReceiver<Arc<StdMutex<Stream>>>,
+) {
     while let Some(stream) = silent.recv().await {
         let Some(inner) = inner.upgrade() else { return };
         move_watches(&inner, &stream).await;
@@ -532,7 +232,7 @@ async fn mover(inner: Weak<Inner>, mut silent: mpsc::UnboundedReceiver<Arc<StdMu
 /// on a member that answers: each from the revision it covered from, so that a deletion the
 /// old stream did not deliver is delivered now. Its waiters keep waiting. If no stream can be
 /// had, they are told (temporary): they re-read and register again.
-async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>) {
+pub(super) async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>) {
     let mut conn = inner.conn.lock().await;
     let (member, creates) = {
         let mut ss = old.lock().unwrap();
@@ -587,7 +287,11 @@ async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>) {
 }
 
 /// Ends the registrations of `keys` with a temporary error (they re-read and register again).
-fn fail_keys<'a>(state: &StdMutex<State>, keys: impl IntoIterator<Item = &'a str>, why: &str) {
+pub(super) fn fail_keys<'a>(
+    state: &StdMutex<State>,
+    keys: impl IntoIterator<Item = &'a str>,
+    why: &str,
+) {
     let mut st = state.lock().unwrap();
     for key in keys {
         if let Some(ks) = st.keys.remove(key) {
@@ -596,7 +300,7 @@ fn fail_keys<'a>(state: &StdMutex<State>, keys: impl IntoIterator<Item = &'a str
     }
 }
 
-fn options(start: Option<i64>) -> WatchOptions {
+pub(super) fn options(start: Option<i64>) -> WatchOptions {
     let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
     match start {
         Some(rev) => options.with_start_revision(rev),
@@ -607,7 +311,7 @@ fn options(start: Option<i64>) -> WatchOptions {
 /// Sends `creates` on the current stream, or opens one with them (the current one is dead or
 /// there is none). Each step waits at most the request bound: a stream sent to a member that
 /// hangs is given up, and the caller's retry goes elsewhere.
-async fn send_creates(
+pub(super) async fn send_creates(
     inner: &Arc<Inner>,
     conn: &mut Option<Conn>,
     creates: Vec<Create>,
@@ -659,7 +363,7 @@ async fn send_creates(
 
 /// Opens a stream (in `conn`) with the first of `creates` as its first request; returns the
 /// others, to be sent on it.
-async fn open_stream(
+pub(super) async fn open_stream(
     inner: &Arc<Inner>,
     conn: &mut Option<Conn>,
     creates: Vec<Create>,

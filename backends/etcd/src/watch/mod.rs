@@ -1,0 +1,194 @@
+//! Watches on predecessor keys, multiplexed on one etcd watch stream per session.
+//!
+//! A waiter watches only the key of its predecessor (and a holder only its own key), from the
+//! moment the watch is created — never from a past revision, which etcd serves from a slow
+//! catch-up loop. All those watches share one gRPC stream per session: creating one costs a
+//! message on an open stream, not a new stream.
+//!
+//! A stream stays on the member it was opened on. If that member hangs (a stopped or stalled
+//! process still accepts connections), the stream goes silent and its waiters would sleep
+//! until HTTP/2 keep-alive gives up, seconds later. So a stream that carries watches and has
+//! been quiet for a while is asked for progress; unanswered within the request bound, it is
+//! dropped, its member taken out of the client's rotation, and its watches created again on a
+//! new stream from the revision each one covered from: every deletion since is delivered
+//! (etcd replays it), none is missed, and the waiters keep waiting undisturbed.
+
+mod state;
+mod stream;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use etcd_client::Client;
+use fencelock::backend::SessionEvent;
+use fencelock::{Error, Result};
+use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex};
+
+use crate::error::temporary;
+use crate::rotation::Rotation;
+
+use state::*;
+use stream::*;
+
+/// One watch stream per session, carrying a watch per awaited key.
+pub(crate) struct KeyWatcher {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KeyWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyWatcher").finish_non_exhaustive()
+    }
+}
+
+/// A registered wait; resolves when the key is deleted (or the stream broke: an error the
+/// caller retries after re-reading). Dropped before that (the key was found gone already, the
+/// wait was given up), it cancels the key's watch if no other wait needs it: a watch left
+/// behind would cost a notification at the key's next deletion, and keys repeat (a session
+/// re-creates its own key at each acquisition), so idle watches would make every release
+/// notify every session that ever waited on that key.
+pub(crate) struct Registration {
+    rx: Option<oneshot::Receiver<Result<()>>>,
+    key: String,
+    state: Arc<StdMutex<State>>,
+}
+
+impl Registration {
+    pub(crate) async fn wait(mut self) -> Result<()> {
+        let rx = self.rx.as_mut().expect("a registration is awaited once");
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(temporary("watch", "watch stream closed")),
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        drop(self.rx.take()); // closes our waiter
+        let idle = {
+            let mut st = self.state.lock().unwrap();
+            let Some(ks) = st.keys.get_mut(&self.key) else {
+                return;
+            };
+            if ks.needed() {
+                return;
+            }
+            st.keys.remove(&self.key).and_then(|ks| ks.watch)
+        };
+        if let (Some(watch), Ok(rt)) = (idle, tokio::runtime::Handle::try_current()) {
+            rt.spawn(watch.cancel());
+        }
+    }
+}
+
+impl KeyWatcher {
+    /// A watcher whose streams must answer within `bound` (the session's request bound).
+    pub(crate) fn new(
+        client: Client,
+        events: mpsc::UnboundedSender<SessionEvent>,
+        rotation: Arc<Rotation>,
+        bound: Duration,
+    ) -> Self {
+        let (moves, silent) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            client,
+            state: Arc::default(),
+            conn: AsyncMutex::new(None),
+            events,
+            rotation,
+            bound,
+            moves,
+        });
+        tokio::spawn(mover(Arc::downgrade(&inner), silent));
+        KeyWatcher { inner }
+    }
+
+    /// Registers interest in the deletion of `key` and returns once a watch on it is
+    /// established: every deletion after this returns is delivered. The caller must then read
+    /// the key once, to catch a deletion that happened before.
+    pub(crate) async fn register(&self, key: &str) -> Result<Registration> {
+        let (tx, rx) = oneshot::channel();
+        let (created_tx, created_rx) = oneshot::channel();
+        let must_create = {
+            let mut st = self.inner.state.lock().unwrap();
+            let ks = st.keys.entry(key.to_string()).or_default();
+            ks.waiters.retain(|w| !w.is_closed());
+            ks.waiters.push(tx);
+            if ks.watch.is_some() {
+                let _ = created_tx.send(Ok(()));
+                false
+            } else {
+                let first = ks.creating.is_empty() && !ks.moving;
+                ks.creating.push(created_tx);
+                first
+            }
+        };
+        if must_create {
+            // The create runs as a task of its own: a caller dropped half way must not leave
+            // a key in `pending` whose request never went out (the FIFO of created replies
+            // would then name the wrong keys).
+            let inner = self.inner.clone();
+            let k = key.to_string();
+            let sent = tokio::spawn(async move {
+                let create = Create {
+                    key: k.clone(),
+                    start: None,
+                };
+                let r = send_creates(&inner, &mut *inner.conn.lock().await, vec![create]).await;
+                if let Err(e) = &r {
+                    fail_keys(&inner.state, [k.as_str()], &e.to_string());
+                }
+                r
+            });
+            match sent.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(temporary("watch", &e.to_string())),
+            }
+        }
+        let registration = Registration {
+            rx: Some(rx),
+            key: key.to_string(),
+            state: self.inner.state.clone(),
+        };
+        match created_rx.await {
+            Ok(Ok(())) => Ok(registration),
+            Ok(Err(e)) => {
+                if !matches!(e, Error::PermissionDenied { .. }) {
+                    // A watch refused for an expired token: a unary request refreshes the
+                    // token (watches cannot), so that the retry is created.
+                    let _ = self.inner.client.kv_client().get(key, None).await;
+                }
+                Err(e)
+            }
+            Err(_) => Err(temporary("watch", "watch stream closed")),
+        }
+    }
+
+    /// Cancels watches whose key has no waiter left, once more than a few are idle.
+    pub(crate) async fn prune_if_large(&self) {
+        if self.inner.state.lock().unwrap().keys.len() > 32 {
+            self.prune().await;
+        }
+    }
+
+    /// Cancels watches whose key has no waiter left.
+    async fn prune(&self) {
+        let idle: Vec<WatchRef> = {
+            let mut st = self.inner.state.lock().unwrap();
+            let mut idle = Vec::new();
+            st.keys.retain(|_, ks| {
+                let keep = ks.needed();
+                if !keep {
+                    idle.extend(ks.watch.take());
+                }
+                keep
+            });
+            idle
+        };
+        for watch in idle {
+            watch.cancel().await;
+        }
+    }
+}
