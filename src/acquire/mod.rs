@@ -117,7 +117,7 @@ pub(crate) struct Request<'a> {
 
 /// Checks an entry value against the backend's limit.
 pub(crate) fn check_value(shared: &Shared, value: &[u8]) -> Result<()> {
-    let max = shared.backend.max_value_len();
+    let max = crate::backend::MAX_VALUE_LEN;
     if value.len() > max {
         return Err(Error::InvalidValue(crate::error::InvalidInput::new(
             format!("{} bytes", value.len()),

@@ -72,10 +72,12 @@ pub use types::{
 pub use crate::retry::Backoff;
 use crate::Result;
 
-/// The largest entry value (an election candidate's published value) accepted by default, in
-/// bytes: 1,000,000, which fits a ZooKeeper packet under its default `jute.maxbuffer` (1 MiB)
-/// and an etcd request under its default `--max-request-bytes` (1.5 MiB).
-pub const DEFAULT_MAX_VALUE_LEN: usize = 1_000_000;
+/// The largest entry value (an election candidate's published value) accepted, in bytes:
+/// 1,000,000, which fits a ZooKeeper packet under its default `jute.maxbuffer` (1 MiB), an
+/// etcd request under its default `--max-request-bytes` (1.5 MiB), and a Redis argument. The
+/// core refuses a longer value with [`Error::InvalidValue`](crate::Error::InvalidValue) before
+/// any request.
+pub const MAX_VALUE_LEN: usize = 1_000_000;
 
 /// The most locks one multi-lock may take by default ([`Backend::max_multi_lock`]): 64, what fits
 /// in one etcd transaction under etcd's default `--max-txn-ops` of 128 (two operations per
@@ -87,7 +89,7 @@ pub const DEFAULT_MAX_MULTI_LOCK: usize = 64;
 /// # Validation
 ///
 /// [`check_name`](Self::check_name), [`min_ttl`](Self::min_ttl), [`max_ttl`](Self::max_ttl)
-/// and [`max_value_len`](Self::max_value_len) let the core refuse bad input with a typed error
+/// and [`MAX_VALUE_LEN`] let the core refuse bad input with a typed error
 /// at the earliest point (`session.mutex(name)`, `builder.start()`, `campaign(value)`),
 /// instead of an untyped failure at the first request.
 #[async_trait]
@@ -102,11 +104,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// with [`Error::InvalidTtl`](crate::Error::InvalidTtl), never truncated or wrapped.
     fn max_ttl(&self) -> Duration {
         Duration::from_secs(24 * 3600)
-    }
-
-    /// The largest entry value accepted (default [`DEFAULT_MAX_VALUE_LEN`]).
-    fn max_value_len(&self) -> usize {
-        DEFAULT_MAX_VALUE_LEN
     }
 
     /// The most locks one multi-lock may take: what [`BackendSession::enqueue_all`] can create
@@ -255,7 +252,7 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// few round trips as the backend can (one on etcd and ZooKeeper).
     ///
     /// Must fail with a permanent error, having created nothing, for a value longer than
-    /// [`Backend::max_value_len`] (the core checks first; this is the backstop).
+    /// [`MAX_VALUE_LEN`] (the core checks first; this is the backstop).
     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued>;
 
     /// Creates one entry in each of `reqs`' queues in **one atomic request**, each only if it

@@ -236,7 +236,7 @@ pub async fn huge_durations_never_panic(f: &dyn Factory) {
 pub async fn oversized_values_are_refused(f: &dyn Factory) {
     let ns = unique_namespace("oversized_values");
     let s = open(f, &ns, TTL).await;
-    let max = f.backend().max_value_len();
+    let max = crate::backend::MAX_VALUE_LEN;
     let e = s.election("big").unwrap();
     let r = bounded(
         WAIT,
@@ -274,7 +274,7 @@ pub async fn oversized_values_are_refused(f: &dyn Factory) {
 /// size limit, 4 MiB for gRPC).
 pub async fn largest_values_of_many_candidates(f: &dyn Factory) {
     let ns = unique_namespace("largest_values");
-    let max = f.backend().max_value_len();
+    let max = crate::backend::MAX_VALUE_LEN;
     let mut sessions = Vec::new();
     let mut leader = None;
     let mut waiting = Vec::new();

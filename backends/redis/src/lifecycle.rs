@@ -50,7 +50,7 @@ impl std::fmt::Debug for RedisSession {
 /// The backstop of the contract: a value over the limit is refused before anything is sent (the
 /// core checks first).
 pub(crate) fn check_value(value: &[u8]) -> Result<()> {
-    if value.len() > fencelock::backend::DEFAULT_MAX_VALUE_LEN {
+    if value.len() > fencelock::backend::MAX_VALUE_LEN {
         return Err(Error::InvalidValue(fencelock::InvalidInput::new(
             format!("{} bytes", value.len()),
             "longer than the largest value accepted",
