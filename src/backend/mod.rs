@@ -268,9 +268,6 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// wait on. Costs a constant number of requests whatever the queue's length.
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
 
-    /// Whether `own` still exists as the same entry.
-    async fn exists(&self, own: &Entry) -> Result<bool>;
-
     /// The entries still ahead of `own` in `queue` that its grant may depend on: of the
     /// entries created before `own` (only those of `kind`, if given), the `nearest` closest to
     /// it, in queue order. Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if

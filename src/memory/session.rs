@@ -132,10 +132,6 @@ impl BackendSession for MemorySession {
         Ok(())
     }
 
-    async fn exists(&self, own: &Entry) -> Result<bool> {
-        Ok(self.inner.lock().same(&own.key, own.order).is_some())
-    }
-
     async fn still_ahead(
         &self,
         own: &Entry,

@@ -185,7 +185,8 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
     res
 }
 
-pub(crate) async fn exists(session: &EtcdSession, own: &Entry) -> Result<bool> {
+/// Whether `own` still exists as the same entry (its key, created at its revision).
+async fn exists(session: &EtcdSession, own: &Entry) -> Result<bool> {
     Ok(session.create_rev("check entry", &own.key).await? == Some(own.order))
 }
 
@@ -235,7 +236,7 @@ pub(crate) async fn still_ahead(
 
 pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<()> {
     let reg = session.watcher.register(&own.key).await?;
-    let res = if session.exists(own).await? {
+    let res = if exists(session, own).await? {
         reg.wait().await
     } else {
         Ok(())

@@ -54,10 +54,6 @@ impl BackendSession for EtcdSession {
         queue::wait(self, own, target).await
     }
 
-    async fn exists(&self, own: &Entry) -> Result<bool> {
-        queue::exists(self, own).await
-    }
-
     async fn still_ahead(
         &self,
         own: &Entry,

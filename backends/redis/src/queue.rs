@@ -179,10 +179,6 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
     }
 }
 
-pub(crate) async fn exists(session: &RedisSession, own: &Entry) -> Result<bool> {
-    Ok(session.read_own(own, false).await?.is_some())
-}
-
 pub(crate) async fn still_ahead(
     session: &RedisSession,
     own: &Entry,

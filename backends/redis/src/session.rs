@@ -44,10 +44,6 @@ impl BackendSession for RedisSession {
         queue::wait(self, own, target).await
     }
 
-    async fn exists(&self, own: &Entry) -> Result<bool> {
-        queue::exists(self, own).await
-    }
-
     async fn still_ahead(
         &self,
         own: &Entry,

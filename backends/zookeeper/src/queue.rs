@@ -84,20 +84,6 @@ pub(crate) async fn wait(session: &ZkSession, own: &Entry, target: &Peer) -> Res
         .await
 }
 
-pub(crate) async fn exists(session: &ZkSession, own: &Entry) -> Result<bool> {
-    session
-        .unless_moved("exists", async {
-            let client = session.client()?;
-            let res = client.check_stat(&own.key).await;
-            match res {
-                Ok(Some(stat)) => Ok(stat.czxid as u64 == own.token.get()),
-                Ok(None) => Ok(false),
-                Err(e) => Err(error::map("check entry", e)),
-            }
-        })
-        .await
-}
-
 pub(crate) async fn still_ahead(
     session: &ZkSession,
     own: &Entry,

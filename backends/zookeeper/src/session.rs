@@ -53,10 +53,6 @@ impl BackendSession for ZkSession {
         queue::wait(self, own, target).await
     }
 
-    async fn exists(&self, own: &Entry) -> Result<bool> {
-        queue::exists(self, own).await
-    }
-
     async fn still_ahead(
         &self,
         own: &Entry,
