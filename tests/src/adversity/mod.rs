@@ -382,7 +382,14 @@ pub async fn run(
         limit: primitive.limit(),
         gray: (Scenario::GRAY.contains(&scenario) || scenario == Scenario::KillFollower).then_some(
             Gray {
-                keeps_sessions: scenario.keeps_sessions(long),
+                // ZooKeeper's short TTL is 4 s (a session timeout of 2 s leaves a session on a
+                // killed server about 1 s to re-attach elsewhere, which a loaded ensemble of
+                // JVMs does not always give: CI run 20 lost one): the crash part's 2 s TTL
+                // requires nothing of a killed follower there, and a lost session is printed.
+                keeps_sessions: scenario.keeps_sessions(long)
+                    && !(scenario == Scenario::KillFollower
+                        && cluster.kind() == crate::target::Kind::ZooKeeper
+                        && cfg.ttl < Duration::from_secs(4)),
                 // A hung member leaves a quorum that keeps granting (unless it is the leader and
                 // the sessions' deadlines come before the election). A slow or one-way link to
                 // one client does too, but the queue is fair: when that client's turn comes, the
