@@ -269,7 +269,8 @@ impl ZkEnsemble {
     }
 
     /// Waits (bounded) until server `i` answers `ruok` (it may not serve yet: that needs a
-    /// quorum).
+    /// quorum) and, with TLS, listens on its secure port too (opened separately, sometimes
+    /// later: a TLS test once found nothing listening there).
     fn wait_up(&self, i: usize) -> Result<(), String> {
         let start = Instant::now();
         loop {
@@ -283,7 +284,10 @@ impl ZkEnsemble {
                     self.log_tail(i)
                 ));
             }
-            if fourlw::ask(self.port(i), "ruok").as_deref() == Some("imok") {
+            let secure = self.servers.lock().unwrap()[i].secure_port;
+            if fourlw::ask(self.port(i), "ruok").as_deref() == Some("imok")
+                && secure.is_none_or(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
+            {
                 return Ok(());
             }
             if start.elapsed() > START_TIMEOUT {
