@@ -86,13 +86,20 @@ impl Program {
 
     /// Waits (bounded) for a line containing `what`; returns the line and when it was printed.
     pub fn wait_for_line(&self, what: &str, within: Duration) -> (Instant, String) {
+        self.wait_for_any(&[what], within)
+    }
+
+    /// Waits (bounded) for a line containing any of `whats`; returns the line and when it was
+    /// printed.
+    pub fn wait_for_any(&self, whats: &[&str], within: Duration) -> (Instant, String) {
+        let what = whats.join(" or ");
         let deadline = Instant::now() + within;
         // The last lines passed over, for the failure message: what the program did instead.
         let mut skipped: std::collections::VecDeque<String> = Default::default();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok((at, line)) if line.contains(what) => return (at, line),
+                Ok((at, line)) if whats.iter().any(|w| line.contains(w)) => return (at, line),
                 Ok((_, line)) => {
                     if skipped.len() == 20 {
                         skipped.pop_front();
