@@ -201,7 +201,6 @@ pub fn key_value_queue_of(namespace: &str, key: &str) -> Option<(String, QueueKi
 ///
 /// [`enqueue`](Self::enqueue) creates this session's entry in a queue and returns it with the
 /// entries ahead of it. [`wait`](Self::wait) waits for one of those to go;
-/// [`exists`](Self::exists) confirms one's own entry before a grant;
 /// [`remove`](Self::remove) deletes one's own entry, guarded by its identity;
 /// [`abandon`](Self::abandon) deletes whatever an attempt may have created;
 /// [`set_value`](Self::set_value) changes an entry's value, guarded likewise;
