@@ -197,19 +197,21 @@ struct Observer {
 impl Observer {
     async fn next(&mut self, shared: &Arc<Shared>, queue: &QueueId) -> Result<Option<LeaderInfo>> {
         let remote = shared.remote.clone();
+        // The caller asks again after an error: pause first (this is not a retry loop, the
+        // caller decides whether to go on).
+        if let Some(backoff) = self.backoff.as_mut() {
+            shared.unless_lost(backoff.pause()).await?;
+        }
         loop {
             shared.check_alive()?;
-            if let Some(backoff) = self.backoff.as_mut() {
-                shared.unless_lost(backoff.pause()).await?;
-            }
             if let Some(seen) = &self.seen {
                 let change = remote.wait_queue_change(queue, seen.as_ref());
                 if let Err(e) = shared.unless_lost(change).await? {
-                    return Err(self.failed(e));
+                    return Err(self.failed(shared, e));
                 }
             }
             match shared.unless_lost(remote.head(queue)).await? {
-                Err(e) => return Err(self.failed(e)),
+                Err(e) => return Err(self.failed(shared, e)),
                 Ok(head) => {
                     self.backoff = None;
                     let changed = match &self.seen {
@@ -225,8 +227,8 @@ impl Observer {
         }
     }
 
-    fn failed(&mut self, e: Error) -> Error {
-        self.backoff.get_or_insert_with(Backoff::new);
+    fn failed(&mut self, shared: &Shared, e: Error) -> Error {
+        self.backoff.get_or_insert_with(|| shared.backoff());
         e
     }
 }

@@ -1,8 +1,13 @@
-//! The one retry policy of fencelock.
+//! The one retry policy of fencelock ([`Backoff`]) and the one loop that applies it ([`Retry`]).
 
+use std::fmt::Display;
+use std::future::Future;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
+use tracing::debug;
 
 /// The smallest pause between two tries.
 const MIN_DELAY: Duration = Duration::from_millis(20);
@@ -53,9 +58,15 @@ impl Backoff {
     /// The same policy with pauses growing only up to `max` (at least the first pause): for a
     /// loop that must notice a recovery sooner than a second later.
     pub fn capped(max: Duration) -> Self {
+        Self::between(MIN_DELAY, max)
+    }
+
+    /// The same policy with its first pause `min` (instead of 20 ms) and pauses growing up
+    /// to `max` (at least `min`): for a loop whose tries are costly to the servers.
+    pub fn between(min: Duration, max: Duration) -> Self {
         let inner = ExponentialBuilder::new()
-            .with_min_delay(MIN_DELAY)
-            .with_max_delay(max.max(MIN_DELAY))
+            .with_min_delay(min)
+            .with_max_delay(max.max(min))
             .with_factor(2.0)
             .with_jitter()
             .without_max_times()
@@ -77,5 +88,142 @@ impl Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The one retry loop of fencelock and its backends: runs an operation until it succeeds,
+/// pausing by a [`Backoff`] between tries. It ends, besides success, when
+///
+/// - the error is not worth another try (the caller's rule: for the core,
+///   [`Error::is_temporary`](crate::Error::is_temporary), and the session still alive);
+/// - the pause before the next try would end at or past the give-up instant, if one is set
+///   ([`until`](Self::until)): the last error is returned then, never a pause that outlives
+///   the caller's deadline.
+///
+/// Each pause counts in the retry metric of the backend given to [`counted`](Self::counted).
+/// A caller that must stop at an event (a lost session, a shutdown) races the whole loop
+/// against it: dropping the loop between tries or during one is safe, as the loop keeps no
+/// state of its own beyond the backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock::backend::{Backoff, Retry};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let mut tries = 0;
+/// let answer: Result<u32, String> = Retry::new(Backoff::capped(Duration::from_millis(50)))
+///     .run(
+///         || {
+///             tries += 1;
+///             let now = tries;
+///             async move { if now < 3 { Err(format!("try {now} failed")) } else { Ok(now) } }
+///         },
+///         |_e| true,
+///     )
+///     .await;
+/// assert_eq!(answer, Ok(3));
+///
+/// // A rule that refuses the error ends the loop at once with it.
+/// let refused: Result<(), &str> = Retry::new(Backoff::new()).run(|| async { Err("bad input") }, |_e| false).await;
+/// assert_eq!(refused, Err("bad input"));
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a retry loop does nothing until run"]
+pub struct Retry {
+    backoff: Backoff,
+    give_up: Option<Instant>,
+    counted: Option<&'static str>,
+}
+
+impl Retry {
+    /// A loop that pauses by `backoff` and has no deadline.
+    pub fn new(backoff: Backoff) -> Self {
+        Retry {
+            backoff,
+            give_up: None,
+            counted: None,
+        }
+    }
+
+    /// Gives up (with the last error) rather than pause past `give_up`; `None` never gives
+    /// up by time.
+    pub fn until(mut self, give_up: impl Into<Option<Instant>>) -> Self {
+        self.give_up = give_up.into();
+        self
+    }
+
+    /// Counts each retry in the retry metric of `backend`.
+    pub fn counted(mut self, backend: &'static str) -> Self {
+        self.counted = Some(backend);
+        self
+    }
+
+    /// Runs `op` until it succeeds, `again` refuses its error, or the next pause would cross
+    /// the give-up instant; returns the last result.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the try in progress (whose own cancel safety then applies)
+    /// or the pause; nothing else is left behind.
+    pub async fn run<T, E, F, Fut, A>(mut self, mut op: F, mut again: A) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        A: FnMut(&E) -> bool,
+        E: Display,
+    {
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) => self.after(e, &mut again).await?,
+            }
+        }
+    }
+
+    /// As [`run`](Self::run), for tries that change `state` (which each try borrows in
+    /// turn, so that it needs no lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run); `state` keeps what the try in progress had written to it.
+    pub async fn run_with<S, T, E, F, A>(
+        mut self,
+        state: &mut S,
+        mut op: F,
+        mut again: A,
+    ) -> Result<T, E>
+    where
+        S: ?Sized,
+        F: for<'s> FnMut(&'s mut S) -> BoxFuture<'s, Result<T, E>>,
+        A: FnMut(&E) -> bool,
+        E: Display,
+    {
+        loop {
+            match op(state).await {
+                Ok(v) => return Ok(v),
+                Err(e) => self.after(e, &mut again).await?,
+            }
+        }
+    }
+
+    /// After a failed try: pauses before the next one (`Ok`), or gives up with `e`.
+    async fn after<E: Display>(
+        &mut self,
+        e: E,
+        again: &mut impl FnMut(&E) -> bool,
+    ) -> Result<(), E> {
+        if !again(&e) {
+            return Err(e);
+        }
+        let pause = self.backoff.next_delay();
+        if self.give_up.is_some_and(|g| Instant::now() + pause >= g) {
+            return Err(e);
+        }
+        debug!(error = %e, ?pause, "retrying");
+        if let Some(backend) = self.counted {
+            crate::metrics::retried(backend);
+        }
+        tokio::time::sleep(pause).await;
+        Ok(())
     }
 }

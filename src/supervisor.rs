@@ -3,11 +3,12 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Mutex;
 
 use tracing::{info, warn};
 
 use crate::race::{race, First};
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Retry};
 use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilder, SessionState};
 
 /// Keeps a process leading an election, or holding a lock, across session losses.
@@ -166,64 +167,32 @@ impl Supervisor {
         UF: Future<Output = ()>,
     {
         let mut shutdown = pin!(shutdown);
-        let mut session: Option<Session> = None;
-        let mut backoff = Backoff::new();
+        // The session of the last term, if it lives on; taken and put back by each try.
+        let session: Mutex<Option<Session>> = Mutex::new(None);
+        let acquire = Mutex::new(&mut acquire);
         loop {
             // A session (a new one after a loss), then the lock or leadership.
-            let s = match &session {
-                Some(s) if !matches!(s.state(), SessionState::Lost(_)) => s.clone(),
-                _ => match race(shutdown.as_mut(), self.builder.clone().start()).await {
-                    First::Left(()) => return Ok(()),
-                    First::Right(Ok(s)) => {
-                        session = Some(s.clone());
-                        s
-                    }
-                    First::Right(Err(e)) if e.is_temporary() => {
-                        warn!(error = %e, "cannot start a session yet, retrying");
-                        if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                    First::Right(Err(e)) => return Err(e),
+            let obtained = Retry::new(Backoff::new()).run(
+                || self.obtain(&session, &acquire, name),
+                |e| {
+                    e.is_temporary()
+                        || matches!(e, Error::SessionLost(_) | Error::EntryVanished { .. })
                 },
-            };
-            let tenure = match race(shutdown.as_mut(), acquire(s.clone(), name)).await {
-                First::Left(()) => {
-                    let _ = s.close().await;
-                    return Ok(());
-                }
-                First::Right(Ok(t)) => t,
-                First::Right(Err(Error::SessionLost(end))) => {
-                    warn!(%end, "session lost while waiting: starting a new one");
-                    session = None;
-                    continue;
-                }
-                First::Right(Err(Error::EntryVanished { key })) => {
-                    // Our waiting entry was deleted by someone else (an operator) while the
-                    // session lives on: nothing permanent, so queue again (after a pause, in
-                    // case someone keeps deleting it). A lost session is seen at the loop's top.
-                    warn!(%key, "our waiting entry was deleted: queueing again");
-                    if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
+            );
+            let (s, tenure) = match race(shutdown.as_mut(), obtained).await {
+                First::Right(Ok(got)) => got,
+                ended => {
+                    // Shutdown, or a permanent error: the session kept for a next try goes.
+                    let kept = session.lock().unwrap().take();
+                    if let Some(s) = kept {
                         let _ = s.close().await;
-                        return Ok(());
                     }
-                    continue;
-                }
-                First::Right(Err(e)) if e.is_temporary() => {
-                    warn!(error = %e, "cannot acquire yet, retrying");
-                    if let First::Left(()) = race(shutdown.as_mut(), backoff.pause()).await {
-                        let _ = s.close().await;
-                        return Ok(());
-                    }
-                    continue;
-                }
-                First::Right(Err(e)) => {
-                    let _ = s.close().await;
-                    return Err(e);
+                    return match ended {
+                        First::Right(Err(e)) => Err(e),
+                        _ => Ok(()),
+                    };
                 }
             };
-            backoff = Backoff::new();
             let (lost, user) = start(tenure);
             let mut user = pin!(user);
             let end = match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
@@ -249,9 +218,57 @@ impl Supervisor {
                 TermEnd::Lost(reason) => {
                     warn!(%reason, "lost: taking part again");
                     if matches!(reason, LostReason::Session(_)) {
-                        session = None;
+                        session.lock().unwrap().take();
+                    } else {
+                        *session.lock().unwrap() = Some(s);
                     }
                 }
+            }
+        }
+    }
+
+    /// One try at a term: the session of the last term if it lives on (else a new one), then
+    /// `acquire` in it. The session is kept in `session` for the next try whatever happens,
+    /// unless it is lost.
+    async fn obtain<T, A, AF>(
+        &self,
+        session: &Mutex<Option<Session>>,
+        acquire: &Mutex<&mut A>,
+        name: &str,
+    ) -> Result<(Session, T)>
+    where
+        A: FnMut(Session, &str) -> AF,
+        AF: Future<Output = Result<T>>,
+    {
+        let live = session
+            .lock()
+            .unwrap()
+            .take()
+            .filter(|s| !matches!(s.state(), SessionState::Lost(_)));
+        let s = match live {
+            Some(s) => s,
+            None => self.builder.clone().start().await.inspect_err(|e| {
+                warn!(error = %e, "cannot start a session yet");
+            })?,
+        };
+        *session.lock().unwrap() = Some(s.clone());
+        let acquiring = (acquire.lock().unwrap())(s.clone(), name);
+        match acquiring.await {
+            Ok(t) => {
+                session.lock().unwrap().take();
+                Ok((s, t))
+            }
+            Err(Error::SessionLost(end)) => {
+                warn!(%end, "session lost while waiting: starting a new one");
+                session.lock().unwrap().take();
+                Err(Error::SessionLost(end))
+            }
+            Err(e) => {
+                // Our waiting entry deleted by someone else (an operator) while the session
+                // lives on is nothing permanent: the loop queues again after a pause, in case
+                // someone keeps deleting it.
+                warn!(error = %e, "cannot acquire");
+                Err(e)
             }
         }
     }

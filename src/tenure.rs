@@ -12,8 +12,8 @@ use tracing::{debug, info_span, Instrument};
 
 use crate::backend::{BackendSession, Entry, QueueId};
 use crate::race::{race, First};
-use crate::retry::Backoff;
-use crate::session::{Cleanup, LocalSlot, LostReason, Shared};
+use crate::retry::{Backoff, Retry};
+use crate::session::{Cleanup, LocalSlot, LostReason, Shared, Undo};
 use crate::{Error, FencingToken, Result, Session};
 
 /// Records why a tenure ended, unless an earlier reason is recorded already (the first one
@@ -190,7 +190,7 @@ impl Tenure {
         self.record_end();
         let local = self.local.lock().unwrap().take();
         drop(local);
-        self.session.shared().trim_local_queue(&self.queue);
+        self.session.shared().local.trim(&self.queue);
     }
 }
 
@@ -198,20 +198,23 @@ impl Tenure {
 /// cannot be watched (a permanent error) or the session is gone: the session's own loss
 /// covers those.
 async fn own_entry_gone(remote: Arc<dyn BackendSession>, entry: Entry, session: Weak<Shared>) {
-    let mut backoff = session.upgrade().map_or_else(Backoff::new, |s| s.backoff());
-    loop {
-        match remote.wait_own_gone(&entry).await {
-            Ok(()) => return,
-            Err(e) if e.is_temporary() && session.upgrade().is_some_and(|s| s.end().is_none()) => {
-                debug!(error = %e, "watching our entry failed, retrying");
-                backoff.pause().await;
-            }
-            Err(e) => {
-                debug!(error = %e, "cannot watch our entry");
-                return std::future::pending().await;
-            }
-        }
+    let backoff = session.upgrade().map_or_else(Backoff::new, |s| s.backoff());
+    let watched = Retry::new(backoff)
+        .run(
+            || remote.wait_own_gone(&entry),
+            |e| worth_retrying(e, &session),
+        )
+        .await;
+    if let Err(e) = watched {
+        debug!(error = %e, "cannot watch our entry");
+        std::future::pending().await
     }
+}
+
+/// Whether a failed watch of our entry is worth another try: a temporary error while the
+/// session lives.
+fn worth_retrying(e: &Error, session: &Weak<Shared>) -> bool {
+    e.is_temporary() && session.upgrade().is_some_and(|s| s.end().is_none())
 }
 
 impl Tenure {
@@ -222,19 +225,13 @@ impl Tenure {
         let remote = shared.remote.clone();
         let weak = Arc::downgrade(shared);
         let entry = self.entry.clone();
-        let mut backoff = shared.backoff();
+        let backoff = shared.backoff();
         async move {
-            loop {
-                match remote.wait_revoke(&entry).await {
-                    Ok(()) => return,
-                    Err(e)
-                        if e.is_temporary()
-                            && weak.upgrade().is_some_and(|s| s.end().is_none()) =>
-                    {
-                        backoff.pause().await
-                    }
-                    Err(_) => return std::future::pending().await,
-                }
+            let watched = Retry::new(backoff)
+                .run(|| remote.wait_revoke(&entry), |e| worth_retrying(e, &weak))
+                .await;
+            if watched.is_err() {
+                std::future::pending().await
             }
         }
     }
@@ -254,10 +251,12 @@ impl Tenure {
         let local = self.local.lock().unwrap().take();
         // Never blocks, needs no runtime: the background task deletes the entry, then lets
         // the next local waiter go (if the primitive has a local queue).
-        self.session.shared().hand_off(Cleanup::Remove {
-            queue: self.queue.clone(),
-            entry: self.entry.clone(),
-            local,
+        self.session.shared().hand_off(Cleanup::Undo {
+            undo: Undo::Remove {
+                queue: self.queue.clone(),
+                entry: self.entry.clone(),
+            },
+            locals: local.into_iter().collect(),
         });
     }
 

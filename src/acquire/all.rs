@@ -1,9 +1,8 @@
 //! The multi-lock's acquisition: an exclusive entry in every queue in one atomic request.
 
-use tracing::debug;
 use uuid::Uuid;
 
-use super::pending::{answer_of, PendingAll};
+use super::pending::{create, PendingAll};
 use crate::backend::{EnqueueRequest, EntryKind, QueueId};
 use crate::session::LocalSlot;
 use crate::tenure::Tenure;
@@ -25,14 +24,19 @@ pub(crate) async fn acquire_all(
         inflight: None,
         maybe_created: false,
         locals,
+        undoing: None,
     };
-    let mut backoff = shared.backoff();
-    let entries = loop {
-        let task = tokio::spawn({
+    let queues_tried = pending.queues.clone();
+    let entries = create(
+        &shared,
+        &mut pending.inflight,
+        &mut pending.maybe_created,
+        None,
+        "enqueue all",
+        |retry| {
             let remote = shared.remote.clone();
-            let queues = pending.queues.clone();
-            let retry = pending.maybe_created;
-            async move {
+            let queues = queues_tried.clone();
+            tokio::spawn(async move {
                 let reqs: Vec<EnqueueRequest<'_>> = queues
                     .iter()
                     .map(|(q, attempt)| {
@@ -45,28 +49,10 @@ pub(crate) async fn acquire_all(
                     })
                     .collect();
                 remote.enqueue_all(&reqs).await
-            }
-        });
-        let answer = answer_of(
-            &shared,
-            &mut pending.inflight,
-            task,
-            &mut pending.maybe_created,
-            "enqueue all",
-        );
-        match answer.await? {
-            Ok(entries) => break entries,
-            Err(e) if e.is_temporary() => {
-                pending.maybe_created = true;
-                debug!(error = %e, "enqueue of all failed, retrying");
-                shared.unless_lost(backoff.pause()).await?;
-            }
-            Err(e) => {
-                pending.maybe_created = true;
-                return Err(e);
-            }
-        }
-    };
+            })
+        },
+    )
+    .await?;
     let Some(entries) = entries else {
         // This try created nothing (the contract of `enqueue_all`); an earlier one whose reply
         // was lost may have, in queues the retry then found taken: abandon those.

@@ -185,6 +185,7 @@ async fn acquire_recorded(
             maybe_created: false,
             entry: None,
             local,
+            undoing: None,
         };
         let enqueued = enqueue(&shared, req, &mut pending, wait).await;
         let res = match enqueued {
@@ -255,7 +256,7 @@ pub(crate) async fn local_turn(
         QueueKind::ReadWrite => LocalQueue::read_write,
         _ => LocalQueue::exclusive,
     };
-    let q = shared.local_queue(queue, make);
+    let q = shared.local.get(queue, make);
     match wait {
         Wait::No => Ok(q.try_lock(shared_turn)),
         Wait::Forever => shared.unless_lost(q.lock(shared_turn)).await.map(Some),

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{Entry, EntryKind, QueueId};
-use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, LocalSlot, Shared};
+use crate::retry::Retry;
+use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, LocalSlot, Shared, Undo};
 use crate::{Error, Result};
 
 /// An acquisition in progress. If it is dropped before it becomes a [`Tenure`](crate::tenure::Tenure) (a cancelled
@@ -25,32 +27,30 @@ pub(super) struct Pending {
     pub(super) maybe_created: bool,
     pub(super) entry: Option<Entry>,
     pub(super) local: Option<LocalSlot>,
+    /// What an undo in progress has still to do (see [`cleanup_now`](Self::cleanup_now)).
+    pub(super) undoing: Option<Undo>,
 }
 
 impl Pending {
-    pub(super) fn take_cleanup(&mut self) -> Option<Cleanup> {
-        let local = self.local.take();
+    /// What this attempt leaves on the cluster, if anything (taken: the attempt is settled).
+    fn take_undo(&mut self) -> Option<Undo> {
         let (queue, kind, attempt) = (self.queue.clone(), self.kind, self.attempt);
-        if let Some(entry) = self.entry.take() {
-            Some(Cleanup::Remove {
-                queue,
-                entry,
-                local,
-            })
+        if let Some(undo) = self.undoing.take() {
+            Some(undo)
+        } else if let Some(entry) = self.entry.take() {
+            Some(Undo::Remove { queue, entry })
         } else if let Some(inflight) = self.inflight.take() {
-            Some(Cleanup::Enqueued {
+            Some(Undo::Enqueued {
                 queue,
                 kind,
                 attempt,
                 inflight,
-                local,
             })
         } else if std::mem::take(&mut self.maybe_created) {
-            Some(Cleanup::Abandon {
+            Some(Undo::Abandon {
                 queue,
                 kind,
                 attempt,
-                local,
             })
         } else {
             None
@@ -61,37 +61,30 @@ impl Pending {
     /// promise that no entry is left when they return). Falls back to the background task if
     /// that fails or is cancelled.
     pub(super) async fn cleanup_now(mut self) {
-        if let Some(inflight) = self.inflight.as_mut() {
-            let answer = inflight.await;
-            self.inflight = None;
-            match answer {
-                Ok(Ok(enqueued)) => self.entry = Some(enqueued.entry),
-                _ => self.maybe_created = true,
-            }
-        }
-        let shared = self.shared.clone();
-        let remote = shared.remote.clone();
-        let res = if let Some(entry) = &self.entry {
-            shared.retry(|| remote.remove(entry)).await.map(drop)
-        } else if self.maybe_created {
-            let (queue, kind, attempt) = (&self.queue, self.kind, self.attempt);
-            shared.retry(|| remote.abandon(queue, kind, attempt)).await
-        } else {
-            Ok(())
-        };
-        if res.is_ok() || shared.end().is_some() {
-            self.entry = None;
-            self.maybe_created = false;
-        }
+        self.undoing = self.take_undo();
+        undo_now(&self.shared, &mut self.undoing).await;
         // Drop hands off anything left.
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(work) = self.take_cleanup() {
-            self.shared.hand_off(work);
+        if let Some(undo) = self.take_undo() {
+            let locals = self.local.take().into_iter().collect();
+            self.shared.hand_off(Cleanup::Undo { undo, locals });
         }
+    }
+}
+
+/// Carries out `left` now, each request retried while the session lives; a lost session takes
+/// what is left with it. What fails stays in `left` for the background task.
+async fn undo_now(shared: &Shared, left: &mut Option<Undo>) {
+    let again = |e: &Error| e.is_temporary() && shared.end().is_none();
+    let retry = || Retry::new(shared.backoff()).counted(shared.backend_name());
+    let undo = Undo::carry_out(left, &*shared.remote, retry, again);
+    let _ = shared.unless_lost(undo).await;
+    if shared.end().is_some() {
+        *left = None;
     }
 }
 
@@ -103,50 +96,86 @@ pub(super) struct PendingAll {
     pub(super) inflight: Option<EnqueueAllTask>,
     pub(super) maybe_created: bool,
     pub(super) locals: Vec<LocalSlot>,
+    /// What an undo in progress has still to do (see [`abandon_now`](Self::abandon_now)).
+    pub(super) undoing: Option<Undo>,
+}
+
+impl PendingAll {
+    /// What this attempt leaves on the cluster, if anything (taken: the attempt is settled).
+    fn take_undo(&mut self) -> Option<Undo> {
+        if let Some(undo) = self.undoing.take() {
+            return Some(undo);
+        }
+        let inflight = self.inflight.take();
+        let maybe_created = std::mem::take(&mut self.maybe_created);
+        (inflight.is_some() || maybe_created).then(|| Undo::EnqueuedAll {
+            queues: std::mem::take(&mut self.queues),
+            inflight,
+            maybe_created,
+        })
+    }
+
+    /// Abandons every attempt *now* (an earlier try may have created entries that the last
+    /// answer does not report), so that `try_lock` leaves nothing when it returns. Falls back
+    /// to the background task (on drop) if that fails or is cancelled.
+    pub(super) async fn abandon_now(&mut self) {
+        self.undoing = self.take_undo();
+        undo_now(&self.shared, &mut self.undoing).await;
+    }
 }
 
 impl Drop for PendingAll {
     fn drop(&mut self) {
-        let inflight = self.inflight.take();
-        if inflight.is_none() && !self.maybe_created {
-            return;
+        // (No task is spawned here: a drop may happen outside any runtime.)
+        if let Some(undo) = self.take_undo() {
+            let locals = std::mem::take(&mut self.locals);
+            self.shared.hand_off(Cleanup::Undo { undo, locals });
         }
-        // With `maybe_created`, an earlier try may have created entries and no reply says
-        // which: every attempt is abandoned. (No task is spawned here: a drop may happen
-        // outside any runtime.)
-        self.shared.hand_off(Cleanup::EnqueuedAll {
-            queues: std::mem::take(&mut self.queues),
-            inflight,
-            maybe_created: self.maybe_created,
-            locals: std::mem::take(&mut self.locals),
-        });
     }
 }
 
-impl PendingAll {
-    /// Abandons every attempt *now* (an earlier try may have created entries that the last
-    /// answer does not report), so that `try_lock` leaves nothing when it returns. Falls back to
-    /// the background task (on drop) if that fails.
-    pub(super) async fn abandon_now(&mut self) {
-        let remote = self.shared.remote.clone();
-        for (queue, attempt) in &self.queues {
-            let res = self
-                .shared
-                .retry(|| remote.abandon(queue, EntryKind::Exclusive, *attempt))
-                .await;
-            if res.is_err() && self.shared.end().is_none() {
-                return;
-            }
-        }
-        self.maybe_created = false;
-    }
+/// Sends a create as a task of its own per try (`spawn`, told whether an earlier try may have
+/// created something), kept in `inflight` while it runs, and retries temporary errors until
+/// `deadline` (the last error then) or the session is lost. Sets `maybe_created` when a failed
+/// try may have created something: any failure but a request refused before it was sent.
+pub(super) async fn create<T: Send + 'static>(
+    shared: &Shared,
+    inflight: &mut Option<JoinHandle<Result<T>>>,
+    maybe_created: &mut bool,
+    deadline: Option<Instant>,
+    op: &'static str,
+    mut spawn: impl FnMut(bool) -> JoinHandle<Result<T>>,
+) -> Result<T> {
+    let mut state = (shared, inflight, maybe_created);
+    Retry::new(shared.backoff())
+        .until(deadline)
+        .counted(shared.backend_name())
+        .run_with(
+            &mut state,
+            |(shared, inflight, maybe_created)| {
+                let task = shared.check_alive().map(|()| spawn(**maybe_created));
+                Box::pin(async move {
+                    let answer = answer_of(shared, inflight, task?, maybe_created, op).await?;
+                    answer.inspect_err(|e| {
+                        **maybe_created |= !matches!(
+                            e,
+                            Error::InvalidName(_)
+                                | Error::InvalidConfig(_)
+                                | Error::InvalidValue(_)
+                        );
+                    })
+                })
+            },
+            Error::is_temporary,
+        )
+        .await
 }
 
 /// Awaits a create sent as a task of its own, kept in `slot` meanwhile (so that a drop of the
 /// attempt hands it to the background task), unless the session is lost. A task that ended
 /// without an answer (it panicked) may have created something: `maybe_created` is set, and the
 /// error is permanent.
-pub(super) async fn answer_of<T>(
+async fn answer_of<T>(
     shared: &Shared,
     slot: &mut Option<JoinHandle<Result<T>>>,
     task: JoinHandle<Result<T>>,

@@ -3,14 +3,13 @@
 
 use std::sync::Arc;
 
-use tokio::time::Instant;
-use tracing::{debug, info_span, Instrument};
+use tracing::{info_span, Instrument};
 
-use super::pending::{answer_of, Pending};
+use super::pending::{create, Pending};
 use super::{Request, Wait};
 use crate::backend::{EnqueueRequest, Enqueued, Entry, Peer};
 use crate::session::Shared;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Creates the remote entry (retrying temporary errors), as a task of its own per try.
 pub(super) async fn enqueue(
@@ -19,16 +18,19 @@ pub(super) async fn enqueue(
     pending: &mut Pending,
     wait: Wait,
 ) -> Result<Enqueued> {
-    let mut backoff = shared.backoff();
-    loop {
-        shared.check_alive()?;
-        let task = tokio::spawn({
+    let pending_attempt = pending.attempt;
+    let created = create(
+        shared,
+        &mut pending.inflight,
+        &mut pending.maybe_created,
+        wait.deadline(),
+        "enqueue",
+        |retry| {
             let remote = shared.remote.clone();
-            let (queue, kind, attempt) = (req.queue.clone(), req.kind, pending.attempt);
+            let (queue, kind, attempt) = (req.queue.clone(), req.kind, pending_attempt);
             let rule = req.rule;
             let value = req.value.to_vec();
-            let retry = pending.maybe_created;
-            async move {
+            tokio::spawn(async move {
                 let (ahead_kind, nearest) = rule.window();
                 let mut r = EnqueueRequest::new(&queue, kind, attempt, &value)
                     .with_ahead(ahead_kind, nearest);
@@ -36,34 +38,18 @@ pub(super) async fn enqueue(
                     r = r.retried();
                 }
                 remote.enqueue(r).await
-            }
-        });
-        let answer = answer_of(
-            shared,
-            &mut pending.inflight,
-            task,
-            &mut pending.maybe_created,
-            "enqueue",
-        );
-        let e = match answer.await? {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
-        };
-        // Refused before anything was sent: nothing can have been created.
-        pending.maybe_created |= !matches!(
-            e,
-            Error::InvalidName(_) | Error::InvalidConfig(_) | Error::InvalidValue(_)
-        );
-        if !e.is_temporary() {
-            return Err(e);
+            })
+        },
+    )
+    .await;
+    // A temporary error is returned only when the deadline came first.
+    created.map_err(|e| {
+        if e.is_temporary() {
+            wait.timed_out()
+        } else {
+            e
         }
-        debug!(error = %e, "enqueue failed, retrying");
-        let pause = backoff.next_delay();
-        if wait.deadline().is_some_and(|d| Instant::now() + pause >= d) {
-            return Err(wait.timed_out());
-        }
-        shared.unless_lost(tokio::time::sleep(pause)).await?;
-    }
+    })
 }
 
 /// One acquisition's entry on its way to the grant.

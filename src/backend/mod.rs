@@ -55,6 +55,77 @@
 //! [`enqueue`](BackendSession::enqueue) is followed by an
 //! [`abandon`](BackendSession::abandon) of its attempt.
 
+//!
+//! # Implementing a backend
+//!
+//! Two traits: [`Backend`] (settings and limits, and [`Backend::open_session`]) and
+//! [`BackendSession`] (everything a session does). Of their 29 methods, 20 have no default.
+//! The shipped backends keep one shape, one file per job, which a new backend can copy:
+//!
+//! | file | what |
+//! |---|---|
+//! | `config.rs`, `connect.rs` | settings, validation, connecting ([`Retry`] for the connect loop) |
+//! | `lifecycle.rs` | open, keep alive, events, close |
+//! | `session.rs` | the one `impl BackendSession`, one delegating line per method: a table of contents |
+//! | `queue.rs` | enqueue, wait, still ahead, own gone, remove, abandon, set value |
+//! | `read.rs` | head, queue change, inspect, list |
+//! | `revoke.rs` | request and wait for a revocation |
+//! | `watch.rs` | the backend's single watch primitive |
+//! | `layout.rs` | pure key/path functions, with unit tests (key-value stores: [`key_value_entry_key`]) |
+//! | `error.rs` | client errors mapped to [`Error`](crate::Error), temporary or not |
+//!
+//! The skeleton (each `todo!()` is one of the contracts stated on the method), and the proof:
+//! run the behaviour suite ([`crate::conformance`], feature `conformance`) against a real
+//! server.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use async_trait::async_trait;
+//! use fencelock::backend::*;
+//! use fencelock::{FencingToken, Result};
+//! use uuid::Uuid;
+//!
+//! #[derive(Debug)]
+//! struct MyBackend;
+//!
+//! #[async_trait]
+//! impl Backend for MyBackend {
+//!     fn name(&self) -> &'static str { "mine" }
+//!     fn min_ttl(&self) -> Duration { Duration::from_secs(1) }
+//!     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {
+//!         Ok(Arc::new(MySession { ttl }))
+//!     }
+//! }
+//!
+//! #[derive(Debug)]
+//! struct MySession { ttl: Duration }
+//!
+//! #[async_trait]
+//! impl BackendSession for MySession {
+//!     fn id(&self) -> String { todo!() }
+//!     fn ttl(&self) -> Duration { self.ttl }
+//!     async fn keep_alive(&self) -> Result<()> { todo!() }
+//!     async fn close(&self) -> Result<()> { todo!() }
+//!     async fn enqueue(&self, req: EnqueueRequest<'_>) -> Result<Enqueued> { todo!() }
+//!     async fn enqueue_all(&self, reqs: &[EnqueueRequest<'_>]) -> Result<Option<Vec<Entry>>> { todo!() }
+//!     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> { todo!() }
+//!     async fn still_ahead(&self, own: &Entry, queue: &QueueId, kind: Option<EntryKind>, nearest: usize) -> Result<Vec<Peer>> { todo!() }
+//!     async fn wait_own_gone(&self, own: &Entry) -> Result<()> { todo!() }
+//!     async fn remove(&self, entry: &Entry) -> Result<bool> { todo!() }
+//!     async fn abandon(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> Result<()> { todo!() }
+//!     async fn set_value(&self, entry: &Entry, value: &[u8]) -> Result<bool> { todo!() }
+//!     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> { todo!() }
+//!     async fn wait_queue_change(&self, queue: &QueueId, seen: Option<&(Entry, Vec<u8>)>) -> Result<()> { todo!() }
+//!     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> { todo!() }
+//!     async fn list(&self, namespace: &str) -> Result<Vec<String>> { todo!() }
+//!     async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> { todo!() }
+//!     async fn wait_revoke(&self, own: &Entry) -> Result<()> { todo!() }
+//! }
+//! # let _ = MyBackend;
+//! ```
+
+mod key_value;
 mod types;
 
 use std::fmt;
@@ -69,8 +140,9 @@ pub use types::{
     SessionEvent, REVOKE_MARKER,
 };
 
-pub use crate::retry::Backoff;
+pub use crate::retry::{Backoff, Retry};
 use crate::Result;
+pub use key_value::{key_value_entry_key, key_value_queue_of};
 
 /// The largest entry value (an election candidate's published value) accepted, in bytes:
 /// 1,000,000, which fits a ZooKeeper packet under its default `jute.maxbuffer` (1 MiB), an
@@ -152,30 +224,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`min_ttl`](Self::min_ttl) and [`max_ttl`](Self::max_ttl)). The returned session reports
     /// the TTL actually granted or negotiated, which the core then enforces.
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>>;
-}
-
-/// [`Backend::queue_of`] for the key layout of etcd's Go recipes, which the etcd and memory
-/// backends share: `{namespace}/{name}/{session}` (a lock or an election: the two cannot be told
-/// apart, and read alike; reported as [`QueueKind::Lock`]), `{namespace}/{name}/read/{…}` and
-/// `…/write/{…}` (a read-write lock), `{namespace}/{name}/{session}_{attempt}` (a semaphore's
-/// leases).
-pub fn key_value_queue_of(namespace: &str, key: &str) -> Option<(String, QueueKind)> {
-    let rest = key.strip_prefix(namespace)?.strip_prefix('/')?;
-    let (parent, leaf) = rest.rsplit_once('/')?;
-    if parent.is_empty() || leaf.is_empty() {
-        return None;
-    }
-    for role in ["/read", "/write"] {
-        if let Some(name) = parent.strip_suffix(role).filter(|n| !n.is_empty()) {
-            return Some((name.to_string(), QueueKind::ReadWrite));
-        }
-    }
-    let kind = if leaf.contains('_') {
-        QueueKind::Semaphore
-    } else {
-        QueueKind::Lock
-    };
-    Some((parent.to_string(), kind))
 }
 
 /// One session on the cluster. Every entry it creates is ephemeral: it goes when the session

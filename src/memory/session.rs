@@ -10,8 +10,8 @@ use uuid::Uuid;
 use super::cluster::{entry, State};
 use super::Inner;
 use crate::backend::{
-    BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
-    QueueKind, REVOKE_MARKER,
+    key_value_entry_key, BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind,
+    Peer, QueueId, REVOKE_MARKER,
 };
 use crate::{Error, FencingToken, Result};
 
@@ -27,15 +27,7 @@ impl MemorySession {
     /// `{namespace}/{name}/{session id in hex}` (one per session), or with the attempt for
     /// entries a session may hold several of (readers, writers, permits).
     fn key(&self, queue: &QueueId, kind: EntryKind, attempt: Uuid) -> String {
-        let path = queue.path();
-        let id = self.id;
-        let attempt = attempt.simple();
-        match (queue.kind, kind) {
-            (QueueKind::ReadWrite, EntryKind::Shared) => format!("{path}/read/{id:x}_{attempt}"),
-            (QueueKind::ReadWrite, _) => format!("{path}/write/{id:x}_{attempt}"),
-            (QueueKind::Semaphore, _) => format!("{path}/{id:x}_{attempt}"),
-            _ => format!("{path}/{id:x}"),
-        }
+        key_value_entry_key(queue, &format!("{:x}", self.id), kind, attempt)
     }
 
     /// Waits until `done` holds for the state, re-checking after every change.

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
-use tracing::{debug, info_span, Instrument};
+use tracing::{info_span, Instrument};
 
 use super::shared::Shared;
 use super::{cleanup, clock, heartbeat};
 use crate::backend::Backend;
 use crate::name::validate_namespace;
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Retry};
 use crate::{Error, Result};
 
 /// The default session TTL (10 s).
@@ -108,27 +108,18 @@ impl SessionBuilder {
         let give_up = Instant::now().checked_add(self.start_timeout);
         // Retried about as often as the session's own loops would: a cluster electing a leader
         // is noticed within a twentieth of the TTL.
-        let mut backoff = Backoff::for_ttl(self.ttl);
         let clock = clock::Clock::default();
-        let (sent, remote) = loop {
-            let sent = clock.now();
-            match backend
-                .open_session(self.ttl)
-                .instrument(span.clone())
-                .await
-            {
-                Ok(remote) => break (sent, remote),
-                Err(e) if e.is_temporary() => {
-                    let pause = backoff.next_delay();
-                    if give_up.is_some_and(|g| Instant::now() + pause >= g) {
-                        return Err(e);
-                    }
-                    debug!(error = %e, "cannot open the session yet, retrying");
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let (sent, remote) = Retry::new(Backoff::for_ttl(self.ttl))
+            .until(give_up)
+            .run(
+                || {
+                    let sent = clock.now();
+                    let opened = backend.open_session(self.ttl).instrument(span.clone());
+                    async move { opened.await.map(|remote| (sent, remote)) }
+                },
+                Error::is_temporary,
+            )
+            .await?;
         span.record("id", remote.id());
         // The granted TTL may differ from the request (etcd raises it to its minimum,
         // ZooKeeper negotiates it): the deadline follows what the cluster enforces.

@@ -2,16 +2,16 @@
 //! acquisitions, carried out in order by the session's background task, so that a `Drop` never
 //! blocks, never needs a runtime, and never leaves an entry behind.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tracing::{debug, info_span, Instrument};
 
 use super::handoff::Cleanup;
 use super::shared::Shared;
-use crate::backend::EntryKind;
-use crate::retry::Backoff;
-use crate::Result;
+use super::undo::Undo;
+use crate::retry::{Backoff, Retry};
+use crate::Error;
 
 /// Carries out the handed-over work in order, retrying temporary errors until the session is
 /// lost (then the cluster removes the entries with the session).
@@ -22,126 +22,38 @@ pub(crate) async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<
     drop(shared);
     async move {
         while let Some(work) = rx.recv().await {
-            let (queue, local) = match work {
+            let (undo, locals) = match work {
                 Cleanup::Flush(tx) => {
                     let _ = tx.send(());
                     continue;
                 }
-                Cleanup::Remove {
-                    queue,
-                    entry,
-                    local,
-                } => {
-                    let span = info_span!("release", key = %entry.key, token = %entry.token);
-                    until_done(&weak, || remote.remove(&entry))
-                        .instrument(span)
-                        .await;
-                    (queue, local)
-                }
-                Cleanup::Enqueued {
-                    queue,
-                    kind,
-                    attempt,
-                    inflight,
-                    local,
-                } => {
-                    let span = info_span!("abandon", queue = %queue);
-                    match inflight.await {
-                        Ok(Ok(enqueued)) => {
-                            until_done(&weak, || remote.remove(&enqueued.entry))
-                                .instrument(span)
-                                .await
-                        }
-                        _ => {
-                            until_done(&weak, || remote.abandon(&queue, kind, attempt))
-                                .instrument(span)
-                                .await
-                        }
-                    }
-                    (queue, local)
-                }
-                Cleanup::EnqueuedAll {
-                    queues,
-                    inflight,
-                    maybe_created,
-                    locals,
-                } => {
-                    let span = info_span!("abandon", queues = queues.len());
-                    let created = match inflight {
-                        Some(inflight) => inflight.await.ok(),
-                        None => None,
-                    };
-                    async {
-                        match created {
-                            Some(Ok(Some(entries))) if !maybe_created => {
-                                for entry in &entries {
-                                    until_done(&weak, || remote.remove(entry)).await;
-                                }
-                            }
-                            Some(Ok(None)) if !maybe_created => {}
-                            _ => {
-                                for (queue, attempt) in &queues {
-                                    until_done(&weak, || {
-                                        remote.abandon(queue, EntryKind::Exclusive, *attempt)
-                                    })
-                                    .await;
-                                }
-                            }
-                        }
-                    }
-                    .instrument(span)
-                    .await;
-                    drop(locals);
-                    if let Some(shared) = weak.upgrade() {
-                        for (queue, _) in &queues {
-                            shared.trim_local_queue(queue);
-                        }
-                    }
-                    continue;
-                }
-                Cleanup::Abandon {
-                    queue,
-                    kind,
-                    attempt,
-                    local,
-                } => {
-                    let span = info_span!("abandon", queue = %queue);
-                    until_done(&weak, || remote.abandon(&queue, kind, attempt))
-                        .instrument(span)
-                        .await;
-                    (queue, local)
-                }
+                Cleanup::Undo { undo, locals } => (undo, locals),
             };
-            drop(local);
+            let queues = undo.queues();
+            let first = queues.first().map(ToString::to_string).unwrap_or_default();
+            let span = info_span!("undo", queue = %first, queues = queues.len());
+            let backoff = || weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
+            let live = |e: &Error| {
+                e.is_temporary()
+                    && weak
+                        .upgrade()
+                        .is_some_and(|s| s.end().is_none() && !s.stop.is_cancelled())
+            };
+            let mut left = Some(undo);
+            let done = Undo::carry_out(&mut left, &*remote, || Retry::new(backoff()), live)
+                .instrument(span)
+                .await;
+            if let Err(e) = done {
+                debug!(error = %e, "background release given up (the session takes the entry with it)");
+            }
+            drop(locals);
             if let Some(shared) = weak.upgrade() {
-                shared.trim_local_queue(&queue);
+                for queue in &queues {
+                    shared.local.trim(queue);
+                }
             }
         }
     }
     .instrument(span)
     .await
-}
-
-/// Runs `op` until it succeeds, a permanent error, or the session is gone.
-async fn until_done<T, F, Fut>(weak: &Weak<Shared>, mut op: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let mut backoff = weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
-    loop {
-        match op().await {
-            Ok(_) => return,
-            Err(e) => {
-                let gone = weak
-                    .upgrade()
-                    .is_none_or(|s| s.end().is_some() || s.stop.is_cancelled());
-                if gone || !e.is_temporary() {
-                    debug!(error = %e, "background release given up (the session takes the entry with it)");
-                    return;
-                }
-                backoff.pause().await;
-            }
-        }
-    }
 }

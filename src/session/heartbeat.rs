@@ -17,7 +17,7 @@ use tracing::{debug, warn, Instrument};
 use super::shared::Shared;
 use super::state::{SessionEnd, SessionState};
 use crate::backend::{BackendSession, SessionEvent};
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Retry};
 use crate::Error;
 
 /// What woke the heartbeat loop.
@@ -189,19 +189,11 @@ const CLOSE_RETRY_MAX: Duration = Duration::from_millis(250);
 /// the session (etcd grants every lease a fresh TTL under a new leader); ending it as soon as
 /// the cluster answers frees its locks at once instead of a TTL later.
 async fn close_patiently(remote: &dyn BackendSession, ttl: Duration) {
-    let give_up = Instant::now() + CLOSE_PATIENCE;
-    let mut backoff = Backoff::capped(CLOSE_RETRY_MAX.min(ttl / 20));
-    loop {
-        match remote.close().await {
-            Ok(()) => return,
-            Err(e) if e.is_temporary() && Instant::now() < give_up => {
-                debug!(error = %e, "cannot end the session on the cluster yet, retrying");
-                backoff.pause().await;
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot end the session on the cluster: it ends when the cluster expires it");
-                return;
-            }
-        }
+    let closed = Retry::new(Backoff::capped(CLOSE_RETRY_MAX.min(ttl / 20)))
+        .until(Instant::now() + CLOSE_PATIENCE)
+        .run(|| remote.close(), Error::is_temporary)
+        .await;
+    if let Err(e) = closed {
+        warn!(error = %e, "cannot end the session on the cluster: it ends when the cluster expires it");
     }
 }

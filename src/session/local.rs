@@ -2,10 +2,13 @@
 //! first, so that the session settles local contention without requests (and, for a mutex,
 //! holds one remote entry per lock).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Mutex as AsyncMutex, RwLock as AsyncRwLock};
+
+use crate::backend::{QueueId, QueueKind};
 
 /// The local queue of one session for one lock: FIFO (tokio's mutex and read-write lock are
 /// fair: a queued writer holds back readers that came after it, as on the cluster).
@@ -63,5 +66,55 @@ pub(crate) struct LocalSlot(#[allow(dead_code)] Box<dyn Send + Sync>);
 impl fmt::Debug for LocalSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("LocalSlot")
+    }
+}
+
+/// The local queues of one session, one per lock queue in use.
+pub(crate) struct LocalQueues {
+    map: Mutex<HashMap<QueueId, LocalQueue>>,
+    /// Whether the backend makes a mutex and an election of one name one queue (see
+    /// [`local_key`]).
+    mutex_and_election_shared: bool,
+}
+
+impl LocalQueues {
+    /// No queue yet, for a backend that makes a mutex and an election of one name one queue
+    /// or not.
+    pub(crate) fn new(mutex_and_election_shared: bool) -> Self {
+        LocalQueues {
+            map: Mutex::new(HashMap::new()),
+            mutex_and_election_shared,
+        }
+    }
+
+    /// The local queue for `queue`, made by `make` on first use.
+    pub(crate) fn get(&self, queue: &QueueId, make: impl FnOnce() -> LocalQueue) -> LocalQueue {
+        let key = local_key(queue, self.mutex_and_election_shared);
+        let mut map = self.map.lock().unwrap();
+        map.entry(key).or_insert_with(make).clone()
+    }
+
+    /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
+    pub(crate) fn trim(&self, queue: &QueueId) {
+        let key = local_key(queue, self.mutex_and_election_shared);
+        let mut map = self.map.lock().unwrap();
+        if map.get(&key).is_some_and(LocalQueue::unused) {
+            map.remove(&key);
+        }
+    }
+}
+
+/// The local queue a queue's tasks line up in. A mutex and an election of the same name share
+/// one where the backend makes them one queue (`mutex_and_election_share_queue`): on etcd
+/// (Go's layout), in memory and on Redis both make the same entry key
+/// `{namespace}/{name}/{session}`, so letting them queue apart would let the second adopt the
+/// first's entry (a grant without waiting, and a release that deletes the other's entry).
+/// Where they are independent (ZooKeeper), they are independent in one session too.
+fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> QueueId {
+    match queue.kind {
+        QueueKind::Election if mutex_and_election_shared => {
+            QueueId::new(queue.namespace.clone(), queue.name.clone(), QueueKind::Lock)
+        }
+        _ => queue.clone(),
     }
 }

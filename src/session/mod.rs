@@ -8,6 +8,7 @@ mod heartbeat;
 mod local;
 mod shared;
 mod state;
+mod undo;
 
 use std::fmt;
 use std::future::Future;
@@ -22,10 +23,11 @@ use tracing::Instrument;
 pub use builder::{
     IntoBackend, SessionBuilder, DEFAULT_NAMESPACE, DEFAULT_START_TIMEOUT, DEFAULT_TTL,
 };
-pub(crate) use handoff::{Cleanup, EnqueueAllTask, EnqueueTask};
+pub(crate) use handoff::Cleanup;
 pub(crate) use local::{LocalQueue, LocalSlot};
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};
+pub(crate) use undo::{EnqueueAllTask, EnqueueTask, Undo};
 
 use crate::backend::{QueueId, QueueKind};
 use crate::name::validate_name;

@@ -1,6 +1,5 @@
 //! The state one session shares with its handles and background tasks.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -9,15 +8,15 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::clock::{Clock, Stamp};
 use super::handoff::Cleanup;
-use super::local::LocalQueue;
+use super::local::LocalQueues;
 use super::state::{SessionEnd, SessionState};
-use crate::backend::{Backend, BackendSession, QueueId, QueueKind};
+use crate::backend::{Backend, BackendSession};
 use crate::race::{race, First};
-use crate::retry::Backoff;
+use crate::retry::{Backoff, Retry};
 use crate::{Error, Result};
 
 /// The inside of a [`Session`](crate::Session).
@@ -36,7 +35,8 @@ pub(crate) struct Shared {
     pub(crate) stop: CancellationToken,
     /// Heartbeats stopped on purpose (a test playing a paused process).
     pub(crate) halted: AtomicBool,
-    local: StdMutex<HashMap<QueueId, LocalQueue>>,
+    /// The local queues tasks of this session line up in before the cluster's.
+    pub(crate) local: LocalQueues,
     cleanup: mpsc::UnboundedSender<Cleanup>,
     pub(crate) span: tracing::Span,
     /// Whether acquisition metrics carry the lock's name (see [`crate::metrics`]).
@@ -58,6 +58,7 @@ impl Shared {
         metrics_names: bool,
     ) -> Self {
         crate::metrics::session_state(None, SessionState::Live);
+        let local = LocalQueues::new(backend.mutex_and_election_share_queue());
         Shared {
             backend,
             remote,
@@ -69,7 +70,7 @@ impl Shared {
             state: watch::channel(SessionState::Live).0,
             stop: CancellationToken::new(),
             halted: AtomicBool::new(false),
-            local: StdMutex::new(HashMap::new()),
+            local,
             cleanup,
             span,
             metrics_names,
@@ -198,58 +199,23 @@ impl Shared {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut backoff = self.backoff();
-        loop {
-            self.check_alive()?;
-            match self.unless_lost(op()).await? {
-                Err(e) if e.is_temporary() => {
-                    debug!(error = %e, "temporary error, retrying");
-                    crate::metrics::retried(self.backend_name());
-                    self.unless_lost(backoff.pause()).await?;
+        let tries = Retry::new(self.backoff()).counted(self.backend_name()).run(
+            || {
+                let alive = self.check_alive();
+                let attempt = op();
+                async move {
+                    alive?;
+                    attempt.await
                 }
-                other => return other,
-            }
-        }
-    }
-
-    /// The local queue of this session for `queue`, made by `make` on first use.
-    pub(crate) fn local_queue(
-        &self,
-        queue: &QueueId,
-        make: impl FnOnce() -> LocalQueue,
-    ) -> LocalQueue {
-        let mut map = self.local.lock().unwrap();
-        let key = local_key(queue, self.backend.mutex_and_election_share_queue());
-        map.entry(key).or_insert_with(make).clone()
-    }
-
-    /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
-    pub(crate) fn trim_local_queue(&self, queue: &QueueId) {
-        let mut map = self.local.lock().unwrap();
-        let key = local_key(queue, self.backend.mutex_and_election_share_queue());
-        if map.get(&key).is_some_and(LocalQueue::unused) {
-            map.remove(&key);
-        }
+            },
+            Error::is_temporary,
+        );
+        self.unless_lost(tries).await?
     }
 
     /// Hands work to the session's background task: never blocks, needs no runtime.
     pub(crate) fn hand_off(&self, work: Cleanup) {
         // If the worker is gone the session is gone, and so are its entries.
         let _ = self.cleanup.send(work);
-    }
-}
-
-/// The local queue a queue's tasks line up in. A mutex and an election of the same name share
-/// one where the backend makes them one queue (`mutex_and_election_share_queue`): on etcd
-/// (Go's layout), in memory and on Redis both make the same entry key
-/// `{namespace}/{name}/{session}`, so letting them queue apart would let the second adopt the
-/// first's entry (a grant without waiting, and a release that deletes the other's entry).
-/// Where they are independent (ZooKeeper), they are independent in one session too.
-fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> QueueId {
-    match queue.kind {
-        QueueKind::Election if mutex_and_election_shared => {
-            QueueId::new(queue.namespace.clone(), queue.name.clone(), QueueKind::Lock)
-        }
-        _ => queue.clone(),
     }
 }

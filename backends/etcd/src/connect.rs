@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use fencelock::backend::Backoff;
+use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, Result};
 use fencelock_net::{connect_error, probe, split_host_port, Probe};
 use tokio::time::{timeout_at, Instant};
@@ -63,62 +63,67 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Rotation)> {
     let endpoints = config.validate()?;
     let shown = config.endpoints.join(",");
     let deadline = Instant::now() + config.connect_timeout;
-    let mut backoff = Backoff::new();
-    loop {
-        let checks = endpoints.iter().map(|ep| check(ep, config, deadline));
-        let results = futures::future::join_all(checks).await;
-        let mut healthy = Vec::new();
-        let mut failed = Vec::new();
-        for (ep, r) in endpoints.iter().zip(results) {
-            match r {
-                Ok(member) => healthy.push((ep.clone(), member)),
-                // Credentials, permissions, configuration: the same everywhere, and final.
-                Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => {
-                    return Err(e)
-                }
-                Err(e) => failed.push((ep.clone(), e)),
-            }
+    Retry::new(Backoff::new())
+        .until(deadline)
+        .run(
+            || round(config, &endpoints, &shown, deadline),
+            Error::is_temporary,
+        )
+        .await
+}
+
+/// One try at connecting: checks every endpoint, and connects through those that answered;
+/// if none did, says why (the error is temporary only if waiting can help).
+async fn round(
+    config: &EtcdConfig,
+    endpoints: &[String],
+    shown: &str,
+    deadline: Instant,
+) -> Result<(Client, Rotation)> {
+    let checks = endpoints.iter().map(|ep| check(ep, config, deadline));
+    let results = futures::future::join_all(checks).await;
+    let mut healthy = Vec::new();
+    let mut failed = Vec::new();
+    for (ep, r) in endpoints.iter().zip(results) {
+        match r {
+            Ok(member) => healthy.push((ep.clone(), member)),
+            // Credentials, permissions, configuration: the same everywhere, and final.
+            Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => return Err(e),
+            Err(e) => failed.push((ep.clone(), e)),
         }
-        if !healthy.is_empty() {
-            let left_out: Vec<String> = failed.into_iter().map(|(ep, _)| ep).collect();
-            if !left_out.is_empty() {
-                info!(
-                    ?left_out,
-                    "etcd endpoints not answering: connecting without them for now"
-                );
-            }
-            let rotation = Rotation::new(endpoints.clone(), left_out, options(config));
-            for (ep, member) in &healthy {
-                rotation.learned(ep, *member).await;
-            }
-            let healthy: Vec<String> = healthy.into_iter().map(|(ep, _)| ep).collect();
-            let client = Client::connect(&healthy, Some(options(config)))
-                .await
-                .map_err(|e| map("connect", e))?;
-            return Ok((client, rotation));
-        }
-        // Nobody answered: find out why.
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let within = remaining.clamp(Duration::from_millis(100), Duration::from_secs(2));
-        let probes: Vec<(String, Probe)> =
-            futures::future::join_all(failed.iter().map(|(ep, e)| async move {
-                let p = match split_host_port(ep, None) {
-                    Some((host, port)) => probe(&host, port, config.tls.as_ref(), within).await,
-                    None => Probe::Unresolvable(ep.clone()),
-                };
-                debug!(endpoint = %ep, error = %e, probe = %p, "etcd endpoint unusable");
-                (ep.clone(), p)
-            }))
-            .await;
-        if probes.iter().any(|(_, p)| p.is_permanent()) || Instant::now() >= deadline {
-            return Err(connect_error(NAME, &shown, &probes));
-        }
-        let pause = backoff.next_delay();
-        if Instant::now() + pause >= deadline {
-            return Err(connect_error(NAME, &shown, &probes));
-        }
-        tokio::time::sleep(pause).await;
     }
+    if !healthy.is_empty() {
+        let left_out: Vec<String> = failed.into_iter().map(|(ep, _)| ep).collect();
+        if !left_out.is_empty() {
+            info!(
+                ?left_out,
+                "etcd endpoints not answering: connecting without them for now"
+            );
+        }
+        let rotation = Rotation::new(endpoints.to_vec(), left_out, options(config));
+        for (ep, member) in &healthy {
+            rotation.learned(ep, *member).await;
+        }
+        let healthy: Vec<String> = healthy.into_iter().map(|(ep, _)| ep).collect();
+        let client = Client::connect(&healthy, Some(options(config)))
+            .await
+            .map_err(|e| map("connect", e))?;
+        return Ok((client, rotation));
+    }
+    // Nobody answered: find out why.
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let within = remaining.clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let probes: Vec<(String, Probe)> =
+        futures::future::join_all(failed.iter().map(|(ep, e)| async move {
+            let p = match split_host_port(ep, None) {
+                Some((host, port)) => probe(&host, port, config.tls.as_ref(), within).await,
+                None => Probe::Unresolvable(ep.clone()),
+            };
+            debug!(endpoint = %ep, error = %e, probe = %p, "etcd endpoint unusable");
+            (ep.clone(), p)
+        }))
+        .await;
+    Err(connect_error(NAME, shown, &probes))
 }
 
 /// Checks one endpoint: a client of its own, authenticated if a user is set, asks for the

@@ -13,7 +13,7 @@
 //! `write/` is an entry, so the two interoperate.
 
 use etcd_client::KeyValue;
-use fencelock::backend::{Entry, EntryKind, Peer, QueueId, QueueKind};
+use fencelock::backend::{key_value_entry_key, Entry, EntryKind, Peer, QueueId, QueueKind};
 use fencelock::FencingToken;
 use uuid::Uuid;
 
@@ -22,16 +22,10 @@ pub(crate) fn prefix_of(queue: &QueueId) -> String {
     format!("{}/", queue.path())
 }
 
-/// The key of the entry of `kind` that attempt `attempt` of `lease` makes in `queue`.
+/// The key of the entry of `kind` that attempt `attempt` of `lease` makes in `queue` (the
+/// shared layout, the lease in hex as the owner).
 pub(crate) fn key_of(queue: &QueueId, lease: i64, kind: EntryKind, attempt: Uuid) -> String {
-    let prefix = prefix_of(queue);
-    let attempt = attempt.simple();
-    match (queue.kind, kind) {
-        (QueueKind::ReadWrite, EntryKind::Shared) => format!("{prefix}read/{lease:x}_{attempt}"),
-        (QueueKind::ReadWrite, _) => format!("{prefix}write/{lease:x}_{attempt}"),
-        (QueueKind::Semaphore, _) => format!("{prefix}{lease:x}_{attempt}"),
-        _ => format!("{prefix}{lease:x}"),
-    }
+    key_value_entry_key(queue, &format!("{lease:x}"), kind, attempt)
 }
 
 /// The key range holding the entries of `queue` of `kind` (all of them with `None`): a
@@ -119,20 +113,6 @@ mod tests {
         assert_eq!(
             key_of(&q, 0x694d7b1f2a, ex, A),
             "ns/jobs/reindex/694d7b1f2a"
-        );
-        let root = QueueId::new("", "a", QueueKind::Election);
-        assert_eq!(key_of(&root, 10, ex, A), "/a/a");
-        let rw = QueueId::new("ns", "cfg", QueueKind::ReadWrite);
-        let id = "000000000000000000000000000000ab";
-        assert_eq!(
-            key_of(&rw, 10, EntryKind::Shared, A),
-            format!("ns/cfg/read/a_{id}")
-        );
-        assert_eq!(key_of(&rw, 10, ex, A), format!("ns/cfg/write/a_{id}"));
-        let sem = QueueId::new("ns", "pool/leases", QueueKind::Semaphore);
-        assert_eq!(
-            key_of(&sem, 10, EntryKind::Shared, A),
-            format!("ns/pool/leases/a_{id}")
         );
     }
 

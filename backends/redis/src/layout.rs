@@ -12,8 +12,8 @@
 //! Session ids are random (128 bits, hex). One token counter serves every namespace: two
 //! namespaces can name the same queue (`/svc` + `x` and `` + `svc/x`), whose order must be one.
 //!
-//! Entry *names* follow the etcd backend's layout (`{namespace}/{name}/{sid}`, readers and
-//! writers under `read/` and `write/`, permits `{sid}_{attempt}`), so that inspection and
+//! Entry *names* follow the shared key layout of etcd's recipes
+//! ([`key_value_entry_key`](fencelock::backend::key_value_entry_key), `{sid}` as the owner), so that inspection and
 //! `Session::queues` read alike on every backend.
 //!
 //! Pub/sub channels: `fencelock:c:{entry}` gets a message when the entry is deleted or its
@@ -21,22 +21,9 @@
 //! `fencelock:h:{namespace}/{name}` when the queue's head changes (observers listen).
 
 use fencelock::backend::{EntryKind, QueueId, QueueKind};
-use uuid::Uuid;
 
 /// The prefix of every key and channel fencelock uses.
 pub const KEY_PREFIX: &str = "fencelock";
-
-/// The entry name of the `kind` entry that attempt `attempt` of session `sid` makes in `queue`.
-pub(crate) fn entry_name(queue: &QueueId, sid: &str, kind: EntryKind, attempt: Uuid) -> String {
-    let path = queue.path();
-    let attempt = attempt.simple();
-    match (queue.kind, kind) {
-        (QueueKind::ReadWrite, EntryKind::Shared) => format!("{path}/read/{sid}_{attempt}"),
-        (QueueKind::ReadWrite, _) => format!("{path}/write/{sid}_{attempt}"),
-        (QueueKind::Semaphore, _) => format!("{path}/{sid}_{attempt}"),
-        _ => format!("{path}/{sid}"),
-    }
-}
 
 /// The kind as the scripts store it.
 pub(crate) fn kind_code(kind: EntryKind) -> &'static str {
@@ -98,25 +85,6 @@ pub(crate) fn queue_path(queue: &QueueId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const A: Uuid = Uuid::from_u128(0xab);
-
-    #[test]
-    fn names() {
-        let q = QueueId::new("ns", "jobs/reindex", QueueKind::Lock);
-        assert_eq!(
-            entry_name(&q, "1f", EntryKind::Exclusive, A),
-            "ns/jobs/reindex/1f"
-        );
-        let rw = QueueId::new("ns", "cfg", QueueKind::ReadWrite);
-        let id = "000000000000000000000000000000ab";
-        assert_eq!(
-            entry_name(&rw, "1f", EntryKind::Shared, A),
-            format!("ns/cfg/read/1f_{id}")
-        );
-        let root = QueueId::new("", "a", QueueKind::Election);
-        assert_eq!(entry_name(&root, "2", EntryKind::Exclusive, A), "/a/2");
-    }
 
     #[test]
     fn glob_escapes() {

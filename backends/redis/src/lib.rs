@@ -89,11 +89,11 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod connect;
 mod error;
 mod guarded;
 pub mod layout;
 mod lifecycle;
-mod notify;
 mod owned;
 mod queue;
 mod read;
@@ -104,6 +104,7 @@ mod reply;
 mod revoke;
 mod scripts;
 mod session;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,7 +112,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock::backend::{Backend, BackendSession};
 use fencelock::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
 pub use guarded::guarded_set;
@@ -155,51 +156,8 @@ impl RedisBackend {
     /// wrong user or password, [`Error::Connect`] (temporary) when the server does not answer.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
         let client = config.validate()?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let connect = async {
-            let mut con = client.get_connection_manager_with_config(manager).await?;
-            redis::cmd("PING").query_async::<()>(&mut con).await?;
-            // Every release publishes on a `fencelock:*` channel from inside its script, and
-            // Redis does not undo a script's earlier writes when a later command fails: a user
-            // whose ACL forbids that channel is refused here, before anything is changed.
-            redis::cmd("PUBLISH")
-                // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'),
-                // so that an ACL granting exactly fencelock's channels passes.
-                .arg(format!("{}:h:probe", layout::KEY_PREFIX))
-                .arg("")
-                .query_async::<i64>(&mut con)
-                .await?;
-            Ok::<_, redis::RedisError>(con)
-        };
-        let con = match tokio::time::timeout(config.timeout, connect).await {
-            Ok(Ok(con)) => con,
-            Ok(Err(e)) => {
-                return Err(match error::map("connect", e) {
-                    Error::Backend {
-                        temporary, source, ..
-                    } => Error::Connect {
-                        backend: NAME,
-                        endpoints: config::redact(&config.url),
-                        temporary,
-                        source,
-                    },
-                    other => other,
-                })
-            }
-            Err(_) => {
-                return Err(Error::Connect {
-                    backend: NAME,
-                    endpoints: config::redact(&config.url),
-                    temporary: true,
-                    source: format!("no answer within {:?}", config.timeout).into(),
-                })
-            }
-        };
-        warn_if_evicting(con.clone()).await;
+        let con = connect::connect(&config, &client).await?;
+        connect::warn_if_evicting(con.clone()).await;
         let acked = config.replicas.map(|(n, wait)| {
             Arc::new(replicas::Acks::new(client.clone(), config.timeout, n, wait))
         });
@@ -215,26 +173,6 @@ impl RedisBackend {
     /// resource of your own in Redis that checks fencing tokens).
     pub fn connection(&self) -> ConnectionManager {
         self.con.clone()
-    }
-}
-
-/// Warns when the server may evict keys: an evicted session key ends a session early, an
-/// evicted token counter starts tokens again from 1. (Servers that forbid `CONFIG` say
-/// nothing.)
-async fn warn_if_evicting(mut con: ConnectionManager) {
-    let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut con)
-        .await;
-    if let Ok(v) = policy {
-        if let Some(policy) = v.get(1).filter(|p| p.as_str() != "noeviction") {
-            tracing::warn!(
-                policy = %policy,
-                "the Redis server may evict keys (maxmemory-policy is not noeviction): an evicted \
-                 session ends early, an evicted token counter restarts the fencing tokens"
-            );
-        }
     }
 }
 

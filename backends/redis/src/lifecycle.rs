@@ -14,11 +14,11 @@ use uuid::Uuid;
 use crate::config::RedisConfig;
 use crate::error::{map, unexpected};
 use crate::layout::{kind_of, queue_path};
-use crate::notify::Notifier;
 use crate::owned::Owned;
 use crate::replicas::Acks;
 use crate::reply::{arg, array, bytes, entry, int, ms, text, Args};
 use crate::scripts;
+use crate::watch::Notifier;
 
 /// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
 /// a key when it is read at or after its deadline, so a little slack is enough.

@@ -3,19 +3,21 @@
 
 use std::time::Duration;
 
-use fencelock::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId};
+use fencelock::backend::{
+    key_value_entry_key, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
+};
 use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
-use crate::layout::{chan_entry, entry_name, filter_code, kind_code, queue_path};
+use crate::layout::{chan_entry, filter_code, kind_code, queue_path};
 use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
 use crate::reply::{arg, array, entry, int, ms, peers};
 use crate::scripts;
 
 pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
     check_value(req.value)?;
-    let name = entry_name(req.queue, &session.sid, req.kind, req.attempt);
+    let name = key_value_entry_key(req.queue, &session.sid, req.kind, req.attempt);
     let _changing = session.gate.read().await;
     let args = vec![
         arg(&session.sid),
@@ -78,7 +80,7 @@ pub(crate) async fn enqueue_all(
     ];
     let mut names = Vec::with_capacity(reqs.len());
     for r in reqs {
-        let name = entry_name(r.queue, &session.sid, r.kind, r.attempt);
+        let name = key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt);
         args.extend([
             arg(queue_path(r.queue)),
             arg(&name),
@@ -248,7 +250,7 @@ pub(crate) async fn abandon(
     kind: EntryKind,
     attempt: Uuid,
 ) -> Result<()> {
-    let name = entry_name(queue, &session.sid, kind, attempt);
+    let name = key_value_entry_key(queue, &session.sid, kind, attempt);
     let _changing = session.gate.read().await;
     let reply = session
         .call(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, FencingToken, Result};
 use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -403,29 +403,34 @@ impl Redlock {
         timeout: Duration,
     ) -> Result<RedlockGuard> {
         let deadline = Instant::now().checked_add(timeout);
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(self.timing.retry_delay)
-            .with_max_delay(self.timing.retry_delay.max(Duration::from_secs(1)))
-            .with_jitter()
-            .without_max_times()
-            .build();
-        loop {
-            match self.try_lock(name, ttl).await {
-                Ok(Some(guard)) => return Ok(guard),
-                Ok(None) => {}
-                Err(e) if e.is_temporary() => {}
-                Err(e) => return Err(e),
-            }
-            let pause = backoff.next().unwrap_or(Duration::from_secs(1));
-            match deadline {
-                Some(d) if Instant::now().checked_add(pause).is_none_or(|t| t >= d) => {
-                    return Err(Error::Timeout {
+        let backoff = Backoff::between(
+            self.timing.retry_delay,
+            self.timing.retry_delay.max(Duration::from_secs(1)),
+        );
+        let tried = Retry::new(backoff)
+            .until(deadline)
+            .run(
+                || async {
+                    // Not obtained (a majority holds it for another) is a failed try, and a
+                    // temporary one like every timeout.
+                    self.try_lock(name, ttl).await?.ok_or(Error::Timeout {
                         op: "redlock",
                         after: timeout,
                     })
+                },
+                Error::is_temporary,
+            )
+            .await;
+        tried.map_err(|e| {
+            if e.is_temporary() {
+                // Out of time while the servers were still unreachable.
+                Error::Timeout {
+                    op: "redlock",
+                    after: timeout,
                 }
-                _ => tokio::time::sleep(pause).await,
+            } else {
+                e
             }
-        }
+        })
     }
 }

@@ -7,9 +7,10 @@
 //! with a permanent error; servers that are down or starting are waited for until the connect
 //! timeout, and the error says so.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fencelock::backend::Backoff;
+use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, Result};
 use fencelock_net::{connect_error, probe, Probe};
 use tokio::time::{timeout_at, Instant};
@@ -84,52 +85,15 @@ impl Resolved {
     ) -> Result<(zk::Client, usize)> {
         let connector = self.connector(session_timeout, true)?;
         let deadline = Instant::now() + self.connect_timeout;
-        let mut backoff = Backoff::new();
-        let mut next = fastrand::usize(..self.each.len());
-        let (client, server) = 'connected: loop {
-            let mut failure = String::new();
-            for _ in 0..self.each.len() {
-                let server = next;
-                next = (next + 1) % self.each.len();
-                let attempt = connector.clone().connect(&self.each[server]);
-                failure = match timeout_at(deadline, attempt).await {
-                    Ok(Ok(client)) => break 'connected (client, server),
-                    Ok(Err(zk::Error::AuthFailed)) => {
-                        return Err(Error::Unauthenticated {
-                            backend: NAME,
-                            source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
-                        })
-                    }
-                    Ok(Err(e)) if retry_connect(&e) => e.to_string(),
-                    Ok(Err(e)) => return Err(error::map("connect", e)),
-                    Err(_) => "no session within the connect timeout".to_string(),
-                };
-                if Instant::now() >= deadline {
-                    break;
-                }
-            }
-            debug!(error = %failure, "no zookeeper session yet: probing the servers");
-            let probes = self.probe_all(deadline).await;
-            let pause = backoff.next_delay();
-            if probes.iter().any(|(_, p)| p.is_permanent()) || Instant::now() + pause >= deadline {
-                return Err(match connect_error(NAME, &self.servers, &probes) {
-                    // Reachable, yet no session: say what the client said.
-                    Error::Connect {
-                        backend,
-                        endpoints,
-                        temporary,
-                        source,
-                    } if probes.iter().any(|(_, p)| *p == Probe::Reachable) => Error::Connect {
-                        backend,
-                        endpoints,
-                        temporary,
-                        source: format!("{failure} ({source})").into(),
-                    },
-                    other => other,
-                });
-            }
-            tokio::time::sleep(pause).await;
-        };
+        // Each try goes round the servers from where the last one stopped.
+        let next = AtomicUsize::new(fastrand::usize(..self.each.len()));
+        let (client, server) = Retry::new(Backoff::new())
+            .until(deadline)
+            .run(
+                || self.try_each_server(&connector, &next, deadline),
+                Error::is_temporary,
+            )
+            .await?;
         debug!(session = %client.session_id(), timeout = ?client.session_timeout(), server = %self.each[server], "zookeeper session established");
         if self.sasl.is_some() {
             let users = client
@@ -147,6 +111,54 @@ impl Resolved {
             self.check_chroot(&client, root).await?;
         }
         Ok((self.rooted(client)?, server))
+    }
+
+    /// One try at a session: the servers one at a time from `next` on, until one takes it;
+    /// if none does, the servers are probed to say why (the error is temporary only if
+    /// waiting can help).
+    async fn try_each_server(
+        &self,
+        connector: &zk::Connector,
+        next: &AtomicUsize,
+        deadline: Instant,
+    ) -> Result<(zk::Client, usize)> {
+        let mut failure = String::new();
+        for _ in 0..self.each.len() {
+            let server = next.fetch_add(1, Ordering::Relaxed) % self.each.len();
+            let attempt = connector.clone().connect(&self.each[server]);
+            failure = match timeout_at(deadline, attempt).await {
+                Ok(Ok(client)) => return Ok((client, server)),
+                Ok(Err(zk::Error::AuthFailed)) => {
+                    return Err(Error::Unauthenticated {
+                        backend: NAME,
+                        source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
+                    })
+                }
+                Ok(Err(e)) if retry_connect(&e) => e.to_string(),
+                Ok(Err(e)) => return Err(error::map("connect", e)),
+                Err(_) => "no session within the connect timeout".to_string(),
+            };
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        debug!(error = %failure, "no zookeeper session yet: probing the servers");
+        let probes = self.probe_all(deadline).await;
+        Err(match connect_error(NAME, &self.servers, &probes) {
+            // Reachable, yet no session: say what the client said.
+            Error::Connect {
+                backend,
+                endpoints,
+                temporary,
+                source,
+            } if probes.iter().any(|(_, p)| *p == Probe::Reachable) => Error::Connect {
+                backend,
+                endpoints,
+                temporary,
+                source: format!("{failure} ({source})").into(),
+            },
+            other => other,
+        })
     }
 
     /// Attaches a new client to the existing session `info` through server `server` (an

@@ -203,51 +203,22 @@ impl ZkSession {
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(self.backend.config.acls());
         for _ in 0..PROCLAIM_ATTEMPTS {
             let client = self.client()?;
-            let mut multi = client.new_multi_writer();
-            multi
-                .add_check_version(&e.key, -1)
-                .map_err(|err| error::map(OP, err))?;
-            multi
-                .add_set_data(&vpath, value, None)
-                .map_err(|err| error::map(OP, err))?;
-            match multi.commit().await {
-                Ok(_) => return Ok(true),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(false),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NoNode,
-                }) => {}
-                Err(err) => return Err(error::map(OP, err.into())),
+            let set = |m: &mut zk::MultiWriter<'_>| m.add_set_data(&vpath, value, None);
+            match if_present(&client, &e.key, OP, set).await? {
+                Guarded::Done => return Ok(true),
+                Guarded::Gone => return Ok(false),
+                // The first proclaim: create the value node (and its container parent).
+                Guarded::Failed(zk::Error::NoNode) => {}
+                Guarded::Failed(err) => return Err(error::map(OP, err)),
             }
-            // The first proclaim: create the value node (and its container parent).
-            let mut multi = client.new_multi_writer();
-            multi
-                .add_check_version(&e.key, -1)
-                .map_err(|err| error::map(OP, err))?;
-            multi
-                .add_create(&vpath, value, &ephemeral)
-                .map_err(|err| error::map(OP, err))?;
-            match multi.commit().await {
-                Ok(_) => return Ok(true),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(false),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NoNode,
-                }) => {
-                    self.ensure_parent(&values).await?;
-                }
+            let create = |m: &mut zk::MultiWriter<'_>| m.add_create(&vpath, value, &ephemeral);
+            match if_present(&client, &e.key, OP, create).await? {
+                Guarded::Done => return Ok(true),
+                Guarded::Gone => return Ok(false),
+                Guarded::Failed(zk::Error::NoNode) => self.ensure_parent(&values).await?,
                 // Created meanwhile by a concurrent proclaim of ours: set it.
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::NodeExists,
-                }) => {}
-                Err(err) => return Err(error::map(OP, err.into())),
+                Guarded::Failed(zk::Error::NodeExists) => {}
+                Guarded::Failed(err) => return Err(error::map(OP, err)),
             }
         }
         Err(Error::backend(
@@ -263,5 +234,39 @@ impl ZkSession {
         if let Some(vpath) = value_path(key) {
             let _ = self.delete("forget value", &vpath).await;
         }
+    }
+}
+
+/// How a write guarded by the presence of a node went.
+enum Guarded {
+    Done,
+    /// The guarding node is gone: nothing was written.
+    Gone,
+    /// The write itself failed, with this error.
+    Failed(zk::Error),
+}
+
+/// Commits the write `add` puts in a multi, only if the node at `key` exists (one request).
+async fn if_present(
+    client: &zk::Client,
+    key: &str,
+    op: &'static str,
+    add: impl FnOnce(&mut zk::MultiWriter<'_>) -> std::result::Result<(), zk::Error>,
+) -> Result<Guarded> {
+    let mut multi = client.new_multi_writer();
+    multi
+        .add_check_version(key, -1)
+        .map_err(|err| error::map(op, err))?;
+    add(&mut multi).map_err(|err| error::map(op, err))?;
+    match multi.commit().await {
+        Ok(_) => Ok(Guarded::Done),
+        Err(zk::MultiWriteError::OperationFailed {
+            index: 0,
+            source: zk::Error::NoNode,
+        }) => Ok(Guarded::Gone),
+        Err(zk::MultiWriteError::OperationFailed { index: 1, source }) => {
+            Ok(Guarded::Failed(source))
+        }
+        Err(err) => Err(error::map(op, err.into())),
     }
 }
