@@ -17,8 +17,39 @@ echo "== cargo test (workspace; etcd, ZooKeeper, PostgreSQL and Redis are starte
 # alike and their builds are shared.
 packages=(--workspace --exclude fencelock-bench)
 # The fault suites (`adversity_*`, and the paused-member tests `gray_*`) run below, side by side.
-cargo test "${packages[@]}" --all-targets "$@" -- --skip adversity_ --skip gray_
-cargo test "${packages[@]}" --doc "$@"
+cargo test "${packages[@]}" --all-targets --no-run "$@"
+# The test binaries mostly wait (on servers starting, on timeouts): they run in two lanes side
+# by side, each printing its output when it ends. ZooKeeper's tests (whose servers start
+# slowest) and the worked examples in one; every other test target (found in the packages'
+# metadata, so that a new one is never left out), the unit tests and the doctests in the other.
+mapfile -t test_targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] != "fencelock-bench":
+        for t in p["targets"]:
+            if "test" in t["kind"]:
+                print(t["name"])')
+slow=() rest=()
+for t in "${test_targets[@]}"; do
+  case "$t" in
+    zookeeper* | worked_examples | leader_example | long_held_example) slow+=("--test=$t") ;;
+    *) rest+=("--test=$t") ;;
+  esac
+done
+lanes="$(mktemp -d)"
+skip=(-- --skip adversity_ --skip gray_)
+cargo test "${packages[@]}" "${slow[@]}" "$@" "${skip[@]}" >"$lanes/slow" 2>&1 &
+slow_pid=$!
+lane=0
+{ cargo test "${packages[@]}" --lib --bins --examples "${rest[@]}" "$@" "${skip[@]}" &&
+  cargo test "${packages[@]}" --doc "$@"; } >"$lanes/rest" 2>&1 || lane=1
+wait "$slow_pid" || lane=1
+cat "$lanes/rest" "$lanes/slow"
+rm -rf "$lanes"
+if [ "$lane" != 0 ]; then
+  echo "== tests failed (above)"
+  exit 1
+fi
 
 echo "== fault suites: 3-member etcd clusters, 3-server ZooKeeper ensembles, Redis primary + replica, side by side"
 # The packages as above, not `-p`: the features resolve as for the tests above, whose builds of

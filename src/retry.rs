@@ -227,3 +227,55 @@ impl Retry {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_with_the_last_error_rather_than_pause_past_the_deadline() {
+        let start = Instant::now();
+        let give_up = start + Duration::from_secs(1);
+        let mut tries = 0;
+        let answer: Result<(), String> = Retry::new(Backoff::capped(Duration::from_millis(100)))
+            .until(give_up)
+            .run(
+                || {
+                    tries += 1;
+                    let now = tries;
+                    async move { Err(format!("try {now}")) }
+                },
+                |_| true,
+            )
+            .await;
+        assert_eq!(answer, Err(format!("try {tries}")));
+        assert!(Instant::now() < give_up, "paused past the deadline");
+        assert!(
+            tries >= 8,
+            "only {tries} tries in a second of pauses up to 100 ms"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_with_lends_the_state_to_each_try() {
+        let mut seen = Vec::new();
+        let answer: Result<usize, String> = Retry::new(Backoff::new())
+            .run_with(
+                &mut seen,
+                |seen| {
+                    Box::pin(async move {
+                        seen.push(seen.len());
+                        if seen.len() < 3 {
+                            Err("again".to_string())
+                        } else {
+                            Ok(seen.len())
+                        }
+                    })
+                },
+                |_| true,
+            )
+            .await;
+        assert_eq!(answer, Ok(3));
+        assert_eq!(seen, [0, 1, 2]);
+    }
+}

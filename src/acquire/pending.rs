@@ -147,7 +147,7 @@ pub(super) async fn create<T: Send + 'static>(
     mut spawn: impl FnMut(bool) -> JoinHandle<Result<T>>,
 ) -> Result<T> {
     let mut state = (shared, inflight, maybe_created);
-    Retry::new(shared.backoff())
+    let tries = Retry::new(shared.backoff())
         .until(deadline)
         .counted(shared.backend_name())
         .run_with(
@@ -167,8 +167,9 @@ pub(super) async fn create<T: Send + 'static>(
                 })
             },
             Error::is_temporary,
-        )
-        .await
+        );
+    // Pauses included: a lost session ends the wait at once.
+    shared.unless_lost(tries).await?
 }
 
 /// Awaits a create sent as a task of its own, kept in `slot` meanwhile (so that a drop of the
