@@ -35,7 +35,7 @@ pub fn key_value_entry_key(queue: &QueueId, owner: &str, kind: EntryKind, attemp
     }
 }
 
-/// [`Backend::queue_of`] for the key layout of etcd's Go recipes, which the etcd and memory
+/// [`Backend::queue_of`](super::Backend::queue_of) for the key layout of etcd's Go recipes, which the etcd and memory
 /// backends share: `{namespace}/{name}/{session}` (a lock or an election: the two cannot be told
 /// apart, and read alike; reported as [`QueueKind::Lock`]), `{namespace}/{name}/read/{…}` and
 /// `…/write/{…}` (a read-write lock), `{namespace}/{name}/{session}_{attempt}` (a semaphore's
