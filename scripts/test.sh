@@ -11,20 +11,11 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install.sh
 
-# FENCELOCK_PHASE=tests or =faults runs one of the two phases below (CI runs its lints between
-# them); unset, both.
-phase="${FENCELOCK_PHASE:-all}"
-case "$phase" in
-  all | tests | faults) ;;
-  *) echo "FENCELOCK_PHASE must be tests, faults or unset, not '$phase'" >&2; exit 2 ;;
-esac
+echo "== cargo test (workspace; etcd, ZooKeeper, PostgreSQL and Redis are started by the harnesses)"
 # Every package but the benchmark (`bench/`, which has no tests: the lints check it). Every
 # cargo command below selects the same packages, so that the dependencies' features resolve
 # alike and their builds are shared.
 packages=(--workspace --exclude fencelock-bench)
-
-if [ "$phase" != faults ]; then
-echo "== cargo test (workspace; etcd, ZooKeeper, PostgreSQL and Redis are started by the harnesses)"
 # The fault suites (`adversity_*`, and the paused-member tests `gray_*`) run below, side by side.
 cargo test "${packages[@]}" --all-targets --no-run "$@"
 # The test binaries mostly wait (on servers starting, on timeouts): they run in two lanes side
@@ -59,8 +50,6 @@ if [ "$lane" != 0 ]; then
   echo "== tests failed (above)"
   exit 1
 fi
-fi
-[ "$phase" != tests ] || exit 0
 
 echo "== fault suites: 3-member etcd clusters, 3-server ZooKeeper ensembles, Redis primary + replica, side by side"
 # The packages as above, not `-p`: the features resolve as for the tests above, whose builds of
@@ -71,32 +60,13 @@ echo "== fault suites: 3-member etcd clusters, 3-server ZooKeeper ensembles, Red
 # shorter suites (Redis ~3 min, etcd ~4.5 min, ZooKeeper ~5.5 min in CI), so that the phase
 # lasts as long as the longest suite.
 tests=(etcd_cluster zookeeper_cluster redis_cluster paused_member zookeeper_paused_server)
-# The suites' binaries run directly, from the package's folder as cargo runs them: no cargo
-# (and so no lock on the build dir) while they run, which lets CI lint meanwhile.
-declare -A binary
-while IFS=$'\t' read -r name path; do binary[$name]="$path"; done < <(
-  cargo test "${packages[@]}" "${tests[@]/#/--test=}" --no-run --message-format=json "$@" |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["target"]["name"] + "\t" + m["executable"])')
-for test in "${tests[@]}"; do
-  [ -n "${binary[$test]:-}" ] || { echo "no test binary for $test" >&2; exit 1; }
-done
-# FENCELOCK_BESIDE_FAULTS: a command run beside the suites (CI's lints), once nothing needs
-# cargo any more; its failure fails the run.
-beside_pid=
-if [ -n "${FENCELOCK_BESIDE_FAULTS:-}" ]; then
-  bash -c "$FENCELOCK_BESIDE_FAULTS" &
-  beside_pid=$!
-fi
+cargo test "${packages[@]}" "${tests[@]/#/--test=}" --no-run "$@"
 logs="$(mktemp -d)"
+cargo_args=("$@")
 suite() {   # suite <test> <test binary's arguments>...: its output into the log of its name
   local test="$1"
   shift
-  (cd tests && echo "     Running ${binary[$test]}" && "${binary[$test]}" --nocapture "$@") >"$logs/$test" 2>&1
+  cargo test "${packages[@]}" --test "$test" "${cargo_args[@]}" -- --nocapture "$@" >"$logs/$test" 2>&1
 }
 (s=0; suite etcd_cluster --test-threads 2 || s=1; suite zookeeper_paused_server gray_ || s=1; exit $s) &
 etcd_pid=$!
@@ -108,9 +78,6 @@ status=0
 wait "$etcd_pid" || status=1
 wait "$zk_pid" || status=1
 wait "$redis_pid" || status=1
-if [ -n "$beside_pid" ]; then
-  wait "$beside_pid" || status=1
-fi
 for test in "${tests[@]}"; do
   if [ -f "$logs/$test" ]; then cat "$logs/$test"; fi
 done
