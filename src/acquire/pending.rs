@@ -34,10 +34,16 @@ pub(super) struct Pending {
 impl Pending {
     /// What this attempt leaves on the cluster, if anything (taken: the attempt is settled).
     fn take_undo(&mut self) -> Option<Undo> {
-        let (queue, kind, attempt) = (self.queue.clone(), self.kind, self.attempt);
+        // Every granted acquisition drops its settled `Pending`: the queue is cloned only when
+        // something is left.
         if let Some(undo) = self.undoing.take() {
-            Some(undo)
-        } else if let Some(entry) = self.entry.take() {
+            return Some(undo);
+        }
+        if !(self.entry.is_some() || self.inflight.is_some() || self.maybe_created) {
+            return None;
+        }
+        let (queue, kind, attempt) = (self.queue.clone(), self.kind, self.attempt);
+        if let Some(entry) = self.entry.take() {
             Some(Undo::Remove { queue, entry })
         } else if let Some(inflight) = self.inflight.take() {
             Some(Undo::Enqueued {
