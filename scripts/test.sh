@@ -40,33 +40,11 @@ lanes="$(mktemp -d)"
 skip=(-- --skip adversity_ --skip gray_)
 cargo test "${packages[@]}" "${slow[@]}" "$@" "${skip[@]}" >"$lanes/slow" 2>&1 &
 slow_pid=$!
-{ cargo test "${packages[@]}" --lib --bins --examples "${rest[@]}" "$@" "${skip[@]}" &&
-  cargo test "${packages[@]}" --doc "$@"; } >"$lanes/rest" 2>&1 &
-rest_pid=$!
-# FENCELOCK_BESIDE_TESTS: a command run beside the two lanes (CI's lints); its failure fails the
-# run. It starts once both lanes run their tests: cargo holds the build dir's lock only while it
-# builds, and a command that took the lock first would hold the lanes until it ended.
-beside_pid=
-if [ -n "${FENCELOCK_BESIDE_TESTS:-}" ]; then
-  running() {   # running <lane> <pid>: the lane runs its tests (or has ended)
-    grep -q '^ *Running ' "$lanes/$1" || ! kill -0 "$2" 2>/dev/null
-  }
-  for _ in $(seq 600); do   # at most 5 minutes: the lanes build nothing (CI built before)
-    if running slow "$slow_pid" && running rest "$rest_pid"; then break; fi
-    sleep 0.5
-  done
-  bash -c "$FENCELOCK_BESIDE_TESTS" >"$lanes/beside" 2>&1 &
-  beside_pid=$!
-fi
 lane=0
-wait "$rest_pid" || lane=1
+{ cargo test "${packages[@]}" --lib --bins --examples "${rest[@]}" "$@" "${skip[@]}" &&
+  cargo test "${packages[@]}" --doc "$@"; } >"$lanes/rest" 2>&1 || lane=1
 wait "$slow_pid" || lane=1
 cat "$lanes/rest" "$lanes/slow"
-if [ -n "$beside_pid" ]; then
-  wait "$beside_pid" || lane=1
-  echo "== beside the tests: $FENCELOCK_BESIDE_TESTS"
-  cat "$lanes/beside"
-fi
 rm -rf "$lanes"
 if [ "$lane" != 0 ]; then
   echo "== tests failed (above)"
@@ -78,9 +56,9 @@ echo "== fault suites: 3-member etcd clusters, 3-server ZooKeeper ensembles, Red
 # the dependencies are reused (`-p` resolved fewer and rebuilt them: two minutes of a CI run).
 # The suites share nothing (own clusters, own ports) and mostly wait on faults: run them at
 # once, each printing its summary tables (etcd and ZooKeeper run their crash and gray parts
-# side by side too, each part on a cluster of its own). The paused-member tests (~1 min each)
-# follow the shortest suite (Redis ~3.3 min, etcd ~4.9 min, ZooKeeper ~5.6 min in CI), so that
-# the phase lasts about as long as the longest suite.
+# side by side too, each part on a cluster of its own). The paused-member tests follow the
+# shorter suites (Redis ~3 min, etcd ~4.5 min, ZooKeeper ~5.5 min in CI), so that the phase
+# lasts as long as the longest suite.
 tests=(etcd_cluster zookeeper_cluster redis_cluster paused_member zookeeper_paused_server)
 cargo test "${packages[@]}" "${tests[@]/#/--test=}" --no-run "$@"
 logs="$(mktemp -d)"
@@ -90,12 +68,11 @@ suite() {   # suite <test> <test binary's arguments>...: its output into the log
   shift
   cargo test "${packages[@]}" --test "$test" "${cargo_args[@]}" -- --nocapture "$@" >"$logs/$test" 2>&1
 }
-suite etcd_cluster --test-threads 2 &
+(s=0; suite etcd_cluster --test-threads 2 || s=1; suite zookeeper_paused_server gray_ || s=1; exit $s) &
 etcd_pid=$!
 suite zookeeper_cluster --test-threads 2 &
 zk_pid=$!
-(s=0; suite redis_cluster || s=1; suite paused_member gray_ || s=1
-  suite zookeeper_paused_server gray_ || s=1; exit $s) &
+(s=0; suite redis_cluster || s=1; suite paused_member gray_ || s=1; exit $s) &
 redis_pid=$!
 status=0
 wait "$etcd_pid" || status=1
