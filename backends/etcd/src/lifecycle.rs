@@ -171,6 +171,7 @@ impl std::fmt::Debug for EtcdSession {
 /// with them. Bounded, the request fails as temporary and its retry goes to a member that
 /// answers (the endpoint monitor takes a silent one out of the rotation within about a second).
 /// Every request is safe to repeat: a create whose reply was lost is found again by its key.
+/// Reads, lease grants and revocations also send a copy within the bound ([`hedged`]).
 pub(crate) fn request_bound(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(500))
 }
@@ -189,6 +190,54 @@ pub(crate) fn keep_alive_bound(ttl: Duration) -> Duration {
     ttl / 6
 }
 
+/// How long a [`hedged`] request waits before it sends a copy: a quarter of its bound.
+fn hedge_after(bound: Duration) -> Duration {
+    bound / 4
+}
+
+/// The answer to `send()`, or a temporary error once `bound` has passed without one; every
+/// [`hedge_after`] without an answer the same request is sent again beside those in flight,
+/// and the first answer wins (the others are dropped, which cancels them).
+///
+/// Why: a request that a follower forwards to a leader that has just died is never answered
+/// (the proposal, or the read's index request, is lost with the leader), and the followers
+/// notice the death only when their election timer fires, a second or two later. A request
+/// sent in that window would hold the operation for its whole bound (and the revocation of a
+/// lost session, the lock with it); a copy sent after the election is answered at once.
+///
+/// Only for requests whose repetition is harmless in any order: reads, a lease's grant (a
+/// lease granted twice expires unused) and its revocation. Not for txns: a copy of a create
+/// that applied after the entry's removal would leave an entry nobody knows of.
+pub(crate) async fn hedged<T, F>(
+    bound: Duration,
+    op: &'static str,
+    mut send: impl FnMut() -> F,
+) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use tokio::time::{sleep_until, Instant};
+    let give_up = Instant::now() + bound;
+    let every = hedge_after(bound);
+    let mut next = Instant::now() + every;
+    let mut tries = FuturesUnordered::new();
+    tries.push(send());
+    loop {
+        tokio::select! {
+            biased;
+            Some(answer) = tries.next() => return answer.map_err(|e| map(op, e)),
+            () = sleep_until(give_up) => {
+                return Err(temporary(op, "no answer within a third of the TTL"));
+            }
+            () = sleep_until(next), if next < give_up => {
+                tries.push(send());
+                next += every;
+            }
+        }
+    }
+}
+
 /// `fut`, or a temporary error once `bound` has passed without an answer.
 pub(crate) async fn within<T>(
     bound: Duration,
@@ -203,7 +252,7 @@ pub(crate) async fn within<T>(
 
 impl EtcdSession {
     pub(crate) async fn open(
-        mut client: Client,
+        client: Client,
         rotation: Arc<Rotation>,
         ttl: Duration,
     ) -> Result<Self> {
@@ -211,11 +260,10 @@ impl EtcdSession {
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let secs = i64::try_from(secs).map_err(|_| Error::invalid_ttl(ttl, "too long for etcd"))?;
         // A grant whose answer is lost leaves a lease that expires by itself.
-        let grant = within(
-            request_bound(ttl),
-            "lease grant",
-            client.lease_grant(secs, None),
-        )
+        let grant = hedged(request_bound(ttl), "lease grant", || {
+            let mut client = client.clone();
+            async move { client.lease_grant(secs, None).await }
+        })
         .await?;
         if !grant.error().is_empty() {
             return Err(Error::backend(
@@ -248,9 +296,11 @@ impl EtcdSession {
 
     /// Reads `key`: its create revision, or `None` if absent.
     pub(crate) async fn create_rev(&self, op: &'static str, key: &str) -> Result<Option<u64>> {
-        let mut kv = self.client.kv_client();
-        let get = kv.get(key, Some(GetOptions::new().with_keys_only()));
-        let resp = within(self.bound, op, get).await?;
+        let resp = hedged(self.bound, op, || {
+            let mut kv = self.client.kv_client();
+            async move { kv.get(key, Some(GetOptions::new().with_keys_only())).await }
+        })
+        .await?;
         Ok(resp.kvs().first().map(|kv| kv.create_revision() as u64))
     }
 
@@ -323,8 +373,11 @@ pub(crate) async fn next_event(session: &EtcdSession) -> SessionEvent {
 }
 
 pub(crate) async fn close(session: &EtcdSession) -> Result<()> {
-    let mut leases = session.client.lease_client();
-    match within(session.bound, "close", leases.revoke(session.lease)).await {
+    let revoked = hedged(session.bound, "close", || {
+        let mut leases = session.client.lease_client();
+        async move { leases.revoke(session.lease).await }
+    });
+    match revoked.await {
         Ok(_) => Ok(()),
         Err(Error::SessionLost(_)) => Ok(()),
         Err(e) => Err(e),

@@ -7,7 +7,7 @@ use fencelock::{FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
 use crate::layout::{entry_of, key_string, prefix_of, queue_order};
-use crate::lifecycle::{queue_keys, within, EtcdSession};
+use crate::lifecycle::{hedged, queue_keys, within, EtcdSession};
 
 /// How often [`head`] reads the queue again when the head it found went
 /// before its value was read.
@@ -26,20 +26,23 @@ pub(crate) async fn head(
         .with_keys_only()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
     for _ in 0..HEAD_READS {
-        let mut kv = session.client.kv_client();
-        let resp = within(
-            session.bound,
-            "leader",
-            kv.get(prefix.as_str(), Some(options.clone())),
-        )
+        let resp = hedged(session.bound, "leader", || {
+            let mut kv = session.client.kv_client();
+            let options = options.clone();
+            let prefix = prefix.as_str();
+            async move { kv.get(prefix, Some(options)).await }
+        })
         .await?;
         let Some(&(kv, kind)) = queue_order(queue, &prefix, resp.kvs()).first() else {
             return Ok(None);
         };
         let entry = entry_of(key_string(kv), kind, kv.create_revision());
         // By the key's bytes: a foreign key that is not UTF-8 is read back as itself.
-        let mut large = session.large_kv();
-        let value = within(session.bound, "leader", large.get(kv.key(), None)).await?;
+        let value = hedged(session.bound, "leader", || {
+            let mut large = session.large_kv();
+            async move { large.get(kv.key(), None).await }
+        })
+        .await?;
         // Still the same entry (else the head changed in between: read again).
         if let Some(kv) = value
             .kvs()

@@ -26,6 +26,9 @@ pub struct Stage<'a> {
     pub workload: &'a Workload,
     /// Every session opened (closed at the end).
     pub sessions: &'a Sessions,
+    /// How long the cluster took to elect a leader after the last leader the faults took
+    /// down (see [`report_election`]).
+    pub election: Option<Duration>,
 }
 
 impl std::fmt::Debug for Stage<'_> {
@@ -58,17 +61,18 @@ pub async fn kill_leader(st: &mut Stage<'_>) {
 
 /// Waits until a member other than `victim` leads, and prints how long after `since` that was:
 /// the gap between grants cannot be shorter than the cluster's election.
-async fn report_election(st: &Stage<'_>, victim: usize, how: &str, since: Instant) {
+async fn report_election(st: &mut Stage<'_>, victim: usize, how: &str, since: Instant) {
     loop {
         if st.cluster.leader().await != victim {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let election = since.elapsed();
+    st.election = Some(election);
     println!(
-        "{:?}: leader {victim} {how}; another elected after {:.2?} (TTL {:?})",
+        "{:?}: leader {victim} {how}; another elected after {election:.2?} (TTL {:?})",
         st.cluster.kind(),
-        since.elapsed(),
         st.ttl()
     );
 }

@@ -262,7 +262,7 @@ pub async fn run(
 
     let fault_began = Instant::now();
     let mut expired_waiter = None;
-    {
+    let election = {
         let mut stage = Stage {
             cluster,
             proxies: &proxies,
@@ -270,6 +270,7 @@ pub async fn run(
             target: &target,
             workload: &w,
             sessions: &sessions,
+            election: None,
         };
         for step in scenario.steps() {
             rec.faults.fetch_add(1, Ordering::SeqCst);
@@ -290,7 +291,8 @@ pub async fn run(
                 Scenario::Mixed => unreachable!("mixed is made of the others"),
             }
         }
-    }
+        stage.election
+    };
     let healed = Instant::now();
     phase(&rec, healed, cfg).await;
     let stopped = Instant::now();
@@ -380,32 +382,40 @@ pub async fn run(
         bound,
         min_grants: cfg.min_grants,
         limit: primitive.limit(),
-        gray: (Scenario::GRAY.contains(&scenario) || scenario == Scenario::KillFollower).then_some(
-            Gray {
-                // ZooKeeper's short TTL is 4 s (a session timeout of 2 s leaves a session on a
-                // killed server about 1 s to re-attach elsewhere, which a loaded ensemble of
-                // JVMs does not always give: CI run 20 lost one): the crash part's 2 s TTL
-                // requires nothing of a killed follower there, and a lost session is printed.
-                keeps_sessions: scenario.keeps_sessions(long)
-                    && !(scenario == Scenario::KillFollower
-                        && cluster.kind() == crate::target::Kind::ZooKeeper
-                        && cfg.ttl < Duration::from_secs(4)),
-                // A hung member leaves a quorum that keeps granting (unless it is the leader and
-                // the sessions' deadlines come before the election). A slow or one-way link to
-                // one client does too, but the queue is fair: when that client's turn comes, the
-                // others wait until it releases or its session ends (its deadline, then the
-                // cluster's expiry on ZooKeeper), so only its absence of violations counts.
-                min_during: if scenario.is_pause() && scenario.keeps_sessions(long) {
-                    20
-                } else {
-                    0
+        gray: if let Some(gap) = killed_leader_gap(scenario, cluster.kind(), election, cfg.ttl) {
+            Some(Gray {
+                keeps_sessions: false,
+                min_during: 0,
+                max_gap: Some(gap),
+            })
+        } else {
+            (Scenario::GRAY.contains(&scenario) || scenario == Scenario::KillFollower).then_some(
+                Gray {
+                    // ZooKeeper's short TTL is 4 s (a session timeout of 2 s leaves a session on a
+                    // killed server about 1 s to re-attach elsewhere, which a loaded ensemble of
+                    // JVMs does not always give: CI run 20 lost one): the crash part's 2 s TTL
+                    // requires nothing of a killed follower there, and a lost session is printed.
+                    keeps_sessions: scenario.keeps_sessions(long)
+                        && !(scenario == Scenario::KillFollower
+                            && cluster.kind() == crate::target::Kind::ZooKeeper
+                            && cfg.ttl < Duration::from_secs(4)),
+                    // A hung member leaves a quorum that keeps granting (unless it is the leader and
+                    // the sessions' deadlines come before the election). A slow or one-way link to
+                    // one client does too, but the queue is fair: when that client's turn comes, the
+                    // others wait until it releases or its session ends (its deadline, then the
+                    // cluster's expiry on ZooKeeper), so only its absence of violations counts.
+                    min_during: if scenario.is_pause() && scenario.keeps_sessions(long) {
+                        20
+                    } else {
+                        0
+                    },
+                    // At the long TTL, and for a follower at any: the gap between grants stays within
+                    // a TTL (a paused leader at a short TTL waits for the election).
+                    max_gap: (scenario.is_pause() && (long || scenario != Scenario::PauseLeader))
+                        .then_some(cfg.ttl),
                 },
-                // At the long TTL, and for a follower at any: the gap between grants stays within
-                // a TTL (a paused leader at a short TTL waits for the election).
-                max_gap: (scenario.is_pause() && (long || scenario != Scenario::PauseLeader))
-                    .then_some(cfg.ttl),
-            },
-        ),
+            )
+        },
         sessions_lost,
     };
     let mut name = match primitive {
@@ -421,6 +431,23 @@ pub async fn run(
         eprintln!("{}", cluster.dump(&w.namespace).await);
     }
     summary
+}
+
+/// The longest gap between grants allowed when etcd's leader is killed: the cluster's election
+/// (which no client can shorten) and a quarter of the TTL for the sessions' part — the lost
+/// sessions' revocations, the new sessions' leases, the next waiter's turn. (Requests that a
+/// follower forwarded to the dead leader are never answered: unhedged, they held that part for
+/// up to a third of the TTL.) `None` for other scenarios and backends.
+fn killed_leader_gap(
+    scenario: Scenario,
+    kind: crate::target::Kind,
+    election: Option<Duration>,
+    ttl: Duration,
+) -> Option<Duration> {
+    if scenario != Scenario::KillLeader || kind != crate::target::Kind::Etcd {
+        return None;
+    }
+    election.map(|e| e + ttl / 4)
 }
 
 /// The workloads of a full run: every scenario with the mutex, [`Scenario::FAMILY`] with a
