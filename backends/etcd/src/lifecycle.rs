@@ -383,3 +383,55 @@ pub(crate) async fn close(session: &EtcdSession) -> Result<()> {
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Answer<T> = std::result::Result<T, etcd_client::Error>;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_answers_for_a_request_lost_on_the_way() {
+        let sent = AtomicU64::new(0);
+        let answer = hedged(Duration::from_millis(400), "read", || {
+            let n = sent.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Answer::Ok(n)
+            }
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 1);
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answered_request_sends_no_copy() {
+        let sent = AtomicU64::new(0);
+        let answer = hedged(Duration::from_millis(400), "read", || {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async { Answer::Ok(7) }
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 7);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_it_gives_up_at_its_bound_as_temporary() {
+        let sent = AtomicU64::new(0);
+        let started = tokio::time::Instant::now();
+        let answer = hedged(Duration::from_millis(400), "read", || {
+            sent.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Answer<()>>()
+        })
+        .await;
+        assert!(answer.unwrap_err().is_temporary());
+        assert_eq!(started.elapsed(), Duration::from_millis(400));
+        // Sent at 0, 100, 200 and 300 ms.
+        assert_eq!(sent.load(Ordering::SeqCst), 4);
+    }
+}
