@@ -108,19 +108,18 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             Ok((Arc::new(config.connect().await?), namespace))
         }
         Url::Redis { addr, db } => {
-            if tls.is_some() {
-                return Err(Error::invalid_config(
-                    "--cacert",
-                    "TLS is not supported by the Redis backend in this version",
-                ));
-            }
             let auth = match &credentials {
                 Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),
                 None => String::new(),
             };
             let db = db.map(|d| format!("/{d}")).unwrap_or_default();
-            let config = fencelock_redis::RedisConfig::new(format!("redis://{auth}{addr}{db}"))
-                .timeout(args.connect_timeout);
+            let scheme = if tls.is_some() { "rediss" } else { "redis" };
+            let mut config =
+                fencelock_redis::RedisConfig::new(format!("{scheme}://{auth}{addr}{db}"))
+                    .timeout(args.connect_timeout);
+            if let Some(tls) = tls {
+                config = config.tls(tls);
+            }
             let namespace = args
                 .namespace
                 .clone()

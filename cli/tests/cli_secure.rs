@@ -73,6 +73,64 @@ async fn mutual_tls_from_the_environment() {
     assert_eq!(code, 78, "{out}");
 }
 
+/// A TLS-only Redis server that requires client certificates, with an ACL user: the same flags
+/// and variables as for etcd, the password from the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_mutual_tls_as_an_acl_user() {
+    use fencelock_integration::servers::redis::{self as harness, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let pki = TestPki::generate();
+    let (server, client) = (pki.server(), pki.client());
+    let tls = ServerTls {
+        cert: server.cert,
+        key: server.key,
+        client_ca: Some(pki.ca()),
+    };
+    let (ca_path, client_id) = (pki.ca(), (client.cert.clone(), client.key.clone()));
+    let redis = tokio::task::spawn_blocking(move || {
+        let s = RedisServer::start_tls(tls, ca_path, client_id);
+        let setuser = [
+            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
+        ];
+        assert_eq!(s.cli(&setuser).unwrap().trim(), "OK");
+        s
+    })
+    .await
+    .unwrap();
+    let url = format!("redis://app@{}", redis.addr());
+    let (ca, cert, key) = (
+        pki.ca().display().to_string(),
+        client.cert.display().to_string(),
+        client.key.display().to_string(),
+    );
+    let env = [
+        ("FENCELOCK_ENDPOINTS", url.as_str()),
+        ("FENCELOCK_PASSWORD", "app-pw"),
+        ("FENCELOCK_TLS_CA", ca.as_str()),
+        ("FENCELOCK_TLS_CERT", cert.as_str()),
+        ("FENCELOCK_TLS_KEY", key.as_str()),
+    ];
+    let (code, out) = fencelock(
+        &env,
+        &["lock", "m", "--", "sh", "-c", "echo token=$FENCELOCK_TOKEN"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("token="), "{out}");
+    // Without a client certificate, and without TLS: configuration errors (78).
+    let (code, out) = fencelock(&env[..3], &["lock", "m", "--", "true"]);
+    assert_eq!(code, 78, "{out}");
+    let (code, out) = fencelock(&env[..2], &["lock", "m", "--", "true"]);
+    assert_eq!(code, 78, "{out}");
+    // A wrong password: never printed.
+    let mut wrong = env;
+    wrong[1] = ("FENCELOCK_PASSWORD", "not-the-pw");
+    let (code, out) = fencelock(&wrong, &["lock", "m", "--", "true"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(!out.contains("not-the-pw"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_authentication() {
     if !available(Kind::Etcd) {

@@ -68,7 +68,7 @@ async fn unreachable_and_bad_settings() {
         "{r:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(5));
-    for bad in ["redis://[::1", "rediss://127.0.0.1:1", "http://x"] {
+    for bad in ["redis://[::1", "http://x"] {
         let r = RedisBackend::connect(bad).await;
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{bad}: {r:?}");
     }

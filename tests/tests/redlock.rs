@@ -164,7 +164,7 @@ async fn bad_input_is_refused() {
         Err(Error::InvalidConfig(_))
     ));
     assert!(matches!(
-        Redlock::connect(["rediss://127.0.0.1:1"]),
+        Redlock::connect(["redis://[::1"]),
         Err(Error::InvalidConfig(_))
     ));
     let lock = Redlock::connect(["redis://127.0.0.1:1"]).unwrap();

@@ -3,6 +3,9 @@
 use std::time::Duration;
 
 use fencelock::{Error, Result};
+pub(crate) use fencelock_net::redact;
+use fencelock_net::TlsConfig;
+use redis::{ClientTlsConfig, TlsCertificates};
 
 use crate::RedisBackend;
 
@@ -30,38 +33,68 @@ pub const MAX_REPLICAS: usize = 1000;
 ///     .await?;
 /// # Ok(()) }
 /// ```
+///
+/// Over TLS, with an ACL user (`rediss://`; the CA that signed the server's certificate, and a
+/// client certificate if the server asks for one):
+///
+/// ```no_run
+/// # async fn f() -> fencelock::Result<()> {
+/// use fencelock_redis::{RedisConfig, TlsConfig};
+///
+/// let backend = RedisConfig::new("rediss://app:s3cret@redis-1.internal:6380")
+///     .tls(TlsConfig::from_ca_file("/etc/redis/ca.pem")?
+///         .with_identity_files("/etc/redis/client.pem", "/etc/redis/client.key")?)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) url: String,
     pub(crate) timeout: Duration,
     pub(crate) replicas: Option<(usize, Duration)>,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password.
-        let url = match self.url.rsplit_once('@') {
-            Some((_, host)) => format!("redis://***@{host}"),
-            None => self.url.clone(),
-        };
         f.debug_struct("RedisConfig")
-            .field("url", &url)
+            .field("url", &redact(&self.url))
             .field("timeout", &self.timeout)
             .field("replicas", &self.replicas)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl RedisConfig {
-    /// Settings for the Redis server at `url`: `redis://[user[:password]@]host[:port][/db]`
-    /// (`rediss://` is not supported: this build has no TLS for Redis), or a bare
-    /// `host:port`.
+    /// Settings for the Redis server at `url`: `redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://…` for TLS (see [`tls`](Self::tls)), or a bare `host:port` (TLS if
+    /// [`tls`](Self::tls) is set). A user and password log in as that ACL user (`AUTH user
+    /// password`); a password alone as the default user. Messages and `Debug` never show the
+    /// password.
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
             timeout: DEFAULT_TIMEOUT,
             replicas: None,
+            tls: None,
         }
+    }
+
+    /// Connects over TLS, trusting only the certificate authorities of `tls` (and presenting
+    /// its client certificate, for a server with `tls-auth-clients yes`). The URL must be
+    /// `rediss://` or a bare `host:port`; the server's certificate is verified against the
+    /// URL's host (an IP address SAN for an address), so [`TlsConfig::with_server_name`] is
+    /// refused: connect by the name on the certificate. Without this setting a `rediss://` URL
+    /// trusts the system's certificate store. A wrong setting fails the connect with a
+    /// permanent error: a plaintext server, an untrusted server certificate
+    /// ([`Error::Connect`](fencelock::Error::Connect)), a refused client certificate
+    /// ([`Error::Unauthenticated`](fencelock::Error::Unauthenticated)).
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// How long a connect and each request wait for the server (default [`DEFAULT_TIMEOUT`];
@@ -107,19 +140,42 @@ impl RedisConfig {
                 ));
             }
         }
-        let url = if self.url.contains("://") {
-            self.url.clone()
-        } else {
-            format!("redis://{}", self.url)
+        let url = self.full_url();
+        let bad = |e: redis::RedisError| Error::invalid_config(redact(&self.url), e.to_string());
+        let Some(tls) = &self.tls else {
+            return redis::Client::open(url.as_str()).map_err(bad);
         };
-        if url.starts_with("rediss://") {
+        if !url.starts_with("rediss://") {
             return Err(Error::invalid_config(
-                "rediss://",
-                "TLS is not supported by the Redis backend in this version",
+                redact(&self.url),
+                "TLS settings need a rediss:// URL (or a bare host:port)",
             ));
         }
-        redis::Client::open(url.as_str())
-            .map_err(|e| Error::invalid_config(redact(&self.url), e.to_string()))
+        if tls.server_name().is_some() {
+            return Err(Error::invalid_config(
+                "server name",
+                "the Redis client verifies the server's certificate against the URL's host: \
+                 connect by the name on the certificate",
+            ));
+        }
+        let certificates = TlsCertificates {
+            client_tls: tls.identity_pem().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.as_bytes().to_vec(),
+                client_key: key.as_bytes().to_vec(),
+            }),
+            root_cert: Some(tls.ca_pem().as_bytes().to_vec()),
+        };
+        redis::Client::build_with_tls(url.as_str(), certificates).map_err(bad)
+    }
+
+    /// The URL with its scheme: a bare `host:port` is `rediss://` with TLS settings, else
+    /// `redis://`.
+    fn full_url(&self) -> String {
+        match (self.url.contains("://"), &self.tls) {
+            (true, _) => self.url.clone(),
+            (false, Some(_)) => format!("rediss://{}", self.url),
+            (false, None) => format!("redis://{}", self.url),
+        }
     }
 
     /// Connects (see [`RedisBackend::connect_with`]).
@@ -136,12 +192,4 @@ fn check_timeout(what: &str, t: Duration) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match url.rsplit_once('@') {
-        Some((_, host)) => format!("***@{host}"),
-        None => url.to_string(),
-    }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use fencelock::{Error, Result};
+use fencelock_net::{connect_error, probe};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{redact, RedisConfig};
@@ -37,9 +38,23 @@ pub(crate) async fn connect(
             .await?;
         Ok::<_, redis::RedisError>(con)
     };
-    match tokio::time::timeout(config.timeout, connect).await {
-        Ok(Ok(con)) => Ok(con),
-        Ok(Err(e)) => Err(match error::map("connect", e) {
+    // A wrong TLS setting may show as a connect that hangs (a plaintext server takes a TLS
+    // greeting for a command that never ends): once the connect takes a while, a probe beside
+    // it reports such a setting without waiting for the timeout.
+    let probe_later = async {
+        tokio::time::sleep(PROBE_AFTER).await;
+        match wrong_setting(config, client).await {
+            Some(e) => e,
+            None => std::future::pending().await,
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(config.timeout, connect) => outcome,
+        wrong = probe_later => return Err(wrong),
+    };
+    let failed = match outcome {
+        Ok(Ok(con)) => return Ok(con),
+        Ok(Err(e)) => match error::map("connect", e) {
             Error::Backend {
                 temporary, source, ..
             } => Error::Connect {
@@ -48,16 +63,47 @@ pub(crate) async fn connect(
                 temporary,
                 source,
             },
-            other => other,
-        }),
-        Err(_) => Err(Error::Connect {
+            other => return Err(other),
+        },
+        Err(_) => Error::Connect {
             backend: NAME,
             endpoints: redact(&config.url),
             temporary: true,
             source: format!("no answer within {:?}", config.timeout).into(),
-        }),
-    }
+        },
+    };
+    Err(wrong_setting(config, client).await.unwrap_or(failed))
 }
+
+/// A wrong setting that the server shows, if any, as the permanent error it is: redis-rs
+/// reports one as a broken, reset or silent connection. Found by probing the server: a
+/// plaintext server behind a `rediss://` URL, a TLS one behind `redis://`, an untrusted server
+/// certificate, a refused client certificate.
+async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<Error> {
+    let (host, port, tls) = match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => (host, *port, None),
+        // With the system's trust store (no `tls` setting) there is no CA to probe with.
+        redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            (host, *port, Some(config.tls.as_ref()?))
+        }
+        _ => return None,
+    };
+    let within = config.timeout.min(PROBE_TIMEOUT);
+    let found = probe(host, port, tls, within).await;
+    found.is_permanent().then(|| {
+        connect_error(
+            NAME,
+            &redact(&config.url),
+            &[(format!("{host}:{port}"), found)],
+        )
+    })
+}
+
+/// How long a connect may take before a probe starts beside it.
+const PROBE_AFTER: Duration = Duration::from_millis(500);
+
+/// The longest a probe waits at each step.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Warns when the server may evict keys: an evicted session key ends a session early, an
 /// evicted token counter starts tokens again from 1. (Servers that forbid `CONFIG` say

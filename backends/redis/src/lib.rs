@@ -115,6 +115,7 @@ use fencelock::{Error, Result};
 use redis::aio::ConnectionManager;
 
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
+pub use fencelock_net::TlsConfig;
 pub use guarded::guarded_set;
 pub use redlock::{Redlock, RedlockGuard};
 pub use redlock_timing::{RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL};

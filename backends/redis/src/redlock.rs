@@ -165,6 +165,21 @@ impl Redlock {
         urls: impl IntoIterator<Item = U>,
         timing: RedlockTiming,
     ) -> Result<Self> {
+        let configs: Vec<_> = urls
+            .into_iter()
+            .map(|url| crate::RedisConfig::new(url.as_ref()))
+            .collect();
+        Self::with_configs(configs, timing)
+    }
+
+    /// Redlock over the servers of `configs` (say, with [`RedisConfig::tls`](crate::RedisConfig::tls)
+    /// for servers that speak TLS only), with explicit timing: each request waits at most the
+    /// timing's request timeout, whatever the configs' own; their `wait_for_replicas` is not
+    /// used (Redlock's safety rests on a majority of independent servers instead).
+    pub fn with_configs(
+        configs: impl IntoIterator<Item = crate::RedisConfig>,
+        timing: RedlockTiming,
+    ) -> Result<Self> {
         // The connections are made lazily on the runtime's reactor: outside one, the redis
         // crate would panic here.
         if tokio::runtime::Handle::try_current().is_err() {
@@ -194,9 +209,9 @@ impl Redlock {
         }
         let mut servers = Vec::new();
         let mut seen = Vec::new();
-        for url in urls {
-            let url = url.as_ref();
-            let config = crate::RedisConfig::new(url).timeout(timing.request_timeout);
+        for config in configs {
+            let config = config.timeout(timing.request_timeout);
+            let url = config.url.as_str();
             let client = config.validate()?;
             let server = server_identity(client.get_connection_info().addr());
             if seen.contains(&server) {

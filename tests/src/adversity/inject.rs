@@ -27,7 +27,7 @@ pub struct Stage<'a> {
     /// Every session opened (closed at the end).
     pub sessions: &'a Sessions,
     /// How long the cluster took to elect a leader after the last leader the faults took
-    /// down (see [`report_election`]).
+    /// down, as the fault that took it down measured it.
     pub election: Option<Duration>,
 }
 

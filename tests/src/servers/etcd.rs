@@ -37,16 +37,7 @@ struct Member {
     child: Option<ManagedChild>,
 }
 
-/// TLS on the client port of a cluster's members.
-#[derive(Debug, Clone)]
-pub struct ServerTls {
-    /// The server certificate (PEM).
-    pub cert: std::path::PathBuf,
-    /// Its key (PEM).
-    pub key: std::path::PathBuf,
-    /// With a CA, clients must present a certificate it signed (`--client-cert-auth`).
-    pub client_ca: Option<std::path::PathBuf>,
-}
+pub use super::ServerTls;
 
 /// How to start a cluster.
 #[derive(Debug, Clone, Default)]

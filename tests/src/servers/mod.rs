@@ -73,6 +73,18 @@ pub trait Cluster: Send + Sync {
     }
 }
 
+/// TLS on a server's client port (etcd's members, a Redis server).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its key (PEM).
+    pub key: std::path::PathBuf,
+    /// With a CA, clients must present a certificate it signed (etcd `--client-cert-auth`,
+    /// Redis `tls-auth-clients yes`).
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
 /// A temporary data directory for a server named by `prefix`, in memory (`/dev/shm`) where
 /// the machine has it: a server's fsyncs then cost nothing, so a shared disk's stalls (another
 /// job writing gigabytes) cannot pass for the faults the tests inject. Removed on drop.

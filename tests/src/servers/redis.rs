@@ -1,6 +1,7 @@
 //! Redis servers for the tests: Debian's `redis-server` on free loopback ports with temporary
 //! data dirs, alone or as a replica of another, stopped (by PID) when dropped.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use fencelock::conformance::Factory;
 use fencelock::Result;
 use fencelock_redis::RedisBackend;
 
+use super::ServerTls;
 use crate::process::ManagedChild;
 
 /// What is missing to run Redis, if anything.
@@ -42,6 +44,18 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     durability: Durability,
+    /// TLS only (no plaintext port), with `redis-cli` talking TLS to it.
+    tls: Option<CliTls>,
+}
+
+/// What `redis-cli` needs to talk to a TLS-only server.
+#[derive(Debug, Clone)]
+struct CliTls {
+    server: ServerTls,
+    /// The CA that signed the server's certificate.
+    ca: PathBuf,
+    /// A client certificate and key the server accepts.
+    client: (PathBuf, PathBuf),
 }
 
 impl RedisServer {
@@ -49,12 +63,36 @@ impl RedisServer {
     pub fn start(durability: Durability) -> RedisServer {
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, durability, None);
+        let child = spawn(port, &dir, durability, None, None);
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
             durability,
+            tls: None,
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// Starts a server that speaks TLS only (`tls-port`, no plaintext port) with the
+    /// certificate of `tls`, requiring a client certificate signed by `tls.client_ca` if set;
+    /// `ca` signed the server's certificate, `client` is a client certificate and key it
+    /// accepts (for `redis-cli`). Blocking.
+    pub fn start_tls(tls: ServerTls, ca: PathBuf, client: (PathBuf, PathBuf)) -> RedisServer {
+        let dir = super::data_dir("fencelock-redis-").expect("temp dir");
+        let port = crate::free_port();
+        let child = spawn(port, &dir, Durability::None, None, Some(&tls));
+        let server = RedisServer {
+            child: Mutex::new(child),
+            port,
+            dir,
+            durability: Durability::None,
+            tls: Some(CliTls {
+                server: tls,
+                ca,
+                client,
+            }),
         };
         server.wait_ready();
         server
@@ -76,12 +114,13 @@ impl RedisServer {
     pub fn replica_via(port: u16, durability: Durability) -> RedisServer {
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let own = crate::free_port();
-        let child = spawn(own, &dir, durability, Some(port));
+        let child = spawn(own, &dir, durability, Some(port), None);
         let server = RedisServer {
             child: Mutex::new(child),
             port: own,
             dir,
             durability,
+            tls: None,
         };
         server.wait_ready();
         server
@@ -128,10 +167,18 @@ impl RedisServer {
 
     /// Runs a command through `redis-cli` (blocking) and returns its output.
     pub fn cli(&self, args: &[&str]) -> std::io::Result<String> {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()?;
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--tls")
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        let out = cmd.args(args).output()?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -163,7 +210,8 @@ impl RedisServer {
     /// Restarts a killed server on its data dir, as a replica of the server on port `primary`
     /// if given (it then resynchronizes from it), else as a primary.
     pub fn restart_as(&self, primary: Option<u16>) {
-        let child = spawn(self.port, &self.dir, self.durability, primary);
+        let tls = self.tls.as_ref().map(|t| &t.server);
+        let child = spawn(self.port, &self.dir, self.durability, primary, tls);
         *self.child() = child;
         self.wait_ready();
     }
@@ -197,9 +245,27 @@ fn spawn(
     dir: &tempfile::TempDir,
     durability: Durability,
     primary: Option<u16>,
+    tls: Option<&ServerTls>,
 ) -> ManagedChild {
     let mut cmd = Command::new("redis-server");
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+    match tls {
+        None => cmd.args(["--port", &port.to_string()]),
+        Some(tls) => {
+            cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key);
+            match &tls.client_ca {
+                Some(ca) => cmd
+                    .arg("--tls-ca-cert-file")
+                    .arg(ca)
+                    .args(["--tls-auth-clients", "yes"]),
+                None => cmd.args(["--tls-auth-clients", "no"]),
+            }
+        }
+    };
+    cmd.args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--daemonize", "no", "--protected-mode", "no"])
         .arg("--dir")
         .arg(dir.path());
