@@ -83,12 +83,12 @@ async fn mutual_tls() {
             .await
             .unwrap_or_else(|e| panic!("{}", chain(&e)));
     lock_once(user).await;
-    // Redlock over TLS servers, from configs.
-    let redlock = Redlock::with_configs(
-        [RedisConfig::new(&rediss).tls(pki.client_tls())],
-        RedlockTiming::default(),
-    )
-    .unwrap();
+    // Redlock over TLS servers, from configs. The first request of a connection carries its
+    // TLS handshake: more than the default 50 ms in a debug build on a loaded machine.
+    let mut timing = RedlockTiming::default();
+    timing.request_timeout = Duration::from_secs(2);
+    let redlock =
+        Redlock::with_configs([RedisConfig::new(&rediss).tls(pki.client_tls())], timing).unwrap();
     let guard = redlock
         .try_lock("tls", Duration::from_secs(5))
         .await
@@ -188,4 +188,50 @@ async fn server_tls_and_acl_users() {
     .await;
     assert!(!e.is_temporary());
     assert!(matches!(e, Error::InvalidConfig(_)));
+}
+
+/// A server that accepts connections and never answers (a hung process): the connect fails
+/// with a temporary `Error::Connect` once its timeout has passed, at most half a second later
+/// (while the probe for a wrong setting, which runs beside the connect, finishes), with TLS or
+/// without: never a hang, and never a configuration error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_is_a_temporary_connect_error_within_the_timeout() {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hung.local_addr().unwrap();
+    // Accepts, holds every connection open, says nothing.
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hung.accept().await {
+            open.push(socket);
+        }
+    });
+    let pki = TestPki::generate();
+    let timeout = Duration::from_secs(1);
+    for config in [
+        RedisConfig::new(format!("redis://{addr}")),
+        RedisConfig::new(format!("rediss://{addr}")).tls(pki.client_tls()),
+    ] {
+        let config = config.timeout(timeout);
+        let what = format!("{config:?}");
+        let started = std::time::Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), config.connect())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the connect hung"));
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                r,
+                Err(Error::Connect {
+                    temporary: true,
+                    ..
+                })
+            ),
+            "{what}: {r:?}"
+        );
+        assert!(
+            took < timeout + Duration::from_millis(800),
+            "{what}: took {took:?}"
+        );
+    }
+    held.abort();
 }

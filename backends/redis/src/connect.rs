@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use fencelock::{Error, Result};
-use fencelock_net::{connect_error, probe};
+use fencelock_net::{connect_error, probe, Probe};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{redact, RedisConfig};
@@ -40,17 +40,23 @@ pub(crate) async fn connect(
     };
     // A wrong TLS setting may show as a connect that hangs (a plaintext server takes a TLS
     // greeting for a command that never ends): once the connect takes a while, a probe beside
-    // it reports such a setting without waiting for the timeout.
-    let probe_later = async {
+    // it reports such a setting without waiting for the timeout. One probe per connect: a
+    // connect that fails after it started waits for its verdict (bounded), not for another.
+    let started = tokio::time::Instant::now();
+    let mut probe = std::pin::pin!(async {
         tokio::time::sleep(PROBE_AFTER).await;
-        match wrong_setting(config, client).await {
-            Some(e) => e,
-            None => std::future::pending().await,
+        wrong_setting(config, client).await
+    });
+    let mut connect = std::pin::pin!(tokio::time::timeout(config.timeout, connect));
+    let mut verdict = None;
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut connect => break outcome,
+            found = &mut probe, if verdict.is_none() => match found {
+                Some(wrong) => return Err(wrong),
+                None => verdict = Some(None),
+            },
         }
-    };
-    let outcome = tokio::select! {
-        outcome = tokio::time::timeout(config.timeout, connect) => outcome,
-        wrong = probe_later => return Err(wrong),
     };
     let failed = match outcome {
         Ok(Ok(con)) => return Ok(con),
@@ -72,7 +78,16 @@ pub(crate) async fn connect(
             source: format!("no answer within {:?}", config.timeout).into(),
         },
     };
-    Err(wrong_setting(config, client).await.unwrap_or(failed))
+    let wrong = match verdict {
+        Some(found) => found,
+        // A failure before the probe began (a refused or reset connection): probe now.
+        None if started.elapsed() < PROBE_AFTER => wrong_setting(config, client).await,
+        // Its verdict, if it comes soon: a connect that timed out is not held much longer.
+        None => tokio::time::timeout_at(started + config.timeout + PROBE_AFTER, probe)
+            .await
+            .unwrap_or(None),
+    };
+    Err(wrong.unwrap_or(failed))
 }
 
 /// A wrong setting that the server shows, if any, as the permanent error it is: redis-rs
@@ -90,6 +105,11 @@ async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<E
     };
     let within = config.timeout.min(PROBE_TIMEOUT);
     let found = probe(host, port, tls, within).await;
+    // A TLS greeting that a plaintext Redis takes for the start of a command is never
+    // answered, as nothing is by a hung server: only a plaintext server answers a PING.
+    if matches!(found, Probe::NotTls(_)) && !answers_plaintext(host, port, within / 2).await {
+        return None;
+    }
     found.is_permanent().then(|| {
         connect_error(
             NAME,
@@ -97,6 +117,19 @@ async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<E
             &[(format!("{host}:{port}"), found)],
         )
     })
+}
+
+/// Whether the server at `host:port` answers a plaintext `PING` within `within` (with anything:
+/// `+PONG`, or an error such as `-NOAUTH`).
+async fn answers_plaintext(host: &str, port: u16, within: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut tcp = tokio::net::TcpStream::connect((host, port)).await?;
+        tcp.write_all(b"PING\r\n").await?;
+        let mut reply = [0u8; 1];
+        Ok::<_, std::io::Error>(tcp.read(&mut reply).await? > 0)
+    };
+    matches!(tokio::time::timeout(within, exchange).await, Ok(Ok(true)))
 }
 
 /// How long a connect may take before a probe starts beside it.

@@ -175,7 +175,9 @@ impl Redlock {
     /// Redlock over the servers of `configs` (say, with [`RedisConfig::tls`](crate::RedisConfig::tls)
     /// for servers that speak TLS only), with explicit timing: each request waits at most the
     /// timing's request timeout, whatever the configs' own; their `wait_for_replicas` is not
-    /// used (Redlock's safety rests on a majority of independent servers instead).
+    /// used (Redlock's safety rests on a majority of independent servers instead). Over TLS,
+    /// the first request on each connection carries its handshake: give the request timeout
+    /// room for it (the default 50 ms may not be enough).
     pub fn with_configs(
         configs: impl IntoIterator<Item = crate::RedisConfig>,
         timing: RedlockTiming,
