@@ -131,6 +131,9 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
         args.seconds
     );
+    crate::emit!(
+        "(in parentheses: the least-served session's acquisitions as a share of the most-served one's, 1.00 all alike)\n"
+    );
     crate::emit!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
     crate::emit!("|---:|---:|---:|---:|");
     let mut rows = Vec::new();
@@ -173,7 +176,15 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
             their_ops.push(op);
         }
         let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
-        crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        crate::emit!(
+            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
+            ours.rate,
+            ours.fairness,
+            theirs.rate,
+            theirs.fairness,
+            ours.rate / theirs.rate
+        );
+        let (ours, theirs) = (ours.rate, theirs.rate);
         rows.push((n, ours, theirs));
         super::summary("etcd", &format!("{n} sessions acq/s"), format!("{ours:.0}"));
         super::report::define(

@@ -29,7 +29,8 @@ pub struct Measured {
 /// Runs `ops` for `seconds`, counting the server's watch notifications meanwhile.
 pub async fn measure(ops: Vec<Op>, seconds: f64, counter: &Notifications) -> Measured {
     let before = counter.read().await;
-    let (n, t, _) = run_slice(ops, seconds).await;
+    let (per_op, t, _) = run_slice(ops, seconds).await;
+    let n = per_op.iter().sum::<u64>();
     let after = counter.read().await;
     Measured {
         rate: n as f64 / t,

@@ -268,15 +268,15 @@ pub fn election_header(what: &str) {
     crate::emit!("|---|---:|---:|---:|---:|");
 }
 
-/// Runs the `ops` (one per contender) concurrently, each looping until `seconds` are up;
-/// returns the completions and the time taken, and gives the ops back.
-pub async fn run_slice(ops: Vec<Op>, seconds: f64) -> (u64, f64, Vec<Op>) {
+/// Runs every op of `ops` in a loop of its own for `seconds`: each op's completions (in the
+/// order of `ops`, counted until the stop), the time taken, and the ops back.
+pub async fn run_slice(ops: Vec<Op>, seconds: f64) -> (Vec<u64>, f64, Vec<Op>) {
     let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
+    let counts: Vec<Arc<AtomicU64>> = ops.iter().map(|_| Arc::default()).collect();
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for mut op in ops {
-        let (stop, count) = (stop.clone(), count.clone());
+    for (mut op, count) in ops.into_iter().zip(counts.iter().cloned()) {
+        let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 op().await;
@@ -287,40 +287,75 @@ pub async fn run_slice(ops: Vec<Op>, seconds: f64) -> (u64, f64, Vec<Op>) {
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    let n = count.load(Ordering::Relaxed);
+    let per_op = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
     let elapsed = start.elapsed().as_secs_f64();
     let mut back = Vec::new();
     for t in tasks {
         back.push(t.await.expect("contender"));
     }
-    (n, elapsed, back)
+    (per_op, elapsed, back)
+}
+
+/// What a contended group reached: completions per second, and how alike its contenders were
+/// served (the least-served one's completions as a share of the most-served one's: 1.00 all
+/// alike, near 0 some starved).
+#[derive(Debug, Clone, Copy)]
+pub struct Contended {
+    /// Completions per second.
+    pub rate: f64,
+    /// The least-served contender's completions over the most-served one's.
+    pub fairness: f64,
+}
+
+impl Contended {
+    /// The figures of a slice (or slices) that took `seconds`, from each contender's
+    /// completions.
+    pub fn of(per_op: &[u64], seconds: f64) -> Contended {
+        let (min, max) = (
+            per_op.iter().copied().min().unwrap_or(0),
+            per_op.iter().copied().max().unwrap_or(0),
+        );
+        Contended {
+            rate: per_op.iter().sum::<u64>() as f64 / seconds,
+            fairness: min as f64 / max.max(1) as f64,
+        }
+    }
 }
 
 /// Contended throughput of two groups of contenders, measured alternately in `SLICES` slices
 /// of `seconds / SLICES` each, alternating which goes first (so that load drifting on the
-/// machine hits both alike); returns the completions per second of each.
-pub async fn throughput_pair(mut a: Vec<Op>, mut b: Vec<Op>, seconds: f64) -> (f64, f64) {
+/// machine hits both alike).
+pub async fn throughput_pair(
+    mut a: Vec<Op>,
+    mut b: Vec<Op>,
+    seconds: f64,
+) -> (Contended, Contended) {
     const SLICES: usize = 3;
     let slice = seconds / SLICES as f64;
-    let (mut na, mut ta, mut nb, mut tb) = (0, 0.0, 0, 0.0);
+    let (mut na, mut ta) = (vec![0; a.len()], 0.0);
+    let (mut nb, mut tb) = (vec![0; b.len()], 0.0);
+    let add =
+        |to: &mut Vec<u64>, from: Vec<u64>| to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
     for i in 0..SLICES {
         for a_now in [i % 2 == 0, i % 2 != 0] {
             if a_now {
                 let (n, t, ops) = run_slice(a, slice).await;
-                (na, ta, a) = (na + n, ta + t, ops);
+                add(&mut na, n);
+                (ta, a) = (ta + t, ops);
             } else {
                 let (n, t, ops) = run_slice(b, slice).await;
-                (nb, tb, b) = (nb + n, tb + t, ops);
+                add(&mut nb, n);
+                (tb, b) = (tb + t, ops);
             }
         }
     }
-    (na as f64 / ta, nb as f64 / tb)
+    (Contended::of(&na, ta), Contended::of(&nb, tb))
 }
 
 /// Contended throughput of one group of contenders during `seconds`.
 pub async fn throughput(ops: Vec<Op>, seconds: f64) -> f64 {
     let (n, t, _) = run_slice(ops, seconds).await;
-    n as f64 / t
+    n.iter().sum::<u64>() as f64 / t
 }
 
 /// The figures of every backend's own rows, collected for the table across backends.

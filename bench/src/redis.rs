@@ -9,7 +9,6 @@
 //!    queue, waiters woken by pub/sub) against the bare `SET NX PX` retried after 1 ms and
 //!    `rslock`'s `acquire` (retries after its delay, here 1 ms).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use fencelock::Session;
 use fencelock_redis::{RedisBackend, Redlock};
 use redis::aio::ConnectionManager;
 
-use super::{ms, run_slice, time_interleaved, Args, Op};
+use super::{ms, run_slice, time_interleaved, Args, Contended, Op};
 use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
 
 /// The lock TTL of the bare and rslock rows, and our session TTL.
@@ -92,28 +91,6 @@ async fn our_op(backend: RedisBackend, name: &str) -> Op {
             g.release().await.expect("release");
         })
     })
-}
-
-/// Wraps each op of a group with a counter of its own completions.
-fn counted(group: Vec<Op>) -> (Vec<Op>, Vec<Arc<AtomicU64>>) {
-    let mut counts = Vec::new();
-    let ops = group
-        .into_iter()
-        .map(|mut op| {
-            let c = Arc::new(AtomicU64::new(0));
-            counts.push(c.clone());
-            let wrapped: Op = Box::new(move || {
-                let f = op();
-                let c = c.clone();
-                Box::pin(async move {
-                    f.await;
-                    c.fetch_add(1, Ordering::Relaxed);
-                })
-            });
-            wrapped
-        })
-        .collect();
-    (ops, counts)
 }
 
 /// Prints the Redis rows; skips them if `redis-server` is not installed.
@@ -197,16 +174,10 @@ pub async fn redis_rows(args: &Args) {
         let mut rates = Vec::new();
         let mut cells = Vec::new();
         for group in [ours, bare, rs] {
-            let (group, counts) = counted(group);
-            let (count, secs, _) = run_slice(group, third.max(0.5)).await;
-            let per: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-            let (min, max) = (
-                per.iter().copied().min().unwrap_or(0),
-                per.iter().copied().max().unwrap_or(0),
-            );
-            let rate = count as f64 / secs;
-            cells.push(format!("{rate:.0} ({:.2})", min as f64 / max.max(1) as f64));
-            rates.push(rate);
+            let (per, secs, _) = run_slice(group, third.max(0.5)).await;
+            let got = Contended::of(&per, secs);
+            cells.push(format!("{:.0} ({:.2})", got.rate, got.fairness));
+            rates.push(got.rate);
         }
         crate::emit!(
             "| {n} | {} | {} | {} | {:.2}x |",

@@ -180,6 +180,9 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
     crate::emit!(
         "\nContended acquisitions per second ({seconds} s each, alternating in slices, one connection per session):\n"
     );
+    crate::emit!(
+        "(in parentheses: the least-served session's acquisitions as a share of the most-served one's, 1.00 all alike)\n"
+    );
     crate::emit!("| sessions | fencelock Mutex | zookeeper-client Client::lock | ratio |");
     crate::emit!("|---:|---:|---:|---:|");
     let mut ours4 = None;
@@ -195,7 +198,15 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
             ));
         }
         let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
-        crate::emit!("| {n} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+        crate::emit!(
+            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
+            ours.rate,
+            ours.fairness,
+            theirs.rate,
+            theirs.fairness,
+            ours.rate / theirs.rate
+        );
+        let (ours, theirs) = (ours.rate, theirs.rate);
         rows.push((n, ours, theirs));
         super::summary(
             "ZooKeeper",
