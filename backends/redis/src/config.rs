@@ -98,7 +98,8 @@ impl RedisConfig {
     }
 
     /// How long a connect and each request wait for the server (default [`DEFAULT_TIMEOUT`];
-    /// at most [`MAX_TIMEOUT`]).
+    /// at most [`MAX_TIMEOUT`]). A connect that fails may take up to half a second more: a
+    /// probe of the server, which tells a wrong TLS setting from a server that is down, ends.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
