@@ -45,15 +45,34 @@ async fn connect(config: RedisConfig) -> fencelock::Result<RedisBackend> {
 }
 
 /// One lock taken and released through `backend`, with its fencing token.
+/// Then a second session waits behind a first holder, and is woken (Redis pub/sub, on a
+/// connection of its own: over TLS too) when it releases, with a larger token.
 async fn lock_once(backend: RedisBackend) {
-    let s = Session::builder(backend)
+    let s = Session::builder(backend.clone())
         .namespace("tls")
         .start()
         .await
         .unwrap();
     let g = s.mutex("m").unwrap().lock().await.unwrap();
     assert!(g.token().get() >= 1);
+    let waiter = Session::builder(backend)
+        .namespace("tls")
+        .start()
+        .await
+        .unwrap();
+    let behind = waiter.mutex("m").unwrap();
+    let waiting = tokio::spawn(async move { behind.lock().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "granted while held");
+    let first = g.token();
     g.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is woken by the release")
+        .unwrap()
+        .unwrap();
+    assert!(second > first, "{second:?} after {first:?}");
+    waiter.close().await.unwrap();
     s.close().await.unwrap();
 }
 
