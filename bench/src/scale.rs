@@ -33,6 +33,8 @@ pub struct HeldRow {
     pub locks: usize,
     /// Acquisitions per second while taking them.
     pub rate: f64,
+    /// Releases per second while releasing them all (64 in flight).
+    pub release_rate: f64,
     /// Client bytes per held lock, if counted.
     pub bytes_per_lock: Option<f64>,
     /// Server-side watches while they are held, if read.
@@ -89,8 +91,10 @@ pub async fn held_ours(
     zk_port: Option<u16>,
     session: Session,
     n: usize,
+    rep: usize,
 ) -> HeldRow {
-    let names: Vec<String> = (0..n).map(|i| format!("held/{n}/{i}")).collect();
+    // Names new to the server in every repetition.
+    let names: Vec<String> = (0..n).map(|i| format!("held/{n}/r{rep}/{i}")).collect();
     let before = allocated();
     let start = Instant::now();
     let guards: Vec<fencelock::Guard> = stream::iter(&names)
@@ -104,27 +108,32 @@ pub async fn held_ours(
     let rate = n as f64 / start.elapsed().as_secs_f64();
     let bytes = per_lock(before, allocated(), n);
     let server_watches = watches(kind, endpoint, zk_port).await;
+    let start = Instant::now();
     stream::iter(guards)
         .map(|g| async move { g.release().await.expect("release") })
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<()>>()
         .await;
+    let release_rate = n as f64 / start.elapsed().as_secs_f64();
     HeldRow {
         implementation: "fencelock Mutex".into(),
         locks: n,
         rate,
+        release_rate,
         bytes_per_lock: bytes,
         server_watches,
     }
 }
 
 /// etcd-client's `lock()`, one lease, `n` distinct locks.
-pub async fn held_etcd_client(endpoint: &str, n: usize) -> HeldRow {
+pub async fn held_etcd_client(endpoint: &str, n: usize, rep: usize) -> HeldRow {
     let client = etcd_client::Client::connect([endpoint], None)
         .await
         .unwrap();
     let lease = client.lease_client().grant(300, None).await.unwrap().id();
-    let names: Vec<String> = (0..n).map(|i| format!("bench/peer-held/{n}/{i}")).collect();
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("bench/peer-held/{n}/r{rep}/{i}"))
+        .collect();
     let before = allocated();
     let start = Instant::now();
     let keys: Vec<Vec<u8>> = stream::iter(&names)
@@ -145,6 +154,7 @@ pub async fn held_etcd_client(endpoint: &str, n: usize) -> HeldRow {
     let rate = n as f64 / start.elapsed().as_secs_f64();
     let bytes = per_lock(before, allocated(), n);
     let server_watches = watches(Kind::Etcd, endpoint, None).await;
+    let start = Instant::now();
     stream::iter(keys)
         .map(|k| {
             let mut c = client.clone();
@@ -153,25 +163,27 @@ pub async fn held_etcd_client(endpoint: &str, n: usize) -> HeldRow {
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<_>>()
         .await;
+    let release_rate = n as f64 / start.elapsed().as_secs_f64();
     let _ = client.lease_client().revoke(lease).await;
     HeldRow {
         implementation: "etcd-client lock()".into(),
         locks: n,
         rate,
+        release_rate,
         bytes_per_lock: bytes,
         server_watches,
     }
 }
 
 /// zookeeper-client's lock recipe (`Client::lock`), one session, `n` distinct locks.
-pub async fn held_zk_recipe(connect: &str, zk_port: u16, n: usize) -> HeldRow {
+pub async fn held_zk_recipe(connect: &str, zk_port: u16, n: usize, rep: usize) -> HeldRow {
     let client = zk::Client::connector()
         .with_session_timeout(Duration::from_secs(30))
         .connect(connect)
         .await
         .unwrap();
     let dirs: Vec<String> = (0..n)
-        .map(|i| format!("/bench/peer-held/{n}/{i}"))
+        .map(|i| format!("/bench/peer-held/{n}/r{rep}/{i}"))
         .collect();
     let before = allocated();
     let start = Instant::now();
@@ -194,6 +206,7 @@ pub async fn held_zk_recipe(connect: &str, zk_port: u16, n: usize) -> HeldRow {
     let rate = n as f64 / start.elapsed().as_secs_f64();
     let bytes = per_lock(before, allocated(), n);
     let server_watches = watches(Kind::ZooKeeper, connect, Some(zk_port)).await;
+    let start = Instant::now();
     stream::iter(held)
         .map(|l| async move {
             l.delete(l.lock_path(), None).await.unwrap();
@@ -202,10 +215,12 @@ pub async fn held_zk_recipe(connect: &str, zk_port: u16, n: usize) -> HeldRow {
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<()>>()
         .await;
+    let release_rate = n as f64 / start.elapsed().as_secs_f64();
     HeldRow {
         implementation: "zookeeper-client Client::lock".into(),
         locks: n,
         rate,
+        release_rate,
         bytes_per_lock: bytes,
         server_watches,
     }
@@ -473,12 +488,28 @@ fn merged(rows: Vec<HandoffRow>) -> HandoffRow {
     first
 }
 
-fn held_table(backend: &str, rows: &[HeldRow]) {
+/// Repetitions of each held-locks row (the table prints their median and spread).
+pub const HELD_REPS: usize = 5;
+
+/// The median of `values` (sorted in place), and their least and greatest.
+fn median_spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (median, values[0], values[n - 1])
+}
+
+/// One row per implementation and count: each a set of repetitions of the same measurement.
+fn held_table(backend: &str, rows: &[Vec<HeldRow>]) {
     crate::emit!(
-        "\n{backend}: one session takes N distinct locks ({IN_FLIGHT} in flight) and holds them:\n"
+        "\n{backend}: one session takes N distinct locks, new to the server ({IN_FLIGHT} in flight), holds them, then releases them all; the median of {HELD_REPS} repetitions side by side, their least and greatest in parentheses:\n"
     );
-    crate::emit!("| implementation | locks | acquisitions/s | client bytes per held lock | server watches while held |");
-    crate::emit!("|---|---:|---:|---:|---:|");
+    crate::emit!("| implementation | locks | acquisitions/s | releases/s | client bytes per held lock | server watches while held |");
+    crate::emit!("|---|---:|---:|---:|---:|---:|");
     let rate_id = format!("{}-held-rate", backend.to_lowercase());
     let mem_id = format!("{}-held-memory", backend.to_lowercase());
     super::report::define(
@@ -495,18 +526,25 @@ fn held_table(backend: &str, rows: &[HeldRow]) {
         "bytes per lock",
         true,
     );
-    for r in rows {
-        let bytes = r.bytes_per_lock.map_or("n/a".into(), |b| format!("{b:.0}"));
-        let watches = r.server_watches.map_or("n/a".into(), |w| w.to_string());
+    for reps in rows.iter().filter(|r| !r.is_empty()) {
+        let first = &reps[0];
+        let (rate, rate_min, rate_max) =
+            median_spread(&mut reps.iter().map(|r| r.rate).collect::<Vec<_>>());
+        let (release, release_min, release_max) =
+            median_spread(&mut reps.iter().map(|r| r.release_rate).collect::<Vec<_>>());
+        let mut bytes: Vec<f64> = reps.iter().filter_map(|r| r.bytes_per_lock).collect();
+        let bytes = (!bytes.is_empty()).then(|| median_spread(&mut bytes).0);
+        let watches = reps.iter().filter_map(|r| r.server_watches).max();
         crate::emit!(
-            "| {} | {} | {:.0} | {bytes} | {watches} |",
-            r.implementation,
-            r.locks,
-            r.rate
+            "| {} | {} | {rate:.0} ({rate_min:.0}–{rate_max:.0}) | {release:.0} ({release_min:.0}–{release_max:.0}) | {} | {} |",
+            first.implementation,
+            first.locks,
+            bytes.map_or("n/a".into(), |b| format!("{b:.0}")),
+            watches.map_or("n/a".into(), |w| w.to_string()),
         );
-        super::report::point(&rate_id, &r.implementation, r.locks as f64, r.rate);
-        if let Some(b) = r.bytes_per_lock {
-            super::report::point(&mem_id, &r.implementation, r.locks as f64, b);
+        super::report::point(&rate_id, &first.implementation, first.locks as f64, rate);
+        if let Some(b) = bytes {
+            super::report::point(&mem_id, &first.implementation, first.locks as f64, b);
         }
     }
 }
@@ -566,7 +604,7 @@ async fn scale_rows<H, HF, O, OF>(
     peer_held: H,
     peer_handoff: O,
 ) where
-    H: Fn(usize) -> HF,
+    H: Fn(usize, usize) -> HF,
     HF: std::future::Future<Output = HeldRow>,
     O: Fn(usize, usize) -> OF,
     OF: std::future::Future<Output = HandoffRow>,
@@ -584,8 +622,14 @@ async fn scale_rows<H, HF, O, OF>(
     };
     let mut rows = Vec::new();
     for &n in held {
-        rows.push(held_ours(kind, endpoint, zk_port, session().await, n).await);
-        rows.push(peer_held(n).await);
+        // Side by side, repetition by repetition, on names new to the server each time.
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for rep in 0..HELD_REPS {
+            ours.push(held_ours(kind, endpoint, zk_port, session().await, n, rep).await);
+            theirs.push(peer_held(n, rep).await);
+        }
+        rows.push(ours);
+        rows.push(theirs);
     }
     held_table(label, &rows);
     let mut rows = Vec::new();
@@ -619,7 +663,7 @@ pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
         None,
         held,
         waiters,
-        |n| held_etcd_client(ep, n),
+        |n, rep| held_etcd_client(ep, n, rep),
         |w, r| async move {
             handoff_etcd_client(ep, w, &format!("bench/peer-handoff-{w}-{r}")).await
         },
@@ -642,7 +686,7 @@ pub async fn zookeeper_scale(held: &[usize], waiters: &[usize], connect: &str, p
         Some(port),
         held,
         waiters,
-        |n| held_zk_recipe(connect, port, n),
+        |n, rep| held_zk_recipe(connect, port, n, rep),
         |w, r| async move {
             handoff_zk_recipe(connect, w, &format!("/bench/peer-handoff-{w}-{r}")).await
         },
