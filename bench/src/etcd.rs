@@ -176,15 +176,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
             their_ops.push(op);
         }
         let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
-        crate::emit!(
-            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
-            ours.rate,
-            ours.fairness,
-            theirs.rate,
-            theirs.fairness,
-            ours.rate / theirs.rate
-        );
-        let (ours, theirs) = (ours.rate, theirs.rate);
+        let (ours, theirs) = super::contended_row(n, ours, theirs);
         rows.push((n, ours, theirs));
         super::summary("etcd", &format!("{n} sessions acq/s"), format!("{ours:.0}"));
         super::report::define(

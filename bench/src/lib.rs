@@ -322,6 +322,20 @@ impl Contended {
     }
 }
 
+/// Prints the row of `n` sessions of a side-by-side contended table (each side's rate with its
+/// fairness in parentheses, then ours over theirs) and returns the two rates.
+pub fn contended_row(n: usize, ours: Contended, theirs: Contended) -> (f64, f64) {
+    crate::emit!(
+        "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
+        ours.rate,
+        ours.fairness,
+        theirs.rate,
+        theirs.fairness,
+        ours.rate / theirs.rate
+    );
+    (ours.rate, theirs.rate)
+}
+
 /// Contended throughput of two groups of contenders, measured alternately in `SLICES` slices
 /// of `seconds / SLICES` each, alternating which goes first (so that load drifting on the
 /// machine hits both alike).

@@ -198,15 +198,7 @@ async fn contended_rows(seconds: f64, sessions: &[usize], connect: &str) -> Opti
             ));
         }
         let (ours, theirs) = throughput_pair(ours, theirs, seconds).await;
-        crate::emit!(
-            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
-            ours.rate,
-            ours.fairness,
-            theirs.rate,
-            theirs.fairness,
-            ours.rate / theirs.rate
-        );
-        let (ours, theirs) = (ours.rate, theirs.rate);
+        let (ours, theirs) = super::contended_row(n, ours, theirs);
         rows.push((n, ours, theirs));
         super::summary(
             "ZooKeeper",
