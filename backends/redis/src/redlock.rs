@@ -14,6 +14,7 @@ use crate::error::{map, NAME};
 use crate::layout::KEY_PREFIX;
 use crate::redlock_timing::{RedlockTiming, MAX_LOCK_TTL, MAX_RETRY_DELAY, MIN_LOCK_TTL};
 use crate::scripts::redlock::{ACQUIRE, FENCE, RELEASE};
+use crate::RedisConfig;
 
 /// Redlock over N independent Redis servers (no replication between them), as the Redis
 /// documentation describes it: a lock is granted when a majority of servers set its key
@@ -165,21 +166,16 @@ impl Redlock {
         urls: impl IntoIterator<Item = U>,
         timing: RedlockTiming,
     ) -> Result<Self> {
-        let configs: Vec<_> = urls
-            .into_iter()
-            .map(|url| crate::RedisConfig::new(url.as_ref()))
-            .collect();
+        let configs = urls.into_iter().map(|u| RedisConfig::new(u.as_ref()));
         Self::with_configs(configs, timing)
     }
 
-    /// Redlock over the servers of `configs` (say, with [`RedisConfig::tls`](crate::RedisConfig::tls)
-    /// for servers that speak TLS only), with explicit timing: each request waits at most the
-    /// timing's request timeout, whatever the configs' own; their `wait_for_replicas` is not
-    /// used (Redlock's safety rests on a majority of independent servers instead). Over TLS,
-    /// the first request on each connection carries its handshake: give the request timeout
-    /// room for it (the default 50 ms may not be enough).
+    /// Redlock over the servers of `configs` (say, with TLS: [`RedisConfig::tls`]): each
+    /// request waits at most the timing's request timeout, not the configs' own, and their
+    /// `wait_for_replicas` is not used. Over TLS the first request on each connection carries
+    /// its handshake: give the request timeout room for it (50 ms by default).
     pub fn with_configs(
-        configs: impl IntoIterator<Item = crate::RedisConfig>,
+        configs: impl IntoIterator<Item = RedisConfig>,
         timing: RedlockTiming,
     ) -> Result<Self> {
         // The connections are made lazily on the runtime's reactor: outside one, the redis
