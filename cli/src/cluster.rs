@@ -107,13 +107,23 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                 .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
             Ok((Arc::new(config.connect().await?), namespace))
         }
-        Url::Redis { addr, db } => {
+        Url::Redis {
+            addr,
+            db,
+            tls: rediss,
+        } => {
             let auth = match &credentials {
                 Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),
                 None => String::new(),
             };
             let db = db.map(|d| format!("/{d}")).unwrap_or_default();
-            let scheme = if tls.is_some() { "rediss" } else { "redis" };
+            // TLS with --cacert (whatever the scheme), or with the system's trust store for
+            // a rediss:// URL alone.
+            let scheme = if tls.is_some() || rediss {
+                "rediss"
+            } else {
+                "redis"
+            };
             let mut config =
                 fencelock_redis::RedisConfig::new(format!("{scheme}://{auth}{addr}{db}"))
                     .timeout(args.connect_timeout);

@@ -45,8 +45,13 @@ pub(crate) enum Url {
         servers: String,
         chroot: Option<String>,
     },
-    /// `redis://host:6379[/db]`: one server (efficiency locks; see `fencelock-redis`).
-    Redis { addr: String, db: Option<String> },
+    /// `redis://host:6379[/db]`: one server (efficiency locks; see `fencelock-redis`);
+    /// `rediss://…` the same over TLS (trusting `--cacert`, else the system's store).
+    Redis {
+        addr: String,
+        db: Option<String>,
+        tls: bool,
+    },
 }
 
 fn bad(url: &str, reason: &'static str) -> Error {
@@ -107,7 +112,7 @@ impl Url {
                 servers: hosts.join(","),
                 chroot: path.map(|p| format!("/{p}")),
             }),
-            "redis" => {
+            "redis" | "rediss" => {
                 let [addr] = hosts.as_slice() else {
                     return Err(bad(url, "one Redis server (redis://HOST:PORT[/DB])"));
                 };
@@ -117,9 +122,13 @@ impl Url {
                 Ok(Url::Redis {
                     addr: addr.to_string(),
                     db: path.map(str::to_string),
+                    tls: scheme == "rediss",
                 })
             }
-            _ => Err(bad(url, "unknown scheme (etcd://, zk:// or redis://)")),
+            _ => Err(bad(
+                url,
+                "unknown scheme (etcd://, zk://, redis:// or rediss://; TLS otherwise with --cacert)",
+            )),
         }
     }
 }
@@ -239,7 +248,16 @@ mod tests {
             Url::parse("redis://a:6379/2").unwrap().url,
             Url::Redis {
                 addr: "a:6379".into(),
-                db: Some("2".into())
+                db: Some("2".into()),
+                tls: false
+            }
+        );
+        assert_eq!(
+            Url::parse("rediss://a:6380").unwrap().url,
+            Url::Redis {
+                addr: "a:6380".into(),
+                db: None,
+                tls: true
             }
         );
         for bad in [

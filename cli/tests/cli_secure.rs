@@ -118,6 +118,12 @@ async fn redis_over_mutual_tls_as_an_acl_user() {
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("token="), "{out}");
+    // The same with a rediss:// URL.
+    let rediss = format!("rediss://app@{}", redis.addr());
+    let mut tls_url = env;
+    tls_url[0] = ("FENCELOCK_ENDPOINTS", rediss.as_str());
+    let (code, out) = fencelock(&tls_url, &["lock", "m", "--", "true"]);
+    assert_eq!(code, 0, "{out}");
     // Without a client certificate, and without TLS: configuration errors (78).
     let (code, out) = fencelock(&env[..3], &["lock", "m", "--", "true"]);
     assert_eq!(code, 78, "{out}");
