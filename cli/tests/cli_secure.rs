@@ -82,23 +82,8 @@ async fn redis_over_mutual_tls_as_an_acl_user() {
         return;
     }
     let pki = TestPki::generate();
-    let (server, client) = (pki.server(), pki.client());
-    let tls = ServerTls {
-        cert: server.cert,
-        key: server.key,
-        client_ca: Some(pki.ca()),
-    };
-    let (ca_path, client_id) = (pki.ca(), (client.cert.clone(), client.key.clone()));
-    let redis = tokio::task::spawn_blocking(move || {
-        let s = RedisServer::start_tls(tls, ca_path, client_id);
-        let setuser = [
-            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
-        ];
-        assert_eq!(s.cli(&setuser).unwrap().trim(), "OK");
-        s
-    })
-    .await
-    .unwrap();
+    let redis = tokio::task::block_in_place(|| RedisServer::start_tls(&pki, true));
+    let client = pki.client();
     let url = format!("redis://app@{}", redis.addr());
     let (ca, cert, key) = (
         pki.ca().display().to_string(),

@@ -4,41 +4,16 @@
 //! never a hang or a retry loop, and never the password in a message. Run with `--nocapture`
 //! to see the error table.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::{Error, Session};
 use fencelock_integration::errors::{chain, expect_permanent};
 use fencelock_integration::pki::TestPki;
 use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
-use fencelock_integration::servers::ServerTls;
 use fencelock_redis::{RedisBackend, RedisConfig, Redlock, RedlockTiming, TlsConfig};
 
 /// How long a wrong setting may take to be reported.
 const BOUND: Duration = Duration::from_secs(5);
-
-/// A TLS-only server; `mutual`: it requires a client certificate signed by the test CA.
-/// With an ACL user `app` (password `app-pw`) allowed everything.
-async fn tls_server(pki: &TestPki, mutual: bool) -> Arc<RedisServer> {
-    let server = pki.server();
-    let client = pki.client();
-    let tls = ServerTls {
-        cert: server.cert,
-        key: server.key,
-        client_ca: Some(pki.ca()).filter(|_| mutual),
-    };
-    let ca = pki.ca();
-    tokio::task::spawn_blocking(move || {
-        let s = RedisServer::start_tls(tls, ca, (client.cert, client.key));
-        let setuser = [
-            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
-        ];
-        assert_eq!(s.cli(&setuser).unwrap().trim(), "OK");
-        Arc::new(s)
-    })
-    .await
-    .unwrap()
-}
 
 async fn connect(config: RedisConfig) -> fencelock::Result<RedisBackend> {
     config.timeout(Duration::from_secs(3)).connect().await
@@ -85,7 +60,7 @@ async fn mutual_tls() {
         return;
     }
     let pki = TestPki::generate();
-    let server = tls_server(&pki, true).await;
+    let server = tokio::task::block_in_place(|| RedisServer::start_tls(&pki, true));
     let addr = server.addr();
     let rediss = format!("rediss://{addr}");
 
@@ -175,7 +150,7 @@ async fn server_tls_and_acl_users() {
         return;
     }
     let pki = TestPki::generate();
-    let server = tls_server(&pki, false).await;
+    let server = tokio::task::block_in_place(|| RedisServer::start_tls(&pki, false));
     let addr = server.addr();
     let ca_only = TlsConfig::from_ca_file(pki.ca()).unwrap();
 

@@ -227,15 +227,18 @@ where
         tokio::select! {
             biased;
             Some(answer) = tries.next() => return answer.map_err(|e| map(op, e)),
-            () = sleep_until(give_up) => {
-                return Err(temporary(op, "no answer within a third of the TTL"));
-            }
+            () = sleep_until(give_up) => return Err(unanswered(op)),
             () = sleep_until(next), if next < give_up => {
                 tries.push(send());
                 next += every;
             }
         }
     }
+}
+
+/// The temporary error of a request `op` unanswered within its bound.
+fn unanswered(op: &'static str) -> Error {
+    temporary(op, "no answer within a third of the TTL")
 }
 
 /// `fut`, or a temporary error once `bound` has passed without an answer.
@@ -246,7 +249,7 @@ pub(crate) async fn within<T>(
 ) -> Result<T> {
     match tokio::time::timeout(bound, fut).await {
         Ok(r) => r.map_err(|e| map(op, e)),
-        Err(_) => Err(temporary(op, "no answer within a third of the TTL")),
+        Err(_) => Err(unanswered(op)),
     }
 }
 

@@ -48,13 +48,14 @@ pub(crate) async fn connect(
         wrong_setting(config, client).await
     });
     let mut connect = std::pin::pin!(tokio::time::timeout(config.timeout, connect));
-    let mut verdict = None;
+    // Whether the probe ended and found nothing wrong.
+    let mut probed_clean = false;
     let outcome = loop {
         tokio::select! {
             outcome = &mut connect => break outcome,
-            found = &mut probe, if verdict.is_none() => match found {
+            found = &mut probe, if !probed_clean => match found {
                 Some(wrong) => return Err(wrong),
-                None => verdict = Some(None),
+                None => probed_clean = true,
             },
         }
     };
@@ -78,14 +79,16 @@ pub(crate) async fn connect(
             source: format!("no answer within {:?}", config.timeout).into(),
         },
     };
-    let wrong = match verdict {
-        Some(found) => found,
+    let wrong = if probed_clean {
+        None
+    } else if started.elapsed() < PROBE_AFTER {
         // A failure before the probe began (a refused or reset connection): probe now.
-        None if started.elapsed() < PROBE_AFTER => wrong_setting(config, client).await,
+        wrong_setting(config, client).await
+    } else {
         // Its verdict, if it comes soon: a connect that timed out is not held much longer.
-        None => tokio::time::timeout_at(started + config.timeout + PROBE_AFTER, probe)
+        tokio::time::timeout_at(started + config.timeout + PROBE_AFTER, probe)
             .await
-            .unwrap_or(None),
+            .unwrap_or(None)
     };
     Err(wrong.unwrap_or(failed))
 }

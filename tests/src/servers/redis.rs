@@ -12,6 +12,7 @@ use fencelock::Result;
 use fencelock_redis::RedisBackend;
 
 use super::ServerTls;
+use crate::pki::TestPki;
 use crate::process::ManagedChild;
 
 /// What is missing to run Redis, if anything.
@@ -75,26 +76,35 @@ impl RedisServer {
         server
     }
 
-    /// Starts a server that speaks TLS only (`tls-port`, no plaintext port) with the
-    /// certificate of `tls`, requiring a client certificate signed by `tls.client_ca` if set;
-    /// `ca` signed the server's certificate, `client` is a client certificate and key it
-    /// accepts (for `redis-cli`). Blocking.
-    pub fn start_tls(tls: ServerTls, ca: PathBuf, client: (PathBuf, PathBuf)) -> RedisServer {
+    /// Starts a server that speaks TLS only (`tls-port`, no plaintext port) with the server
+    /// certificate of `pki`, requiring a client certificate signed by its CA if `mutual`, and
+    /// an ACL user `app` (password `app-pw`) allowed everything. Blocking.
+    pub fn start_tls(pki: &TestPki, mutual: bool) -> RedisServer {
+        let (server, client) = (pki.server(), pki.client());
+        let tls = CliTls {
+            server: ServerTls {
+                cert: server.cert,
+                key: server.key,
+                client_ca: Some(pki.ca()).filter(|_| mutual),
+            },
+            ca: pki.ca(),
+            client: (client.cert, client.key),
+        };
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, Durability::None, None, Some(&tls));
+        let child = spawn(port, &dir, Durability::None, None, Some(&tls.server));
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
             durability: Durability::None,
-            tls: Some(CliTls {
-                server: tls,
-                ca,
-                client,
-            }),
+            tls: Some(tls),
         };
         server.wait_ready();
+        let setuser = [
+            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
+        ];
+        assert_eq!(server.cli(&setuser).unwrap().trim(), "OK");
         server
     }
 
