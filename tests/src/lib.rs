@@ -25,8 +25,29 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// A free TCP port on 127.0.0.1 (bound once and released).
+/// A free TCP port on 127.0.0.1 (bound once and released), for a server started next.
+///
+/// Picked at random below the kernel's ephemeral range (32768–60999 by default), never twice
+/// in one process: a port the kernel hands out for `bind(0)` is also what it hands to the next
+/// outgoing connection of any process, and the suites run side by side open thousands of
+/// connections. A ZooKeeper server that lost its port to one exited at its start (CI run 40).
 pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for _ in 0..1000 {
+        let port = fastrand::u16(20_000..32_000);
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    // Crowded: let the kernel choose.
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -274,11 +274,14 @@ impl ZkEnsemble {
     fn wait_up(&self, i: usize) -> Result<(), String> {
         let start = Instant::now();
         loop {
-            if let Some(status) = self.servers.lock().unwrap()[i]
+            // Bound first: the guard of an `if let` scrutinee lives through its block, and
+            // `log_tail` locks the servers again (a server that exited at its start once hung
+            // a CI run here).
+            let exited = self.servers.lock().unwrap()[i]
                 .child
                 .as_mut()
-                .and_then(ManagedChild::try_wait)
-            {
+                .and_then(ManagedChild::try_wait);
+            if let Some(status) = exited {
                 return Err(format!(
                     "server {i} exited ({status}): {}",
                     self.log_tail(i)
