@@ -190,6 +190,22 @@ pub(crate) fn keep_alive_bound(ttl: Duration) -> Duration {
     ttl / 6
 }
 
+/// How long a heartbeat waits for its reply on one stream before it sends the same keep-alive
+/// on a new stream, on another member, beside it ([`keep_alive`]): a quarter of
+/// [`keep_alive_bound`], at least 50 ms.
+///
+/// Why: a follower forwards a keep-alive to the leader and waits for that leader's answer for
+/// seconds, and the stream's next keep-alive waits behind it. When the leader hangs (paused),
+/// every keep-alive a follower forwarded before it learnt of the new leader is lost, and at the
+/// shortest TTL the new leader comes (0.5–0.8 s on a loopback cluster) about when the session's
+/// deadline does (1 s after the last confirmed heartbeat's send): a copy sent a little after
+/// the election reaches the new leader in time, one sent only after a sixth of the TTL often
+/// does not. A keep-alive is idempotent, and a new stream costs one message on a connection
+/// that is already open.
+fn keep_alive_hedge(ttl: Duration) -> Duration {
+    (keep_alive_bound(ttl) / 4).max(Duration::from_millis(50))
+}
+
 /// How long a [`hedged`] request waits before it sends a copy: a quarter of its bound.
 fn hedge_after(bound: Duration) -> Duration {
     bound / 4
@@ -345,24 +361,50 @@ pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
 }
 
 pub(crate) async fn keep_alive(session: &EtcdSession) -> Result<()> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use tokio::time::{sleep_until, Instant};
     let mut slot = session.keeper.lock().await;
     // Taken out while in flight: if this future is cancelled, or the reply does not come
     // in time, the stream is dropped with it, so a late reply can never confirm a later
     // heartbeat.
-    let beaten = match slot.take() {
-        // Opening the stream sends keep-alives and waits for their replies.
-        None => session.open_keep_alive().await,
-        Some(mut ka) => session.beat(&mut ka).await.map(|()| ka),
-    };
-    match beaten {
-        Ok(ka) => {
-            *slot = Some(ka);
-            Ok(())
+    let try_on = |ka: Option<KeepAlive>| async move {
+        match ka {
+            // Opening the stream sends a keep-alive and waits for its reply.
+            None => session.open_keep_alive().await,
+            Some(mut ka) => session.beat(&mut ka).await.map(|()| ka),
         }
-        Err(e) => {
-            // The next stream on the next member (see `turn`).
-            session.turn.fetch_add(1, Ordering::Relaxed);
-            Err(e)
+    };
+    // Hedged: every [`keep_alive_hedge`] without a reply, the same keep-alive goes on a new
+    // stream on the next member beside those in flight; the first reply wins and its stream
+    // is kept (the others are dropped, which closes them). Copies go on until the heartbeat
+    // gives up on this call (a third of the TTL); each try is bounded by a sixth, so the call
+    // ends within half the TTL whatever happens.
+    let every = keep_alive_hedge(session.ttl);
+    let last_copy = Instant::now() + 2 * keep_alive_bound(session.ttl);
+    let mut next = Instant::now() + every;
+    let mut tries = FuturesUnordered::new();
+    tries.push(try_on(slot.take()));
+    loop {
+        tokio::select! {
+            biased;
+            Some(beaten) = tries.next() => match beaten {
+                Ok(ka) => {
+                    *slot = Some(ka);
+                    return Ok(());
+                }
+                Err(e) => {
+                    // The next stream on the next member (see `turn`).
+                    session.turn.fetch_add(1, Ordering::Relaxed);
+                    if matches!(e, Error::SessionLost(_)) || tries.is_empty() {
+                        return Err(e);
+                    }
+                }
+            },
+            () = sleep_until(next), if next < last_copy => {
+                session.turn.fetch_add(1, Ordering::Relaxed);
+                tries.push(try_on(None));
+                next += every;
+            }
         }
     }
 }

@@ -118,6 +118,13 @@ impl EtcdCluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial])
             .args(["--initial-cluster-state", "new"])
+            // Raft timing for loopback: a heartbeat every 50 ms and an election after 0.5–1 s
+            // without one (etcd's defaults, 100 ms and 1–2 s, are sized for a LAN). etcd asks
+            // for an election timeout of at least ten round trips between members: on loopback
+            // that is microseconds, and 50 ms leaves room for a loaded machine's scheduling.
+            // A killed leader then stops the cluster for about half as long, which the
+            // adversity suite's kill-leader bound (the election plus our share) follows.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "error"]);
         if let Some(tls) = &self.options.tls {
             cmd.arg("--cert-file").arg(&tls.cert);
