@@ -32,6 +32,9 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Backoff {
     inner: ExponentialBackoff,
+    /// The bounds it was made with, to start again from the shortest pause.
+    min: Duration,
+    max: Duration,
 }
 
 impl Backoff {
@@ -64,14 +67,20 @@ impl Backoff {
     /// The same policy with its first pause `min` (instead of 20 ms) and pauses growing up
     /// to `max` (at least `min`): for a loop whose tries are costly to the servers.
     pub fn between(min: Duration, max: Duration) -> Self {
+        let max = max.max(min);
         let inner = ExponentialBuilder::new()
             .with_min_delay(min)
-            .with_max_delay(max.max(min))
+            .with_max_delay(max)
             .with_factor(2.0)
             .with_jitter()
             .without_max_times()
             .build();
-        Backoff { inner }
+        Backoff { inner, min, max }
+    }
+
+    /// Starts again from the shortest pause (after a success).
+    pub fn reset(&mut self) {
+        *self = Self::between(self.min, self.max);
     }
 
     /// The pause before the next try.
@@ -206,25 +215,59 @@ impl Retry {
         }
     }
 
+    /// For an event loop that cannot hand its tries to [`run`](Self::run) (it waits on
+    /// several sources at once, and a failed try is one of its events): the pause before the
+    /// next try after a failed one that `again` accepts, counted like a pause of `run`; `None`
+    /// when `again` refuses the error or the pause would cross the give-up instant. The loop
+    /// calls [`succeeded`](Self::succeeded) after a success.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fencelock::backend::{Backoff, Retry};
+    /// let mut retry = Retry::new(Backoff::capped(Duration::from_millis(100)));
+    /// let pause = retry.after_failure(&"unanswered", |_| true).expect("a pause");
+    /// assert!(pause <= Duration::from_millis(100));
+    /// assert_eq!(retry.after_failure(&"refused", |_| false), None);
+    /// retry.succeeded(); // the next failure pauses the shortest again
+    /// ```
+    pub fn after_failure<E: Display>(
+        &mut self,
+        e: &E,
+        mut again: impl FnMut(&E) -> bool,
+    ) -> Option<Duration> {
+        if !again(e) {
+            return None;
+        }
+        let pause = self.backoff.next_delay();
+        if self.give_up.is_some_and(|g| Instant::now() + pause >= g) {
+            return None;
+        }
+        debug!(error = %e, ?pause, "retrying");
+        if let Some(backend) = self.counted {
+            crate::metrics::retried(backend);
+        }
+        Some(pause)
+    }
+
+    /// After a success in an event loop (see [`after_failure`](Self::after_failure)): the
+    /// next failure pauses the shortest again.
+    pub fn succeeded(&mut self) {
+        self.backoff.reset();
+    }
+
     /// After a failed try: pauses before the next one (`Ok`), or gives up with `e`.
     async fn after<E: Display>(
         &mut self,
         e: E,
         again: &mut impl FnMut(&E) -> bool,
     ) -> Result<(), E> {
-        if !again(&e) {
-            return Err(e);
+        match self.after_failure(&e, again) {
+            Some(pause) => {
+                tokio::time::sleep(pause).await;
+                Ok(())
+            }
+            None => Err(e),
         }
-        let pause = self.backoff.next_delay();
-        if self.give_up.is_some_and(|g| Instant::now() + pause >= g) {
-            return Err(e);
-        }
-        debug!(error = %e, ?pause, "retrying");
-        if let Some(backend) = self.counted {
-            crate::metrics::retried(backend);
-        }
-        tokio::time::sleep(pause).await;
-        Ok(())
     }
 }
 
@@ -254,6 +297,23 @@ mod tests {
             tries >= 8,
             "only {tries} tries in a second of pauses up to 100 ms"
         );
+    }
+
+    #[test]
+    fn an_event_loop_pauses_longer_after_each_failure_and_shortest_after_a_success() {
+        let mut retry = Retry::new(Backoff::capped(Duration::from_secs(1)));
+        let pauses: Vec<Duration> = (0..6)
+            .map(|_| retry.after_failure(&"failed", |_| true).unwrap())
+            .collect();
+        assert!(pauses[5] >= Duration::from_millis(320), "{pauses:?}");
+        retry.succeeded();
+        let first = retry.after_failure(&"failed", |_| true).unwrap();
+        assert!(
+            first <= Duration::from_millis(40),
+            "{first:?} after a reset"
+        );
+        let mut until_now = Retry::new(Backoff::new()).until(Instant::now());
+        assert_eq!(until_now.after_failure(&"failed", |_| true), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -40,10 +40,12 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     let remote = shared.remote.clone();
     let ttl = shared.ttl;
     let margin = shared.margin;
+    // A failed heartbeat is one event of this loop among others: the driver gives the pause
+    // before the next one (never retiring: the deadline ends the loop) and counts it.
+    let mut retry = Retry::new(Backoff::for_ttl(ttl)).counted(shared.backend_name());
     drop(shared);
     let period = remote.heartbeat_interval().min(ttl / 3);
     let mut next = Instant::now() + period;
-    let mut backoff = Backoff::for_ttl(ttl);
     async move {
         loop {
             let Some(shared) = weak.upgrade() else { return };
@@ -108,7 +110,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                         SessionEvent::Disconnected => {
                             shared.set_state(SessionState::Suspended);
                             // Confirm (or find the session lost) without waiting a period.
-                            next = Instant::now() + backoff.next_delay();
+                            next = Instant::now() + pause(&mut retry, &"the connection broke");
                         }
                         // Confirm with a heartbeat right away.
                         SessionEvent::Reconnected => next = Instant::now(),
@@ -143,7 +145,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                                 *shared.deadline.lock().unwrap() = extended;
                                 shared.set_state(SessionState::Live);
                             }
-                            backoff = Backoff::for_ttl(ttl);
+                            retry.succeeded();
                             next = sent.mono + period;
                         }
                         Ok(Err(Error::SessionLost(reason))) => {
@@ -157,7 +159,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                             if let Some(shared) = weak.upgrade() {
                                 shared.set_state(SessionState::Suspended);
                             }
-                            next = Instant::now() + backoff.next_delay();
+                            next = Instant::now() + pause(&mut retry, &e);
                         }
                         // Unanswered: suspended, and tried again at once (the deadline, if it
                         // passed meanwhile, declares the session lost first).
@@ -175,6 +177,13 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     }
     .instrument(span)
     .await
+}
+
+/// The pause before the next heartbeat after a failed one: every failure is worth another try
+/// (the local deadline, not the error, ends the session).
+fn pause(retry: &mut Retry, why: &dyn std::fmt::Display) -> Duration {
+    // Always `Some`: no give-up instant is set and every error is accepted.
+    retry.after_failure(&why, |_| true).unwrap_or_default()
 }
 
 /// How long the background task keeps trying to end a lost or closed session on the cluster.

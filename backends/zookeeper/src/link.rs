@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use fencelock::backend::{Backoff, SessionEvent};
+use fencelock::backend::{Backoff, Retry, SessionEvent};
 use fencelock::{Error, Result, SessionEnd};
 use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
 use tracing::{debug, info, warn};
@@ -253,8 +253,9 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
     let Some(ttl) = links.upgrade().map(|l| l.ttl) else {
         return;
     };
-    let pause_cap = silence(ttl);
-    let mut backoff = Backoff::capped(pause_cap);
+    // A failed move is one event of this loop among others (the link may also recover by
+    // itself): the driver gives the pause before the next move and counts it.
+    let mut retry = Retry::new(Backoff::capped(silence(ttl))).counted(crate::error::NAME);
     loop {
         let Some(l) = links.upgrade() else { return };
         let Ok(link) = l.current() else { return };
@@ -271,7 +272,7 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
             if std::mem::take(&mut down) && tx.send(SessionEvent::Reconnected).is_err() {
                 return;
             }
-            backoff = Backoff::capped(pause_cap);
+            retry.succeeded();
             tokio::select! {
                 s = state.changed() => now = s,
                 _ = moved.changed() => continue,
@@ -329,7 +330,10 @@ pub(crate) async fn follow(links: std::sync::Weak<Links>, tx: mpsc::UnboundedSen
             Moved::Failed => {
                 drop((l, link));
                 // Again after a pause, or sooner if the link recovers by itself.
-                let pause = backoff.next_delay();
+                // Always `Some`: no give-up instant is set and every failure is accepted.
+                let pause = retry
+                    .after_failure(&"no server took the session", |_| true)
+                    .unwrap_or_default();
                 if now.is_terminated() {
                     tokio::time::sleep(pause).await;
                 } else {
