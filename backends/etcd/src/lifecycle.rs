@@ -171,7 +171,8 @@ impl std::fmt::Debug for EtcdSession {
 /// with them. Bounded, the request fails as temporary and its retry goes to a member that
 /// answers (the endpoint monitor takes a silent one out of the rotation within about a second).
 /// Every request is safe to repeat: a create whose reply was lost is found again by its key.
-/// Reads, lease grants and revocations also send a copy within the bound ([`hedged`]).
+/// Reads, lease grants and revocations, and releases also send a copy within the bound
+/// ([`hedged`]).
 pub(crate) fn request_bound(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(500))
 }
@@ -221,8 +222,9 @@ fn hedge_after(bound: Duration) -> Duration {
 /// sent in that window would hold the operation for its whole bound (and the revocation of a
 /// lost session, the lock with it); a copy sent after the election is answered at once.
 ///
-/// Only for requests whose repetition is harmless in any order: reads, a lease's grant (a
-/// lease granted twice expires unused) and its revocation. Not for txns: a copy of a create
+/// Only for requests whose repetition is harmless in any order: reads (txns that only read
+/// among them), a lease's grant (a lease granted twice expires unused), its revocation, and
+/// the removal of an entry guarded by its create revision. Not for other writes: a copy of a create
 /// that applied after the entry's removal would leave an entry nobody knows of.
 pub(crate) async fn hedged<T, F>(
     bound: Duration,
@@ -311,6 +313,16 @@ impl EtcdSession {
 
     pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
         within(self.bound, op, self.client.kv_client().txn(txn)).await
+    }
+
+    /// A txn that only compares and reads (it writes in neither branch): [`hedged`] like any
+    /// read, since a copy answered late changes nothing.
+    pub(crate) async fn read_txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        hedged(self.bound, op, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Reads `key`: its create revision, or `None` if absent.

@@ -1,6 +1,8 @@
 //! The queue operations of an etcd session: enqueue (one or several queues at once), wait for
 //! the entries ahead, re-read them, remove or abandon an entry, set its value.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 use fencelock::backend::{
     Ahead, BackendSession, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
@@ -10,7 +12,7 @@ use uuid::Uuid;
 
 use crate::error::temporary;
 use crate::layout::{ahead_range, entry_of, key_of, peer_of, prefix_of, queue_order};
-use crate::lifecycle::{gets, keys_only, queue_keys, same, EtcdSession};
+use crate::lifecycle::{gets, hedged, keys_only, queue_keys, same, EtcdSession};
 
 /// How often [`enqueue_all`] re-checks queues that changed
 /// between its read and its write before it reports them taken.
@@ -166,7 +168,7 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
     let txn = Txn::new()
         .when([same(own)])
         .and_then([TxnOp::get(target.key.as_str(), Some(keys_only()))]);
-    let resp = session.txn("wait", txn).await?;
+    let resp = session.read_txn("wait", txn).await?;
     if !resp.succeeded() {
         return Err(Error::EntryVanished {
             key: own.key.clone(),
@@ -213,7 +215,7 @@ pub(crate) async fn still_ahead(
         let txn = Txn::new()
             .when([same(own)])
             .and_then([TxnOp::get(range.as_str(), Some(options))]);
-        let resp = session.txn("read queue", txn).await?;
+        let resp = session.read_txn("read queue", txn).await?;
         if !resp.succeeded() {
             return Err(Error::EntryVanished {
                 key: own.key.clone(),
@@ -249,7 +251,21 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
     let txn = Txn::new()
         .when([same(entry)])
         .and_then([TxnOp::delete(entry.key.as_str(), None)]);
-    Ok(session.txn("release", txn).await?.succeeded())
+    // Hedged although it writes: guarded by the entry's create revision, a copy can delete
+    // only this entry, never one created later under the same key, so a late copy changes
+    // nothing. (A release sent to a member that hangs held the lock for the whole request
+    // bound, and its retry could meet the same member.) A copy that finds the entry gone
+    // while an earlier one is unanswered most likely lost the race to it: removed by our
+    // own hand, as the core also concludes when a retry after an unanswered try finds it
+    // gone.
+    let copies = AtomicUsize::new(0);
+    let (copy, resp) = hedged(session.bound, "release", || {
+        let (mut kv, txn) = (session.client.kv_client(), txn.clone());
+        let copy = copies.fetch_add(1, Ordering::Relaxed);
+        async move { kv.txn(txn).await.map(|r| (copy, r)) }
+    })
+    .await?;
+    Ok(resp.succeeded() || copy > 0)
 }
 
 pub(crate) async fn abandon(
