@@ -343,10 +343,16 @@ pub async fn run(
             if !*direct || end == SessionEnd::Closed {
                 return false;
             }
-            // Why, in the log of a run that lost one.
+            // Why, in the log of a run that lost one; and when its deadline came, against
+            // the fault's start (and the cluster's new leader, if it elected one).
             println!(
-                "{}: a session on a direct link lost ({end:?})",
-                scenario.name()
+                "{}: a session on a direct link lost ({end:?}; its deadline {:+.3} s into the fault{})",
+                scenario.name(),
+                secs_since(fault_began, s.deadline()),
+                election.map_or(String::new(), |e| format!(
+                    ", the new leader {:.3} s into it",
+                    e.as_secs_f64()
+                )),
             );
             if revoked_by_resumed_leader(end) {
                 revoked += 1;
@@ -431,6 +437,13 @@ pub async fn run(
         eprintln!("{}", cluster.dump(&w.namespace).await);
     }
     summary
+}
+
+/// Seconds from `from` to `to` (negative if `to` came first).
+fn secs_since(from: Instant, to: impl Into<Instant>) -> f64 {
+    let to = to.into();
+    to.saturating_duration_since(from).as_secs_f64()
+        - from.saturating_duration_since(to).as_secs_f64()
 }
 
 /// The longest gap between grants allowed when etcd's leader is killed: the cluster's election
