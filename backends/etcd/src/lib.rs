@@ -29,6 +29,7 @@ mod layout;
 mod lifecycle;
 mod queue;
 mod read;
+mod request;
 mod revoke;
 mod rotation;
 mod session;

@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use crate::error::temporary;
 use crate::layout::{ahead_range, entry_of, key_of, peer_of, prefix_of, queue_order};
-use crate::lifecycle::{gets, hedged, keys_only, queue_keys, same, EtcdSession};
+use crate::lifecycle::{gets, keys_only, queue_keys, same, EtcdSession};
+use crate::request::hedged;
 
 /// How often [`enqueue_all`] re-checks queues that changed
 /// between its read and its write before it reports them taken.

@@ -7,7 +7,8 @@ use fencelock::{FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
 use crate::layout::{entry_of, key_string, prefix_of, queue_order};
-use crate::lifecycle::{hedged, queue_keys, within, EtcdSession};
+use crate::lifecycle::{queue_keys, EtcdSession};
+use crate::request::{hedged, within};
 
 /// How often [`head`] reads the queue again when the head it found went
 /// before its value was read.

@@ -6,7 +6,8 @@ use fencelock::backend::{Entry, REVOKE_MARKER};
 use fencelock::{Error, FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
-use crate::lifecycle::{within, EtcdSession};
+use crate::lifecycle::EtcdSession;
+use crate::request::within;
 
 pub(crate) async fn request_revoke(
     session: &EtcdSession,
