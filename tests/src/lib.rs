@@ -32,11 +32,10 @@ pub fn in_ci() -> bool {
 /// outgoing connection of any process, and the suites run side by side open thousands of
 /// connections. A ZooKeeper server that lost its port to one exited at its start (CI run 40).
 pub fn free_port() -> u16 {
-    use std::collections::HashSet;
+    use std::collections::BTreeSet;
     use std::sync::Mutex;
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let given = given.get_or_insert_with(HashSet::new);
     for _ in 0..1000 {
         let port = fastrand::u16(20_000..32_000);
         if given.contains(&port) {

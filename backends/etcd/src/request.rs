@@ -38,8 +38,8 @@ fn hedge_after(bound: Duration) -> Duration {
 ///
 /// Only for requests whose repetition is harmless in any order: reads (txns that only read
 /// among them), a lease's grant (a lease granted twice expires unused), its revocation, and
-/// the removal of an entry guarded by its create revision. Not for other writes: a copy of a create
-/// that applied after the entry's removal would leave an entry nobody knows of.
+/// the removal of an entry guarded by its create revision. Not for other writes: a copy of a
+/// create that applied after the entry's removal would leave an entry nobody knows of.
 pub(crate) async fn hedged<T, F>(
     bound: Duration,
     op: &'static str,

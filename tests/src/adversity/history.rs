@@ -306,10 +306,7 @@ fn overlaps(grants: &[&Op], limit: Limit) -> Vec<String> {
 /// times relative to the first fault, and the acquisitions that failed meanwhile
 /// (`FENCELOCK_DEBUG_GAP`: where an unavailability goes).
 fn print_gaps(by_time: &[&Op], ops: &[Op], fault_began: Instant) {
-    let rel = |t: Instant| {
-        t.saturating_duration_since(fault_began).as_secs_f64()
-            - fault_began.saturating_duration_since(t).as_secs_f64()
-    };
+    let rel = |t: Instant| secs_since(fault_began, t);
     for w in by_time.windows(2) {
         let (Some(next), Some(prev)) = (w[1].completed, w[0].ended.or(w[0].completed)) else {
             continue;
@@ -340,6 +337,12 @@ fn print_gaps(by_time: &[&Op], ops: &[Op], fault_began: Instant) {
             );
         }
     }
+}
+
+/// Seconds from `from` to `to` (negative if `to` came first).
+pub(super) fn secs_since(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+        - from.saturating_duration_since(to).as_secs_f64()
 }
 
 #[cfg(test)]

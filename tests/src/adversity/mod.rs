@@ -17,7 +17,7 @@ use std::time::Duration;
 use fencelock::{Session, SessionEnd, SessionState};
 use tokio::time::Instant;
 
-use self::history::{check, Gray, Requirements, Summary};
+use self::history::{check, secs_since, Gray, Requirements, Summary};
 use self::inject::Stage;
 use self::primitive::Primitive;
 use self::workload::{worker, ChildWorker, Recorder, Route, Sessions, Workload};
@@ -437,13 +437,6 @@ pub async fn run(
         eprintln!("{}", cluster.dump(&w.namespace).await);
     }
     summary
-}
-
-/// Seconds from `from` to `to` (negative if `to` came first).
-fn secs_since(from: Instant, to: impl Into<Instant>) -> f64 {
-    let to = to.into();
-    to.saturating_duration_since(from).as_secs_f64()
-        - from.saturating_duration_since(to).as_secs_f64()
 }
 
 /// The longest gap between grants allowed when etcd's leader is killed: the cluster's election
