@@ -16,6 +16,10 @@ use fencelock_integration::servers::Cluster;
 /// release, and contended throughput for each count of `args.sessions`.
 pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     let ep = cluster.endpoint(0);
+    if args.contended_only {
+        crate::emit!("\n## etcd (single member, {ep})\n");
+        return etcd_contended_rows(args, &ep).await;
+    }
     let backend = etcd_harness::connect(std::slice::from_ref(&ep)).await;
     crate::emit!("\n## etcd (single member, {ep})\n");
     crate::emit!(
@@ -126,7 +130,12 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
     );
     super::summary("etcd", "uncontended p50 ms", ms(samples[0].pct(0.5)));
     session.close().await.unwrap();
+    etcd_contended_rows(args, &ep).await;
+}
 
+/// Prints the etcd contended rows: acquisitions per second for each count of
+/// `args.sessions`, ours and etcd-client's `lock()`, then the share of the handoff limit.
+pub async fn etcd_contended_rows(args: &Args, ep: &str) {
     crate::emit!(
         "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
         args.seconds
@@ -141,7 +150,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         let mut ours_ops = Vec::new();
         let mut their_ops = Vec::new();
         for _ in 0..n {
-            let b = EtcdBackend::connect([ep.as_str()]).await.unwrap();
+            let b = EtcdBackend::connect([ep]).await.unwrap();
             let s = Session::builder(b)
                 .namespace("bench")
                 .start()
@@ -156,9 +165,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
                 })
             });
             ours_ops.push(op);
-            let mut c = etcd_client::Client::connect([ep.as_str()], None)
-                .await
-                .unwrap();
+            let mut c = etcd_client::Client::connect([ep], None).await.unwrap();
             let lease = c.lease_grant(60, None).await.unwrap().id();
             let op: Op = Box::new(move || {
                 let mut c = c.clone();
@@ -189,7 +196,7 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
         super::report::point("etcd-throughput", "fencelock Mutex", n as f64, ours);
         super::report::point("etcd-throughput", "etcd-client lock()", n as f64, theirs);
     }
-    let limit = super::pingpong::etcd(&ep, args.seconds).await;
+    let limit = super::pingpong::etcd(ep, args.seconds).await;
     super::limit_rows("etcd-client lock()", limit, &rows);
 }
 

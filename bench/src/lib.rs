@@ -60,6 +60,10 @@ pub struct Args {
     /// Only the gray-failure rows (a member of a 3-member cluster paused for 3× the TTL).
     #[arg(long, conflicts_with_all = ["family_only", "scale_only", "no_gray"])]
     pub gray_only: bool,
+    /// Only the contended rows and the handoff limit (etcd and ZooKeeper), for quick
+    /// comparisons while working on the handoff.
+    #[arg(long, conflicts_with_all = ["family_only", "scale_only", "gray_only"])]
+    pub contended_only: bool,
     /// Skip the gray-failure rows (they take several minutes: 3× the TTL per trial).
     #[arg(long)]
     pub no_gray: bool,

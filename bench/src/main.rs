@@ -39,15 +39,15 @@ async fn main() {
             if !args.family_only && !args.scale_only {
                 etcd_rows(&args, &cluster).await;
             }
-            if !args.scale_only {
+            if !args.scale_only && !args.contended_only {
                 etcd_family(&args, &cluster).await;
             }
-            if !args.family_only && !args.scale_only {
+            if !args.family_only && !args.scale_only && !args.contended_only {
                 election_header("etcd");
                 election_rows(args.rounds, args.failovers, &cluster.target()).await;
                 etcd_campaign_row(&args, &cluster.endpoint(0)).await;
             }
-            if !args.family_only && !args.no_scale {
+            if !args.family_only && !args.no_scale && !args.contended_only {
                 fencelock_bench::scale::etcd_scale(&args.held, &args.waiters, &cluster.endpoint(0))
                     .await;
             }
@@ -58,11 +58,12 @@ async fn main() {
     if matches!(args.backend.as_str(), "zookeeper" | "all") {
         fencelock_bench::zookeeper::zookeeper_rows(&args).await;
     }
-    if matches!(args.backend.as_str(), "redis" | "all") && !args.family_only && !args.scale_only {
+    let redis = !args.family_only && !args.scale_only && !args.contended_only;
+    if matches!(args.backend.as_str(), "redis" | "all") && redis {
         fencelock_bench::redis::redis_rows(&args).await;
     }
     fencelock_bench::emit_summary();
-    if !args.no_gray && !args.family_only && !args.scale_only {
+    if !args.no_gray && !args.family_only && !args.scale_only && !args.contended_only {
         fencelock_bench::gray::gray_rows(&args).await;
     }
     finish(&args);

@@ -106,6 +106,10 @@ pub async fn zookeeper_rows(args: &Args) {
         .expect("start ZooKeeper");
     let connect = server.connect_string();
     crate::emit!("\n## ZooKeeper (single server, {connect})\n");
+    if args.contended_only {
+        contended_rows(seconds, &args.sessions, &connect).await;
+        return;
+    }
     if !args.family_only && !args.scale_only {
         uncontended_rows(rounds, &connect).await;
         let ours4 = contended_rows(seconds, &args.sessions, &connect).await;

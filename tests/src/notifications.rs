@@ -47,6 +47,26 @@ impl Notifications {
     }
 }
 
+/// The sum of an etcd member's counter `name` over the series whose labels contain `label`
+/// (`""`: every series), from its `/metrics` (`addr`: `host:port`, plain HTTP).
+pub async fn etcd_counter(addr: &str, name: &str, label: &str) -> Option<f64> {
+    let addr = addr.to_string();
+    let body = tokio::task::spawn_blocking(move || http_get(&addr, "/metrics"))
+        .await
+        .ok()??;
+    let mut found = false;
+    let sum = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']) && rest.contains(label))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .inspect(|_| found = true)
+        .sum();
+    found.then_some(sum)
+}
+
 /// A plain HTTP/1.0 GET (blocking, 5 s bounds): the body, if the answer is 200.
 pub fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};

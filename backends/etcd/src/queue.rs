@@ -164,8 +164,18 @@ pub(crate) async fn enqueue_all(
 pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> Result<()> {
     // Watch the key from now, then read it in a txn that also confirms our own entry: no
     // deletion can slip between the two, and the read costs the same whatever the queue's
-    // length (one key, never a range).
-    let reg = session.watcher.register(&target.key).await?;
+    // length (one key, never a range). A watch kept from the last wait on the same key that
+    // covers the entry's whole life needs no read: its deletion, past or future, will be
+    // delivered (the waiter's next read, after it, confirms our own entry).
+    let reg = session
+        .watcher
+        .register(&target.key, target.order as i64)
+        .await?;
+    if reg.covered {
+        let res = reg.wait().await;
+        session.watcher.prune_if_large().await;
+        return res;
+    }
     let txn = Txn::new()
         .when([same(own)])
         .and_then([TxnOp::get(target.key.as_str(), Some(keys_only()))]);
@@ -238,7 +248,7 @@ pub(crate) async fn still_ahead(
 }
 
 pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<()> {
-    let reg = session.watcher.register(&own.key).await?;
+    let reg = session.watcher.register(&own.key, own.order as i64).await?;
     let res = if exists(session, own).await? {
         reg.wait().await
     } else {

@@ -46,8 +46,13 @@ impl std::fmt::Debug for KeyWatcher {
 /// wait was given up), it cancels the key's watch if no other wait needs it: a watch left
 /// behind would cost a notification at the key's next deletion, and keys repeat (a session
 /// re-creates its own key at each acquisition), so idle watches would make every release
-/// notify every session that ever waited on that key.
+/// notify every session that ever waited on that key. The one exception is the watch whose
+/// deletion woke it, kept for the next wait on the same key (see [`State::idle`]).
 pub(crate) struct Registration {
+    /// The watch already covered every deletion of the entry when it was registered (a kept
+    /// watch, [`State::idle`], that has delivered nothing since before the entry's creation):
+    /// no read is needed to catch a deletion before the registration.
+    pub(crate) covered: bool,
     rx: Option<oneshot::Receiver<Result<()>>>,
     key: String,
     state: Arc<StdMutex<State>>,
@@ -71,7 +76,7 @@ impl Drop for Registration {
             let Some(ks) = st.keys.get_mut(&self.key) else {
                 return;
             };
-            if ks.needed() {
+            if ks.needed() || st.idle.as_deref() == Some(self.key.as_str()) {
                 return;
             }
             st.keys.remove(&self.key).and_then(|ks| ks.watch)
@@ -104,18 +109,27 @@ impl KeyWatcher {
         KeyWatcher { inner }
     }
 
-    /// Registers interest in the deletion of `key` and returns once a watch on it is
-    /// established: every deletion after this returns is delivered. The caller must then read
-    /// the key once, to catch a deletion that happened before.
-    pub(crate) async fn register(&self, key: &str) -> Result<Registration> {
+    /// Registers interest in the deletion of the entry under `key` created at revision
+    /// `after`, and returns once a watch on the key is established: every deletion after this
+    /// returns is delivered. Unless the registration is [`covered`](Registration::covered),
+    /// the caller must then read the key once, to catch a deletion that happened before.
+    pub(crate) async fn register(&self, key: &str, after: i64) -> Result<Registration> {
         let (tx, rx) = oneshot::channel();
         let (created_tx, created_rx) = oneshot::channel();
+        let mut covered = false;
         let must_create = {
             let mut st = self.inner.state.lock().unwrap();
+            if st.idle.as_deref() == Some(key) {
+                st.idle = None;
+            }
             let ks = st.keys.entry(key.to_string()).or_default();
-            ks.waiters.retain(|w| !w.is_closed());
-            ks.waiters.push(tx);
-            if ks.watch.is_some() {
+            ks.waiters.retain(|w| !w.tx.is_closed());
+            ks.waiters.push(Waker { after, tx });
+            if let Some(w) = &ks.watch {
+                // A watch delivers every deletion from its start, and its start passes each
+                // deletion it delivers: from at most just after the entry's creation, none of
+                // the entry's has been delivered, and its deletion will be.
+                covered = w.start <= after + 1;
                 let _ = created_tx.send(Ok(()));
                 false
             } else {
@@ -148,6 +162,7 @@ impl KeyWatcher {
             }
         }
         let registration = Registration {
+            covered,
             rx: Some(rx),
             key: key.to_string(),
             state: self.inner.state.clone(),
@@ -185,6 +200,7 @@ impl KeyWatcher {
                 }
                 keep
             });
+            st.idle = None;
             idle
         };
         for watch in idle {

@@ -14,7 +14,13 @@ use tokio::time::Instant;
 use crate::error::temporary;
 use crate::rotation::Rotation;
 
-pub(super) type Waker = oneshot::Sender<Result<()>>;
+/// A registration waiting for a deletion: woken by one at a revision above `after` (the
+/// create revision of the entry it waits on). A retained watch (see [`State::idle`]) may
+/// still deliver the deletion of the key's previous entry, which must not wake it.
+pub(super) struct Waker {
+    pub(super) after: i64,
+    pub(super) tx: oneshot::Sender<Result<()>>,
+}
 
 /// A created watch: its id, the stream it lives on, and the first revision it covers. Ids are
 /// numbered per stream (from 0 on each new stream), so an id alone names a different watch
@@ -61,7 +67,7 @@ pub(super) struct KeyState {
 impl KeyState {
     /// Whether a registration or a create still needs this key's state.
     pub(super) fn needed(&mut self) -> bool {
-        self.waiters.retain(|w| !w.is_closed());
+        self.waiters.retain(|w| !w.tx.is_closed());
         !self.waiters.is_empty() || !self.creating.is_empty() || self.moving
     }
 
@@ -71,7 +77,7 @@ impl KeyState {
             let _ = c.send(Err(temporary("watch", why)));
         }
         for w in self.waiters {
-            let _ = w.send(Err(temporary("watch", why)));
+            let _ = w.tx.send(Err(temporary("watch", why)));
         }
     }
 }
@@ -79,6 +85,28 @@ impl KeyState {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) keys: HashMap<String, KeyState>,
+    /// The one key whose watch is kept with no registration: the last one whose deletion
+    /// woke a waiter. In a busy queue a session's predecessor is the same session round
+    /// after round, under the same key (derived from its lease), so the next wait finds
+    /// its watch there. A watch created anew each round would be a watch created while
+    /// other sessions write: etcd then files it as "unsynced" (its start revision, taken
+    /// just before, is already past) and delivers its events from a catch-up loop that runs
+    /// every 100 ms, so a handoff waited up to 100 ms for its event. A kept watch was
+    /// synced long ago. At most one is kept, so a session costs the server at most one
+    /// notification it did not wait for: the kept watch is cancelled at the first deletion
+    /// that wakes nobody, or when another key's watch is kept.
+    pub(super) idle: Option<String>,
+}
+
+impl State {
+    /// Keeps `key`'s watch (its deletion just woke a waiter) for the next wait on it, and
+    /// returns the watch kept until now under another key, to be cancelled.
+    pub(super) fn keep_idle(&mut self, key: &str) -> Option<WatchRef> {
+        match self.idle.replace(key.to_string()) {
+            Some(old) if old != key => self.keys.remove(&old).and_then(|ks| ks.watch),
+            _ => None,
+        }
+    }
 }
 
 /// A create request: the key, and the revision to start from (`None`: from now).
@@ -116,9 +144,16 @@ impl Stream {
         }
     }
 
-    /// Whether the stream carries a watch or a create.
-    pub(super) fn busy(&self) -> bool {
-        !self.ids.is_empty() || !self.pending.is_empty()
+    /// Whether the stream carries a create, or a watch that a registration waits on (the
+    /// kept watch alone, [`State::idle`], is not worth a progress request).
+    pub(super) fn busy(&self, state: &State) -> bool {
+        !self.pending.is_empty()
+            || self.ids.values().any(|key| {
+                state
+                    .keys
+                    .get(key)
+                    .is_some_and(|ks| !ks.waiters.is_empty() || ks.moving)
+            })
     }
 }
 

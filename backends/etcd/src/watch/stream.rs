@@ -76,7 +76,7 @@ pub(super) async fn read_loop(
                         let _ = c.send(Err(watch_refused(resp.cancel_reason())));
                     }
                     for w in ks.waiters {
-                        let _ = w.send(Err(watch_refused(resp.cancel_reason())));
+                        let _ = w.tx.send(Err(watch_refused(resp.cancel_reason())));
                     }
                 }
                 continue;
@@ -120,21 +120,43 @@ pub(super) async fn read_loop(
             let Ok(key) = std::str::from_utf8(kv.key()) else {
                 continue;
             };
-            // Wake every waiter of the key and end its watch: a session watches only the
-            // keys it is waiting on right now.
-            if let Some(ks) = st.keys.get_mut(key) {
-                for w in ks.waiters.drain(..) {
-                    let _ = w.send(Ok(()));
+            // Wake the key's waiters on entries created before this deletion (a kept watch
+            // may deliver the deletion of the key's previous entry). A watch that woke someone
+            // is kept for the next wait on the key; one that woke nobody ends: a session
+            // watches only the keys it waits on, and at most one more (`State::idle`).
+            let rev = kv.mod_revision();
+            let Some(ks) = st.keys.get_mut(key) else {
+                continue;
+            };
+            if let Some(w) = ks.watch.as_mut() {
+                // It delivered everything up to here: a copy on a new stream starts after.
+                w.start = w.start.max(rev + 1);
+            }
+            let (woken, waiting): (Vec<Waker>, Vec<Waker>) = std::mem::take(&mut ks.waiters)
+                .into_iter()
+                .partition(|w| w.after < rev);
+            ks.waiters = waiting;
+            // Every one is told (no short cut): a waiter left unsent would see an error.
+            let woke = woken
+                .into_iter()
+                .fold(false, |woke, w| w.tx.send(Ok(())).is_ok() | woke);
+            if ks.needed() {
+                continue;
+            }
+            let ended = if woke {
+                st.keep_idle(key)
+            } else {
+                if st.idle.as_deref() == Some(key) {
+                    st.idle = None;
                 }
-                if ks.watch.is_some() {
-                    if let Some(watch) = st.keys.remove(key).and_then(|ks| ks.watch) {
-                        if Arc::ptr_eq(&watch.stream, &stream) {
-                            ss.ids.remove(&watch.id);
-                            cancel_later(&sender, watch.id);
-                        } else {
-                            tokio::spawn(watch.cancel());
-                        }
-                    }
+                st.keys.remove(key).and_then(|ks| ks.watch)
+            };
+            if let Some(watch) = ended {
+                if Arc::ptr_eq(&watch.stream, &stream) {
+                    ss.ids.remove(&watch.id);
+                    cancel_later(&sender, watch.id);
+                } else {
+                    tokio::spawn(watch.cancel());
                 }
             }
         }
@@ -175,16 +197,17 @@ pub(super) async fn supervise(
 ) {
     let quiet = bound / 2;
     loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         let (heard, busy) = {
             let ss = stream.lock().unwrap();
             if ss.dead {
                 return;
             }
-            (ss.heard, ss.busy())
+            (ss.heard, ss.busy(&strong.state.lock().unwrap()))
         };
-        if inner.strong_count() == 0 {
-            return;
-        }
+        drop(strong);
         let now = Instant::now();
         if !busy || now < heard + quiet {
             tokio::time::sleep_until(if busy { heard + quiet } else { now + quiet }).await;
@@ -247,6 +270,14 @@ pub(super) async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>
             let Some(ks) = st.keys.get_mut(&key) else {
                 continue;
             };
+            if !ks.needed() {
+                // The kept watch (`State::idle`), which nobody waits on: not worth a move.
+                st.keys.remove(&key);
+                if st.idle.as_deref() == Some(key.as_str()) {
+                    st.idle = None;
+                }
+                continue;
+            }
             if let Some(w) = ks.watch.take_if(|w| Arc::ptr_eq(&w.stream, old)) {
                 ks.moving = true;
                 creates.push(Create {
