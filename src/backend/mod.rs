@@ -313,6 +313,12 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// first, then read). Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if
     /// it finds `own` gone when it starts, so that a waiter whose entry was deleted does not
     /// wait on. Costs a constant number of requests whatever the queue's length.
+    ///
+    /// A backend may skip the read (and so the check of `own`) when it knows without a
+    /// request that the target's deletion will be reported: etcd does, when a watch kept
+    /// from an earlier wait on the same key already covers the target's whole life. The
+    /// core confirms `own` at the next [`still_ahead`](Self::still_ahead), before any grant,
+    /// as it must anyway for an entry deleted during the wait.
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
 
     /// The entries still ahead of `own` in `queue` that its grant may depend on: of the

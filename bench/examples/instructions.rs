@@ -1,0 +1,140 @@
+//! Client instructions per acquisition, for `valgrind --tool=callgrind` (which counts them
+//! alike on a noisy machine): run by `scripts/instructions.sh`, which prints the table.
+//!
+//! `instructions serve` starts one etcd member and one ZooKeeper server (natively, not under
+//! valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
+//! releases one uncontended lock `n` times in one session on a single-threaded runtime.
+//! The script runs each `what` twice (`n` = 50 and 250) under callgrind: the difference over
+//! 200 acquisitions leaves out the start (connecting, the session, TLS provider set-up).
+
+use std::time::Duration;
+
+use fencelock::Session;
+use fencelock_integration::servers::etcd::EtcdCluster;
+use fencelock_integration::servers::zookeeper::ZkEnsemble;
+use fencelock_integration::servers::Cluster;
+use zookeeper_client as zk;
+
+/// Every `what`: ours and the peers', on etcd and ZooKeeper.
+const WHAT: [&str; 6] = [
+    "etcd-fencelock",
+    "etcd-client-lock",
+    "etcd-raw-txn",
+    "zookeeper-fencelock",
+    "zookeeper-client-lock",
+    "zookeeper-raw",
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [serve] if serve == "serve" => {
+            let etcd = EtcdCluster::start(1);
+            let zookeeper = ZkEnsemble::start(1);
+            println!("{} {}", etcd.endpoint(0), zookeeper.connect_string());
+            // Until the script kills it (the harnesses stop the servers on drop, and on a
+            // signal their process group goes with it).
+            std::thread::sleep(Duration::from_secs(24 * 3600));
+        }
+        [what, n, address] if WHAT.contains(&what.as_str()) => {
+            let n: usize = n.parse().expect("a count");
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(run(what, n, address));
+        }
+        _ => {
+            eprintln!(
+                "usage: instructions serve | instructions <what> <n> <address>; what: {WHAT:?}"
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(what: &str, n: usize, address: &str) {
+    match what {
+        "etcd-fencelock" => {
+            let b = fencelock_etcd::EtcdBackend::connect([address])
+                .await
+                .unwrap();
+            mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
+        }
+        "etcd-client-lock" => {
+            let mut c = etcd_client::Client::connect([address], None).await.unwrap();
+            let lease = c.lease_grant(60, None).await.unwrap().id();
+            for _ in 0..n {
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                let key = c.lock("instructions-lock", Some(options)).await.unwrap();
+                c.unlock(key.key().to_vec()).await.unwrap();
+            }
+        }
+        "etcd-raw-txn" => {
+            use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+            let mut c = etcd_client::Client::connect([address], None).await.unwrap();
+            let lease = c.lease_grant(60, None).await.unwrap().id();
+            let key = format!("instructions-raw/{lease:x}");
+            for _ in 0..n {
+                let put = TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([put]);
+                c.txn(txn).await.unwrap();
+                c.delete(key.as_str(), None).await.unwrap();
+            }
+        }
+        "zookeeper-fencelock" => {
+            let b = fencelock_zookeeper::ZooKeeperBackend::builder(address)
+                .connect()
+                .await
+                .unwrap();
+            mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
+        }
+        "zookeeper-client-lock" => {
+            let c = zk_client(address).await;
+            let open = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+            let options = zk::LockOptions::new(zk::Acls::anyone_all())
+                .with_ancestor_options(open)
+                .unwrap();
+            for _ in 0..n {
+                let prefix = zk::LockPrefix::new_curator("/instructions-lock", "lock-").unwrap();
+                let lock = c.lock(prefix, b"", options.clone()).await.unwrap();
+                c.delete(lock.lock_path(), None).await.unwrap();
+                // Released above, confirmed: skip the drop's background delete.
+                std::mem::forget(lock);
+            }
+        }
+        "zookeeper-raw" => {
+            let c = zk_client(address).await;
+            let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let _ = c.create("/instructions-raw", b"", &open).await;
+            let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            for _ in 0..n {
+                let (_, seq) = c.create("/instructions-raw/n-", b"", &mode).await.unwrap();
+                c.delete(&format!("/instructions-raw/n-{seq}"), None)
+                    .await
+                    .unwrap();
+            }
+        }
+        _ => unreachable!("checked in main"),
+    }
+}
+
+/// `n` rounds of our mutex's lock + release in a session of `builder`.
+async fn mutex_rounds(builder: fencelock::SessionBuilder, n: usize) {
+    let s = builder.start().await.unwrap();
+    let m = s.mutex("instructions").unwrap();
+    for _ in 0..n {
+        m.lock().await.unwrap().release().await.unwrap();
+    }
+    s.close().await.unwrap();
+}
+
+async fn zk_client(address: &str) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(address)
+        .await
+        .unwrap()
+}
