@@ -107,6 +107,14 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
         sessions.push(Session::builder(b).namespace("keep").start().await.unwrap());
     }
     const ROUNDS: usize = 100;
+    let watchers = || {
+        fencelock_integration::notifications::etcd_counter(
+            &ep,
+            "etcd_debugging_mvcc_watcher_total",
+            "",
+        )
+    };
+    let watchers_before = watchers().await.expect("the server's watcher count");
     let before = watch_messages().await.expect("the server's counter");
     let mut tasks = Vec::new();
     for s in &sessions {
@@ -133,6 +141,21 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
         per <= 0.9,
         "{per:.3} watch-stream messages per acquisition: watches are created again at each wait"
     );
+    // The kept watches go once unused (within a second or two at this TTL), although both
+    // sessions stay open: a session that waited leaves no watch behind on the server.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = watchers().await.expect("the server's watcher count");
+        if now <= watchers_before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} watches still on the server 15 s after the last wait ({watchers_before} before)",
+            now
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for s in sessions {
         s.close().await.unwrap();
     }

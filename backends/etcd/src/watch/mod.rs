@@ -121,6 +121,7 @@ impl KeyWatcher {
             let mut st = self.inner.state.lock().unwrap();
             if st.idle.as_deref() == Some(key) {
                 st.idle = None;
+                st.idle_since = None;
             }
             let ks = st.keys.entry(key.to_string()).or_default();
             ks.waiters.retain(|w| !w.tx.is_closed());
@@ -201,6 +202,7 @@ impl KeyWatcher {
                 keep
             });
             st.idle = None;
+            st.idle_since = None;
             idle
         };
         for watch in idle {

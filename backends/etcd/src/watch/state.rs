@@ -94,14 +94,28 @@ pub(super) struct State {
     /// every 100 ms, so a handoff waited up to 100 ms for its event. A kept watch was
     /// synced long ago. At most one is kept, so a session costs the server at most one
     /// notification it did not wait for: the kept watch is cancelled at the first deletion
-    /// that wakes nobody, or when another key's watch is kept.
+    /// that wakes nobody, when another key's watch is kept, or once unused for half the
+    /// request bound or so (by its stream's supervisor): a session that waited once leaves
+    /// no watch on the server.
     pub(super) idle: Option<String>,
+    /// Since when [`idle`](Self::idle) has been kept: unused for a while, it is cancelled.
+    pub(super) idle_since: Option<Instant>,
 }
 
 impl State {
+    /// Removes `key`'s state (and its place as the kept watch, if it was).
+    pub(super) fn forget(&mut self, key: &str) -> Option<KeyState> {
+        if self.idle.as_deref() == Some(key) {
+            self.idle = None;
+            self.idle_since = None;
+        }
+        self.keys.remove(key)
+    }
+
     /// Keeps `key`'s watch (its deletion just woke a waiter) for the next wait on it, and
     /// returns the watch kept until now under another key, to be cancelled.
     pub(super) fn keep_idle(&mut self, key: &str) -> Option<WatchRef> {
+        self.idle_since = Some(Instant::now());
         match self.idle.replace(key.to_string()) {
             Some(old) if old != key => self.keys.remove(&old).and_then(|ks| ks.watch),
             _ => None,

@@ -71,7 +71,7 @@ pub(super) async fn read_loop(
             };
             ks.moving = false;
             if !ok {
-                if let Some(ks) = st.keys.remove(&key) {
+                if let Some(ks) = st.forget(&key) {
                     for c in ks.creating {
                         let _ = c.send(Err(watch_refused(resp.cancel_reason())));
                     }
@@ -105,7 +105,7 @@ pub(super) async fn read_loop(
                     .and_then(|k| k.watch.as_ref())
                     .is_some_and(|w| w.id == resp.watch_id() && Arc::ptr_eq(&w.stream, &stream));
                 if ours {
-                    if let Some(ks) = st.keys.remove(&key) {
+                    if let Some(ks) = st.forget(&key) {
                         ks.fail("watch canceled");
                     }
                 }
@@ -146,10 +146,7 @@ pub(super) async fn read_loop(
             let ended = if woke {
                 st.keep_idle(key)
             } else {
-                if st.idle.as_deref() == Some(key) {
-                    st.idle = None;
-                }
-                st.keys.remove(key).and_then(|ks| ks.watch)
+                st.forget(key).and_then(|ks| ks.watch)
             };
             if let Some(watch) = ended {
                 if Arc::ptr_eq(&watch.stream, &stream) {
@@ -201,11 +198,29 @@ pub(super) async fn supervise(
             return;
         };
         let (heard, busy) = {
-            let ss = stream.lock().unwrap();
+            let mut ss = stream.lock().unwrap();
             if ss.dead {
                 return;
             }
-            (ss.heard, ss.busy(&strong.state.lock().unwrap()))
+            let mut st = strong.state.lock().unwrap();
+            // The kept watch is for a queue that is busy right now: unused for a while, it
+            // goes (within one to two `quiet` periods), so that a session that waited once
+            // leaves no watch behind on the server.
+            let stale = st.idle_since.is_some_and(|t| t + quiet <= Instant::now());
+            if let (true, Some(key)) = (stale, st.idle.clone()) {
+                let here = st.keys.get(&key).is_some_and(|ks| {
+                    ks.watch
+                        .as_ref()
+                        .is_some_and(|w| Arc::ptr_eq(&w.stream, &stream))
+                });
+                if here {
+                    if let Some(w) = st.forget(&key).and_then(|ks| ks.watch) {
+                        ss.ids.remove(&w.id);
+                        cancel_later(&sender, w.id);
+                    }
+                }
+            }
+            (ss.heard, ss.busy(&st))
         };
         drop(strong);
         let now = Instant::now();
@@ -272,10 +287,7 @@ pub(super) async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>
             };
             if !ks.needed() {
                 // The kept watch (`State::idle`), which nobody waits on: not worth a move.
-                st.keys.remove(&key);
-                if st.idle.as_deref() == Some(key.as_str()) {
-                    st.idle = None;
-                }
+                st.forget(&key);
                 continue;
             }
             if let Some(w) = ks.watch.take_if(|w| Arc::ptr_eq(&w.stream, old)) {
@@ -325,7 +337,7 @@ pub(super) fn fail_keys<'a>(
 ) {
     let mut st = state.lock().unwrap();
     for key in keys {
-        if let Some(ks) = st.keys.remove(key) {
+        if let Some(ks) = st.forget(key) {
             ks.fail(why);
         }
     }
