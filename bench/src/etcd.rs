@@ -137,13 +137,14 @@ pub async fn etcd_rows(args: &Args, cluster: &EtcdCluster) {
 /// `args.sessions`, ours and etcd-client's `lock()`, then the share of the handoff limit.
 pub async fn etcd_contended_rows(args: &Args, ep: &str) {
     crate::emit!(
-        "\nContended acquisitions per second ({} s each, one connection per session, alternating in slices):\n",
-        args.seconds
+        "\nContended acquisitions per second ({} s each, in {} alternating pairs of slices, one connection per session):\n",
+        args.seconds,
+        super::PAIRS
     );
     crate::emit!(
         "(in parentheses: the least-served session's acquisitions as a share of the most-served one's, 1.00 all alike)\n"
     );
-    crate::emit!("| sessions | fencelock Mutex | etcd-client lock() | ratio |");
+    crate::emit!("| sessions | fencelock Mutex | etcd-client lock() | ratio: median of the pairs (least–greatest) |");
     crate::emit!("|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for &n in &args.sessions {
@@ -182,9 +183,9 @@ pub async fn etcd_contended_rows(args: &Args, ep: &str) {
             });
             their_ops.push(op);
         }
-        let (ours, theirs) = throughput_pair(ours_ops, their_ops, args.seconds).await;
-        let (ours, theirs) = super::contended_row(n, ours, theirs);
-        rows.push((n, ours, theirs));
+        let pair = throughput_pair(ours_ops, their_ops, args.seconds).await;
+        let (ours, theirs) = super::contended_row(n, &pair);
+        rows.push((n, pair));
         super::summary("etcd", &format!("{n} sessions acq/s"), format!("{ours:.0}"));
         super::report::define(
             "etcd-throughput",
@@ -196,8 +197,11 @@ pub async fn etcd_contended_rows(args: &Args, ep: &str) {
         super::report::point("etcd-throughput", "fencelock Mutex", n as f64, ours);
         super::report::point("etcd-throughput", "etcd-client lock()", n as f64, theirs);
     }
-    let limit = super::pingpong::etcd(ep, args.seconds).await;
-    super::limit_rows("etcd-client lock()", limit, &rows);
+    let mut limits = Vec::new();
+    for _ in 0..super::PAIRS {
+        limits.push(super::pingpong::etcd(ep, args.seconds / super::PAIRS as f64).await);
+    }
+    super::limit_rows("etcd-client lock()", &limits, &rows);
 }
 
 /// Prints the lock family's rows on etcd (see [`super::family`]).

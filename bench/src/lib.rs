@@ -136,16 +136,28 @@ pub fn latency_rows(names: &[&str], samples: &[Samples], base: Duration) {
     }
 }
 
-/// Prints how close the contended rows (`(sessions, ours, peer's)` acquisitions per second)
-/// come to `limit`, the server's handoff limit measured by a raw two-client ping-pong.
-pub fn limit_rows(peer: &str, limit: f64, rows: &[(usize, f64, f64)]) {
+/// Prints how close the contended rows come to the server's handoff limit, measured by a raw
+/// two-client ping-pong [`PAIRS`] times (`limits`): each side's share of the median limit, with
+/// the least and greatest of its pairs' rates over it.
+pub fn limit_rows(peer: &str, limits: &[f64], rows: &[(usize, Pair)]) {
+    let mut sorted = limits.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let limit = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
     crate::emit!(
-        "\nThe handoff limit (two raw clients passing one lock back and forth: a delete, one watch event, one read per handoff): {limit:.0} handoffs/s. Share of it reached:\n"
+        "\nThe handoff limit (two raw clients passing one lock back and forth: a delete, one watch event, one read per handoff): {limit:.0} handoffs/s, the median of {} measurements ({:.0}–{:.0}). Share of it reached (each side's rate over the median limit; in parentheses the least and greatest of its {PAIRS} slices):\n",
+        sorted.len(),
+        sorted.first().copied().unwrap_or(f64::NAN),
+        sorted.last().copied().unwrap_or(f64::NAN),
     );
     crate::emit!("| sessions | fencelock Mutex | {peer} |");
     crate::emit!("|---:|---:|---:|");
-    for (n, ours, theirs) in rows {
-        crate::emit!("| {n} | {:.2} | {:.2} |", ours / limit, theirs / limit);
+    for (n, pair) in rows {
+        let share = |rates: &[f64]| rates.iter().map(|r| r / limit).collect::<Vec<_>>();
+        crate::emit!(
+            "| {n} | {} | {} |",
+            spread(&share(&pair.a_rates), ""),
+            spread(&share(&pair.b_rates), "")
+        );
     }
 }
 
@@ -326,48 +338,91 @@ impl Contended {
     }
 }
 
+/// How many alternating pairs of slices [`throughput_pair`] measures: a ratio between the two
+/// groups is the median of the pairs' ratios, printed with their least and greatest.
+pub const PAIRS: usize = 5;
+
+/// Two groups of contenders measured side by side in [`PAIRS`] alternating pairs of slices.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    /// The first group over every slice.
+    pub a: Contended,
+    /// The second group over every slice.
+    pub b: Contended,
+    /// The first group's rate in each pair.
+    pub a_rates: Vec<f64>,
+    /// The second group's rate in each pair.
+    pub b_rates: Vec<f64>,
+}
+
+impl Pair {
+    /// The first group's rate over the second's, pair by pair.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.a_rates
+            .iter()
+            .zip(&self.b_rates)
+            .map(|(a, b)| a / b.max(f64::MIN_POSITIVE))
+            .collect()
+    }
+}
+
+/// The median of `v` and its least and greatest, as `1.23x (1.01–1.40)`.
+pub fn spread(v: &[f64], unit: &str) -> String {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{:.2}{unit} ({lo:.2}–{hi:.2})", v[v.len() / 2]),
+        _ => "n/a".into(),
+    }
+}
+
 /// Prints the row of `n` sessions of a side-by-side contended table (each side's rate with its
-/// fairness in parentheses, then ours over theirs) and returns the two rates.
-pub fn contended_row(n: usize, ours: Contended, theirs: Contended) -> (f64, f64) {
+/// fairness in parentheses, then ours over theirs: the median of the pairs' ratios, with their
+/// least and greatest) and returns the two rates.
+pub fn contended_row(n: usize, pair: &Pair) -> (f64, f64) {
+    let (ours, theirs) = (pair.a, pair.b);
     crate::emit!(
-        "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.2}x |",
+        "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {} |",
         ours.rate,
         ours.fairness,
         theirs.rate,
         theirs.fairness,
-        ours.rate / theirs.rate
+        spread(&pair.ratios(), "x")
     );
     (ours.rate, theirs.rate)
 }
 
-/// Contended throughput of two groups of contenders, measured alternately in `SLICES` slices
-/// of `seconds / SLICES` each, alternating which goes first (so that load drifting on the
-/// machine hits both alike).
-pub async fn throughput_pair(
-    mut a: Vec<Op>,
-    mut b: Vec<Op>,
-    seconds: f64,
-) -> (Contended, Contended) {
-    const SLICES: usize = 3;
-    let slice = seconds / SLICES as f64;
+/// Contended throughput of two groups of contenders, measured alternately in [`PAIRS`] pairs
+/// of slices of `seconds / PAIRS` each, alternating which goes first (so that load drifting
+/// on the machine hits both alike).
+pub async fn throughput_pair(mut a: Vec<Op>, mut b: Vec<Op>, seconds: f64) -> Pair {
+    let slice = seconds / PAIRS as f64;
     let (mut na, mut ta) = (vec![0; a.len()], 0.0);
     let (mut nb, mut tb) = (vec![0; b.len()], 0.0);
-    let add =
-        |to: &mut Vec<u64>, from: Vec<u64>| to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
-    for i in 0..SLICES {
+    let (mut a_rates, mut b_rates) = (Vec::new(), Vec::new());
+    let add = |to: &mut Vec<u64>, from: &[u64]| to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
+    let rate = |n: &[u64], t: f64| n.iter().sum::<u64>() as f64 / t;
+    for i in 0..PAIRS {
         for a_now in [i % 2 == 0, i % 2 != 0] {
             if a_now {
                 let (n, t, ops) = run_slice(a, slice).await;
-                add(&mut na, n);
+                add(&mut na, &n);
+                a_rates.push(rate(&n, t));
                 (ta, a) = (ta + t, ops);
             } else {
                 let (n, t, ops) = run_slice(b, slice).await;
-                add(&mut nb, n);
+                add(&mut nb, &n);
+                b_rates.push(rate(&n, t));
                 (tb, b) = (tb + t, ops);
             }
         }
     }
-    (Contended::of(&na, ta), Contended::of(&nb, tb))
+    Pair {
+        a: Contended::of(&na, ta),
+        b: Contended::of(&nb, tb),
+        a_rates,
+        b_rates,
+    }
 }
 
 /// Contended throughput of one group of contenders during `seconds`.
