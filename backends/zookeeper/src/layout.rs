@@ -52,13 +52,14 @@ pub(crate) fn markers(queue: QueueKind) -> &'static [(&'static str, EntryKind)] 
 /// The sequence number of an entry called `name` with `marker`, if `name` is one:
 /// `[_c_{uuid}-]{marker}{digits}` (ten digits, nineteen past 2^31).
 pub(crate) fn sequence_of(name: &str, marker: &str) -> Option<u64> {
-    let i = name.rfind(marker)?;
-    let prefix = &name[..i];
-    if !(prefix.is_empty() || prefix.ends_with('-')) {
-        return None;
-    }
-    let digits = &name[i + marker.len()..];
-    if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    // The digits run to the end of the name and the marker ends where they begin (no marker
+    // holds a digit, so that is also its last occurrence). Checked from the end, without a
+    // substring search: every path segment of every request goes through here, and most end
+    // in a letter.
+    let at = name.len() - name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    let (head, digits) = name.split_at(at);
+    let prefix = head.strip_suffix(marker)?;
+    if !(prefix.is_empty() || prefix.ends_with('-')) || digits.len() < 10 {
         return None;
     }
     digits.parse().ok()
@@ -268,6 +269,14 @@ mod tests {
         assert_eq!(sequence_of("lock-12", "lock-"), None);
         assert_eq!(sequence_of("lock-00000000a1", "lock-"), None);
         assert_eq!(sequence_of("lock-0000000000000000042", "lock-"), Some(42));
+        assert_eq!(sequence_of("lock-lock-0000000007", "lock-"), Some(7));
+        assert_eq!(sequence_of("a-lock-0000000007", "lock-"), Some(7));
+        assert_eq!(sequence_of("alock-0000000007", "lock-"), None);
+        assert_eq!(sequence_of("lock-0000000042x", "lock-"), None);
+        assert_eq!(sequence_of("0000000042", "lock-"), None);
+        assert_eq!(sequence_of("", "lock-"), None);
+        assert_eq!(sequence_of("__READ__0000000003", READ), Some(3));
+        assert!(!is_entry_name("bench") && !is_entry_name("contended"));
         let sorted = sorted_entries(
             vec![
                 "_c_b-lock-0000000003".into(),
