@@ -55,23 +55,13 @@ pub struct HandoffRow {
 /// The server's current watch count.
 async fn watches(kind: Kind, endpoint: &str, zk_port: Option<u16>) -> Option<u64> {
     match kind {
-        Kind::Etcd => {
-            let body = {
-                let addr = endpoint.to_string();
-                tokio::task::spawn_blocking(move || {
-                    fencelock_integration::notifications::http_get(&addr, "/metrics")
-                })
-                .await
-                .ok()??
-            };
-            body.lines().find_map(|l| {
-                l.strip_prefix("etcd_debugging_mvcc_watcher_total ")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .map(|v| v as u64)
-            })
-        }
+        Kind::Etcd => fencelock_integration::notifications::etcd_counter(
+            endpoint,
+            "etcd_debugging_mvcc_watcher_total",
+            "",
+        )
+        .await
+        .map(|v| v as u64),
         Kind::ZooKeeper => {
             let mntr = fourlw::ask_async(zk_port?, "mntr").await?;
             fourlw::mntr_value(&mntr, "zk_watch_count")

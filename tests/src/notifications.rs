@@ -32,16 +32,7 @@ impl Notifications {
                 Some(sum as f64)
             }
             Notifications::Etcd(addr) => {
-                let addr = addr.clone();
-                let body = tokio::task::spawn_blocking(move || http_get(&addr, "/metrics"))
-                    .await
-                    .ok()??;
-                body.lines().find_map(|l| {
-                    l.strip_prefix("etcd_debugging_mvcc_events_total ")?
-                        .trim()
-                        .parse()
-                        .ok()
-                })
+                etcd_counter(addr, "etcd_debugging_mvcc_events_total", "").await
             }
         }
     }

@@ -119,10 +119,7 @@ impl KeyWatcher {
         let mut covered = false;
         let must_create = {
             let mut st = self.inner.state.lock().unwrap();
-            if st.idle.as_deref() == Some(key) {
-                st.idle = None;
-                st.idle_since = None;
-            }
+            st.unkeep(Some(key));
             let ks = st.keys.entry(key.to_string()).or_default();
             ks.waiters.retain(|w| !w.tx.is_closed());
             ks.waiters.push(Waker { after, tx });
@@ -201,8 +198,7 @@ impl KeyWatcher {
                 }
                 keep
             });
-            st.idle = None;
-            st.idle_since = None;
+            st.unkeep(None);
             idle
         };
         for watch in idle {

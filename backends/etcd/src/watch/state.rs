@@ -105,11 +105,17 @@ pub(super) struct State {
 impl State {
     /// Removes `key`'s state (and its place as the kept watch, if it was).
     pub(super) fn forget(&mut self, key: &str) -> Option<KeyState> {
-        if self.idle.as_deref() == Some(key) {
+        self.unkeep(Some(key));
+        self.keys.remove(key)
+    }
+
+    /// `key` (any key, if `None`) is no longer the kept watch's: a registration waits on it,
+    /// or its state is gone.
+    pub(super) fn unkeep(&mut self, key: Option<&str>) {
+        if key.is_none_or(|k| self.idle.as_deref() == Some(k)) {
             self.idle = None;
             self.idle_since = None;
         }
-        self.keys.remove(key)
     }
 
     /// Keeps `key`'s watch (its deletion just woke a waiter) for the next wait on it, and
