@@ -13,7 +13,8 @@ pub enum Kind {
     Etcd,
     /// ZooKeeper (connect string `host:port,...`).
     ZooKeeper,
-    /// Redis (one `host:port`: the primary, or an address that follows it).
+    /// Redis (one `host:port`: the primary, or an address that follows it; or a
+    /// `redis+sentinel://` URL).
     Redis,
 }
 
@@ -47,6 +48,9 @@ pub struct Target {
     pub endpoint: String,
 }
 
+/// How long a grant or heartbeat behind Sentinel waits for a replica's acknowledgement.
+pub const SENTINEL_REPLICA_WAIT: Duration = Duration::from_millis(500);
+
 /// How long a harness keeps trying to connect while a cluster elects a leader.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -69,6 +73,14 @@ impl Target {
             Kind::ZooKeeper => {
                 Arc::new(fencelock_zookeeper::ZooKeeperBackend::connect(addr).await?)
             }
+            // Behind Sentinel, grants and heartbeats wait for a replica: what the design asks
+            // of a Redis lock that must survive a failover (the suite's Sentinel rows).
+            Kind::Redis if addr.starts_with("redis+sentinel://") => Arc::new(
+                fencelock_redis::RedisConfig::new(addr)
+                    .wait_for_replicas(1, SENTINEL_REPLICA_WAIT)
+                    .connect()
+                    .await?,
+            ),
             Kind::Redis => Arc::new(fencelock_redis::RedisBackend::connect(addr).await?),
         })
     }

@@ -7,6 +7,7 @@ pub(crate) use fencelock_net::redact;
 use fencelock_net::TlsConfig;
 use redis::{ClientTlsConfig, TlsCertificates};
 
+use crate::sentinel::{SentinelUrl, Sentinels};
 use crate::RedisBackend;
 
 /// How long a connect, and every request, waits for the server by default (5 s).
@@ -123,8 +124,10 @@ impl RedisConfig {
         self
     }
 
-    /// Checks the settings: a URL the client parses, timeouts within bounds.
-    pub(crate) fn validate(&self) -> Result<redis::Client> {
+    /// Checks the settings: a URL the client parses, timeouts within bounds. Returns the
+    /// client of the URL and, for a Sentinel URL, the sentinels (the client's address is then
+    /// a placeholder for the primary's).
+    pub(crate) fn validate(&self) -> Result<(redis::Client, Option<Sentinels>)> {
         check_timeout("timeout", self.timeout)?;
         if let Some((n, t)) = self.replicas {
             if n == 0 || n > MAX_REPLICAS {
@@ -141,10 +144,29 @@ impl RedisConfig {
                 ));
             }
         }
-        let url = self.full_url();
+        if let Some(sentinel) = SentinelUrl::parse(&self.url)? {
+            if self.tls.is_some() != sentinel.tls {
+                return Err(Error::invalid_config(
+                    redact(&self.url),
+                    "TLS settings go with a rediss+sentinel:// URL, and it needs them",
+                ));
+            }
+            let base = self.client(&sentinel.server_url("primary"))?;
+            let clients = sentinel
+                .sentinels
+                .iter()
+                .map(|host| Ok((host.clone(), self.client(&sentinel.sentinel_url(host))?)))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok((base, Some(Sentinels::new(clients, sentinel.master))));
+        }
+        Ok((self.client(&self.full_url())?, None))
+    }
+
+    /// A client of the server at `url`, with the TLS settings.
+    fn client(&self, url: &str) -> Result<redis::Client> {
         let bad = |e: redis::RedisError| Error::invalid_config(redact(&self.url), e.to_string());
         let Some(tls) = &self.tls else {
-            return redis::Client::open(url.as_str()).map_err(bad);
+            return redis::Client::open(url).map_err(bad);
         };
         if !url.starts_with("rediss://") {
             return Err(Error::invalid_config(
@@ -166,7 +188,7 @@ impl RedisConfig {
             }),
             root_cert: Some(tls.ca_pem().as_bytes().to_vec()),
         };
-        redis::Client::build_with_tls(url.as_str(), certificates).map_err(bad)
+        redis::Client::build_with_tls(url, certificates).map_err(bad)
     }
 
     /// The URL with its scheme: a bare `host:port` is `rediss://` with TLS settings, else

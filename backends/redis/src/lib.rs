@@ -95,6 +95,7 @@ mod guarded;
 pub mod layout;
 mod lifecycle;
 mod owned;
+mod primary;
 mod queue;
 mod read;
 mod redlock;
@@ -103,6 +104,7 @@ mod replicas;
 mod reply;
 mod revoke;
 mod scripts;
+mod sentinel;
 mod session;
 mod watch;
 
@@ -132,8 +134,7 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// its sessions; each session adds a pub/sub connection while it waits. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisBackend {
-    con: ConnectionManager,
-    client: redis::Client,
+    primary: Arc<primary::Primary>,
     config: Arc<RedisConfig>,
     acked: Option<Arc<replicas::Acks>>,
 }
@@ -156,24 +157,30 @@ impl RedisBackend {
     /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Unauthenticated`] for a
     /// wrong user or password, [`Error::Connect`] (temporary) when the server does not answer.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
-        let client = config.validate()?;
-        let con = connect::connect(&config, &client).await?;
-        connect::warn_if_evicting(con.clone()).await;
+        let (client, sentinels) = config.validate()?;
+        let config = Arc::new(config);
+        let primary = primary::Primary::connect(config.clone(), client, sentinels).await?;
+        connect::warn_if_evicting(primary.con()).await;
         let acked = config.replicas.map(|(n, wait)| {
-            Arc::new(replicas::Acks::new(client.clone(), config.timeout, n, wait))
+            Arc::new(replicas::Acks::new(
+                primary.clone(),
+                config.timeout,
+                n,
+                wait,
+            ))
         });
         Ok(RedisBackend {
-            con,
-            client,
-            config: Arc::new(config),
+            primary,
+            config,
             acked,
         })
     }
 
     /// The connection the sessions use, for operations fencelock does not cover (such as a
-    /// resource of your own in Redis that checks fencing tokens).
+    /// resource of your own in Redis that checks fencing tokens). Behind Sentinel, the
+    /// connection to the primary of the moment: after a failover, call this again.
     pub fn connection(&self) -> ConnectionManager {
-        self.con.clone()
+        self.primary.con()
     }
 }
 
@@ -206,8 +213,7 @@ impl Backend for RedisBackend {
         }
         Ok(Arc::new(
             lifecycle::RedisSession::open(
-                self.con.clone(),
-                self.client.clone(),
+                self.primary.clone(),
                 self.config.clone(),
                 self.acked.clone(),
                 ttl,

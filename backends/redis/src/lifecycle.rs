@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use fencelock::backend::{Entry, QueueId};
 use fencelock::{Error, Result, SessionEnd};
-use redis::aio::ConnectionManager;
 use redis::{Script, ScriptInvocation, Value};
 use tokio::sync::RwLock;
 use uuid::Uuid;
@@ -15,6 +14,7 @@ use crate::config::RedisConfig;
 use crate::error::{map, unexpected};
 use crate::layout::{kind_of, queue_path};
 use crate::owned::Owned;
+use crate::primary::Primary;
 use crate::replicas::Acks;
 use crate::reply::{arg, array, bytes, entry, int, ms, text, Args};
 use crate::scripts;
@@ -26,7 +26,7 @@ pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(20);
 
 /// One session: its key, its connection, and the gate that orders creates against its end.
 pub(crate) struct RedisSession {
-    pub(crate) con: ConnectionManager,
+    pub(crate) primary: Arc<Primary>,
     /// With `wait_for_replicas`: where creates and heartbeats go, each followed by a `WAIT`.
     pub(crate) acked: Option<Arc<Acks>>,
     pub(crate) sid: String,
@@ -61,8 +61,7 @@ pub(crate) fn check_value(value: &[u8]) -> Result<()> {
 
 impl RedisSession {
     pub(crate) async fn open(
-        con: ConnectionManager,
-        client: redis::Client,
+        primary: Arc<Primary>,
         config: Arc<RedisConfig>,
         acked: Option<Arc<Acks>>,
         ttl: Duration,
@@ -70,11 +69,11 @@ impl RedisSession {
         // A random id: a counter could hand out a live session's id again after a failover
         // lost its increments.
         let session = RedisSession {
-            con,
+            notifier: Notifier::new(primary.clone(), config.timeout),
+            primary,
             acked,
             sid: Uuid::new_v4().simple().to_string(),
             ttl,
-            notifier: Notifier::new(client, config.timeout),
             owned: StdMutex::default(),
             gate: RwLock::new(()),
         };
@@ -105,11 +104,14 @@ impl RedisSession {
         script: &Script,
         args: Args,
     ) -> Result<Value> {
-        let mut con = self.con.clone();
+        let mut con = self.primary.con();
         Self::invocation(script, args)
             .invoke_async(&mut con)
             .await
-            .map_err(|e| map(op, e))
+            .map_err(|e| {
+                self.primary.failed(&e);
+                map(op, e)
+            })
     }
 
     /// A call that creates something a failover must not lose: acknowledged by the replicas
@@ -225,6 +227,7 @@ impl RedisSession {
 }
 
 pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
+    session.primary.check();
     let reply = session
         .heartbeat_call(
             &scripts::KEEP_ALIVE,

@@ -69,7 +69,7 @@ pub(crate) async fn inspect(session: &RedisSession, queue: &QueueId) -> Result<V
 }
 
 pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<String>> {
-    let mut con = session.con.clone();
+    let mut con = session.primary.con();
     let glob = entries_glob(namespace);
     let strip = format!("{KEY_PREFIX}:e:");
     let mut names = Vec::new();
@@ -85,7 +85,10 @@ pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<
             .arg(1000)
             .query_async(&mut con)
             .await
-            .map_err(|e| map("list", e))?;
+            .map_err(|e| {
+                session.primary.failed(&e);
+                map("list", e)
+            })?;
         names.extend(keys.into_iter().filter_map(|k| {
             String::from_utf8(k)
                 .ok()?

@@ -3,6 +3,7 @@
 //! blocks that connection until the replicas answer, so it must neither share the sessions'
 //! connection (heartbeats would wait behind it) nor follow a script sent on another one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::Result;
@@ -11,6 +12,7 @@ use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::{map, temporary};
+use crate::primary::Primary;
 
 /// What a backend with `wait_for_replicas` runs acknowledged, each on a connection of its own:
 /// creates, and heartbeats (so that a heartbeat never waits behind a create's `WAIT`).
@@ -23,36 +25,37 @@ pub(crate) struct Acks {
 
 impl Acks {
     pub(crate) fn new(
-        client: redis::Client,
+        primary: Arc<Primary>,
         timeout: Duration,
         replicas: usize,
         wait: Duration,
     ) -> Self {
         Acks {
-            creates: Acked::new(client.clone(), timeout, replicas, wait),
-            heartbeats: Acked::new(client, timeout, replicas, wait),
+            creates: Acked::new(primary.clone(), timeout, replicas, wait),
+            heartbeats: Acked::new(primary, timeout, replicas, wait),
         }
     }
 }
 
 /// One connection of acknowledged calls, made on first use and again after a failure.
 pub(crate) struct Acked {
-    client: redis::Client,
+    primary: Arc<Primary>,
     config: AsyncConnectionConfig,
     replicas: usize,
     wait: Duration,
-    slot: AsyncMutex<Option<MultiplexedConnection>>,
+    /// The connection, and the generation of the primary it goes to.
+    slot: AsyncMutex<Option<(u64, MultiplexedConnection)>>,
 }
 
 impl Acked {
     pub(crate) fn new(
-        client: redis::Client,
+        primary: Arc<Primary>,
         timeout: Duration,
         replicas: usize,
         wait: Duration,
     ) -> Self {
         Acked {
-            client,
+            primary,
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout)),
@@ -64,15 +67,18 @@ impl Acked {
 
     async fn connection(&self, op: &'static str) -> Result<MultiplexedConnection> {
         let mut slot = self.slot.lock().await;
-        if let Some(con) = slot.as_ref() {
+        let (client, generation) = self.primary.client();
+        if let Some((_, con)) = slot.as_ref().filter(|(g, _)| *g == generation) {
             return Ok(con.clone());
         }
-        let con = self
-            .client
+        let con = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(|e| map(op, e))?;
-        *slot = Some(con.clone());
+            .map_err(|e| {
+                self.primary.failed(&e);
+                map(op, e)
+            })?;
+        *slot = Some((generation, con.clone()));
         Ok(con)
     }
 
@@ -97,13 +103,18 @@ impl Acked {
         .await;
         match res {
             Ok((value, acked)) if acked >= self.replicas => Ok(value),
-            Ok(_) => Err(temporary(
-                op,
-                "fewer replicas than required acknowledged in time",
-            )),
+            Ok(_) => {
+                // Also what a primary that Sentinel replaced sees: its replicas left it.
+                self.primary.suspect();
+                Err(temporary(
+                    op,
+                    "fewer replicas than required acknowledged in time",
+                ))
+            }
             Err(e) => {
                 // A broken connection must not serve a WAIT for writes it never carried.
                 *self.slot.lock().await = None;
+                self.primary.failed(&e);
                 Err(map(op, e))
             }
         }

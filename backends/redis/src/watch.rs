@@ -21,13 +21,14 @@ use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
+use crate::primary::Primary;
 
 /// How often an idle pub/sub connection is checked with a `PING`.
 const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// The session's pub/sub hub.
 pub(crate) struct Notifier {
-    client: redis::Client,
+    primary: Arc<Primary>,
     timeout: Duration,
     conn: AsyncMutex<Option<Conn>>,
     regs: Arc<StdMutex<Regs>>,
@@ -51,6 +52,8 @@ struct Regs {
 type Subscribed = Arc<AsyncMutex<HashMap<String, bool>>>;
 
 struct Conn {
+    /// The generation of the primary it is connected to: replaced once the primary moved.
+    generation: u64,
     sink: PubSubSink,
     subscribed: Subscribed,
     alive: Arc<AtomicBool>,
@@ -141,9 +144,9 @@ impl Drop for Registration {
 }
 
 impl Notifier {
-    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Self {
+    pub(crate) fn new(primary: Arc<Primary>, timeout: Duration) -> Self {
         Notifier {
-            client,
+            primary,
             timeout,
             conn: AsyncMutex::new(None),
             regs: Arc::default(),
@@ -160,9 +163,10 @@ impl Notifier {
     /// and its channel unsubscribed, like any other.
     pub(crate) async fn register(&self, channel: String) -> Result<Registration> {
         let mut slot = self.conn.lock().await;
+        let generation = self.primary.generation();
         if slot
             .as_ref()
-            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
+            .is_some_and(|c| !c.alive.load(Ordering::SeqCst) || c.generation != generation)
         {
             *slot = None;
             break_all(&self.regs);
@@ -219,9 +223,12 @@ impl Notifier {
     }
 
     async fn connect(&self) -> Result<Conn> {
-        let pubsub = match tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await
-        {
-            Ok(r) => r.map_err(|e| map("subscribe", e))?,
+        let (client, generation) = self.primary.client();
+        let pubsub = match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
+            Ok(r) => r.map_err(|e| {
+                self.primary.failed(&e);
+                map("subscribe", e)
+            })?,
             Err(_) => return Err(temporary("subscribe", "connect timed out")),
         };
         let (sink, mut stream) = pubsub.split();
@@ -290,6 +297,7 @@ impl Notifier {
         });
         *self.unsubscribe.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsubscribe);
         Ok(Conn {
+            generation,
             sink,
             subscribed,
             alive,

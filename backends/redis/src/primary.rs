@@ -1,0 +1,263 @@
+//! Where the primary is, and the connection to it: one address for a `redis://` URL, or the
+//! primary the sentinels name for a `redis+sentinel://` one, found again when it moves.
+//!
+//! Behind Sentinel, a request that fails the way a failover makes requests fail (a broken or
+//! refused connection, a timeout, `READONLY` from a demoted primary, `MASTERDOWN`) has the
+//! sentinels asked again, in the background and at most every [`RESOLVE_EVERY`]; the failed
+//! request itself fails with its temporary error, which the core retries. Once the sentinels
+//! name another server that says it is a primary (`ROLE`), every new request goes there: the
+//! multiplexed connection is replaced, and the pub/sub and replica-acknowledged connections
+//! notice the new generation and reconnect. Nothing is carried over: a session whose key the
+//! new primary does not have is lost at its next heartbeat, never resurrected.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, Result};
+use redis::aio::ConnectionManager;
+use redis::{ConnectionAddr, ErrorKind, RedisError, ServerErrorKind};
+
+use crate::config::{redact, RedisConfig};
+use crate::connect;
+use crate::error::NAME;
+use crate::sentinel::{Located, Sentinels};
+
+/// The shortest time between two questions to the sentinels.
+pub(crate) const RESOLVE_EVERY: Duration = Duration::from_millis(200);
+
+/// How often heartbeats have the sentinels asked whether the primary moved.
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The primary, and how to find it again.
+pub(crate) struct Primary {
+    config: Arc<RedisConfig>,
+    /// The client of the URL (credentials, database, TLS); behind Sentinel, its address is
+    /// replaced by the primary's.
+    base: redis::Client,
+    sentinels: Option<Sentinels>,
+    current: StdMutex<Current>,
+    /// Whether a resolution runs.
+    resolving: AtomicBool,
+    /// When the last resolution started.
+    last: StdMutex<Option<Instant>>,
+}
+
+/// The primary in use.
+#[derive(Clone)]
+struct Current {
+    client: redis::Client,
+    con: ConnectionManager,
+    /// Bumped each time the primary moves.
+    generation: u64,
+}
+
+impl Primary {
+    /// Connects to the server of `config` (behind Sentinel, to the primary the sentinels
+    /// name), within its timeout.
+    pub(crate) async fn connect(
+        config: Arc<RedisConfig>,
+        base: redis::Client,
+        sentinels: Option<Sentinels>,
+    ) -> Result<Arc<Primary>> {
+        let (client, con) = match &sentinels {
+            None => {
+                let con = connect::connect(&config, &base).await?;
+                (base.clone(), con)
+            }
+            Some(s) => {
+                let at = match s.locate(config.timeout).await? {
+                    Located::Primary(host, port) => (host, port),
+                    Located::UnknownMaster => {
+                        return Err(Error::invalid_config(
+                            redact(&config.url),
+                            format!("no sentinel monitors a master named {:?}", s.master),
+                        ))
+                    }
+                };
+                connect_to(&config, &base, at).await?
+            }
+        };
+        Ok(Arc::new(Primary {
+            config,
+            base,
+            sentinels,
+            current: StdMutex::new(Current {
+                client,
+                con,
+                generation: 0,
+            }),
+            resolving: AtomicBool::new(false),
+            last: StdMutex::new(None),
+        }))
+    }
+
+    fn current(&self) -> Current {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The multiplexed connection to the primary.
+    pub(crate) fn con(&self) -> ConnectionManager {
+        self.current().con
+    }
+
+    /// A client of the primary (for connections of their own: pub/sub, `WAIT`), and its
+    /// generation.
+    pub(crate) fn client(&self) -> (redis::Client, u64) {
+        let c = self.current();
+        (c.client, c.generation)
+    }
+
+    /// The generation of the primary: connections made for an older one are replaced.
+    pub(crate) fn generation(&self) -> u64 {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation
+    }
+
+    /// Reports `e`, the error of a request: behind Sentinel, one that a failover causes has
+    /// the sentinels asked again (in the background).
+    pub(crate) fn failed(self: &Arc<Self>, e: &RedisError) {
+        if moved_maybe(e) {
+            self.suspect();
+        }
+    }
+
+    /// Behind Sentinel, asks the sentinels again (in the background) at most every
+    /// [`CHECK_EVERY`]: called at every heartbeat. A primary demoted by `SENTINEL FAILOVER`
+    /// goes on accepting writes, which its demotion then drops, until the sentinels
+    /// reconfigure it (seconds later): its clients must find the new one by themselves.
+    pub(crate) fn check(self: &Arc<Self>) {
+        let due = self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|t| t.elapsed() >= CHECK_EVERY);
+        if due {
+            self.suspect();
+        }
+    }
+
+    /// Behind Sentinel, asks the sentinels again (in the background), unless a question is
+    /// under way or was asked less than [`RESOLVE_EVERY`] ago: a request met something that a
+    /// failover causes (also: fewer replicas than required acknowledged a write).
+    pub(crate) fn suspect(self: &Arc<Self>) {
+        if self.sentinels.is_none() || self.resolving.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let primary = self.clone();
+        tokio::spawn(async move {
+            primary.resolve().await;
+            // Spaced out: a primary that is down fails every request until the sentinels
+            // agree on another.
+            tokio::time::sleep(RESOLVE_EVERY).await;
+            primary.resolving.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Asks the sentinels, and moves to the primary they name if it is another one.
+    async fn resolve(&self) {
+        let Some(sentinels) = &self.sentinels else {
+            return;
+        };
+        let at = match sentinels.locate(self.config.timeout).await {
+            Ok(Located::Primary(host, port)) => (host, port),
+            Ok(Located::UnknownMaster) => {
+                tracing::warn!(master = %sentinels.master, "no sentinel knows the master name any more");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no sentinel answered");
+                return;
+            }
+        };
+        let same = {
+            let cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            same_addr(cur.client.get_connection_info().addr(), &at)
+        };
+        if same {
+            return;
+        }
+        match connect_to(&self.config, &self.base, at.clone()).await {
+            Ok((client, con)) => {
+                let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+                cur.client = client;
+                cur.con = con;
+                cur.generation += 1;
+                tracing::info!(host = %at.0, port = at.1, "the Redis primary moved (Sentinel)");
+            }
+            Err(e) => tracing::debug!(error = %e, host = %at.0, port = at.1, "not the primary yet"),
+        }
+    }
+}
+
+/// Whether `e` is what a request meets when the primary moves.
+fn moved_maybe(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Io | ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    ) || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+}
+
+fn same_addr(addr: &ConnectionAddr, (host, port): &(String, u16)) -> bool {
+    match addr {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => h == host && p == port,
+        _ => false,
+    }
+}
+
+/// Connects to the server at `at` with the settings of `base`, and checks that it is a
+/// primary.
+async fn connect_to(
+    config: &RedisConfig,
+    base: &redis::Client,
+    (host, port): (String, u16),
+) -> Result<(redis::Client, ConnectionManager)> {
+    let info = base.get_connection_info().clone();
+    let addr = match info.addr().clone() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host: host.clone(),
+            port,
+            insecure,
+            tls_params,
+        },
+        _ => ConnectionAddr::Tcp(host.clone(), port),
+    };
+    let bad = |e: RedisError| Error::invalid_config(redact(&config.url), e.to_string());
+    let client = redis::Client::open(info.set_addr(addr)).map_err(bad)?;
+    let mut con = connect::connect(config, &client).await?;
+    let role = tokio::time::timeout(
+        config.timeout,
+        redis::cmd("ROLE").query_async::<redis::Value>(&mut con),
+    )
+    .await;
+    let is_primary = match &role {
+        Ok(Ok(redis::Value::Array(v))) => {
+            matches!(v.first(), Some(redis::Value::BulkString(r)) if r == b"master")
+        }
+        _ => false,
+    };
+    if !is_primary {
+        return Err(Error::Connect {
+            backend: NAME,
+            endpoints: format!("{host}:{port}"),
+            temporary: true,
+            source: "the server the sentinels name is not a primary (yet)".into(),
+        });
+    }
+    Ok((client, con))
+}

@@ -1,0 +1,308 @@
+//! Finding the primary through Redis Sentinel: the `redis+sentinel://` URL, and asking the
+//! sentinels where the primary of a master name is.
+//!
+//! Written here rather than taken from redis-rs's `sentinel` module, which asks the sentinels
+//! in their configured order and waits for each answer in that order, without a timeout: one
+//! hung sentinel (a paused host) would stall every failover. Here every sentinel is asked at
+//! once, each bounded by the request timeout, and the answer of a majority wins as soon as it
+//! is in.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fencelock::{Error, Result};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::config::redact;
+use crate::error::NAME;
+
+/// The port of a sentinel given without one.
+pub(crate) const DEFAULT_PORT: u16 = 26379;
+
+/// The most sentinels a URL may name.
+pub(crate) const MAX_SENTINELS: usize = 64;
+
+/// A `redis+sentinel://` (or `rediss+sentinel://`) URL taken apart.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    /// Whether the sentinels and the servers speak TLS.
+    pub(crate) tls: bool,
+    /// The user info (`user:password`, still percent-encoded), for the servers.
+    pub(crate) userinfo: Option<String>,
+    /// The sentinels' `host:port`s.
+    pub(crate) sentinels: Vec<String>,
+    /// The master name the sentinels monitor.
+    pub(crate) master: String,
+    /// The database number, if given.
+    pub(crate) db: Option<u32>,
+}
+
+impl SentinelUrl {
+    /// Parses `url` if it is a Sentinel URL: `Ok(None)` for any other URL.
+    pub(crate) fn parse(url: &str) -> Result<Option<SentinelUrl>> {
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            (false, rest)
+        } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+            (true, rest)
+        } else {
+            return Ok(None);
+        };
+        let bad = |why: &str| Error::invalid_config(redact(url), why.to_string());
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_string()), h),
+            None => (None, authority),
+        };
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',') {
+            if host.is_empty() {
+                return Err(bad("an empty sentinel address"));
+            }
+            let with_port = match host.rsplit_once(':') {
+                // An IPv6 address without a port ends in `]`.
+                Some((h, p)) if !p.ends_with(']') => {
+                    if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
+                        return Err(bad("a sentinel address must be HOST or HOST:PORT"));
+                    }
+                    host.to_string()
+                }
+                _ => format!("{host}:{DEFAULT_PORT}"),
+            };
+            sentinels.push(with_port);
+        }
+        if sentinels.len() > MAX_SENTINELS {
+            return Err(bad("more than 64 sentinels"));
+        }
+        let mut segments = path.split('/');
+        let master = segments.next().unwrap_or_default();
+        if master.is_empty() {
+            return Err(bad(
+                "a Sentinel URL names the master: redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]",
+            ));
+        }
+        if master.len() > 256 || !master.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("a master name is at most 256 printable characters"));
+        }
+        let db = match segments.next() {
+            None | Some("") => None,
+            Some(d) => Some(
+                d.parse::<u32>()
+                    .map_err(|_| bad("the database must be a number"))?,
+            ),
+        };
+        if segments.next().is_some_and(|s| !s.is_empty()) {
+            return Err(bad("nothing may follow the database number"));
+        }
+        Ok(Some(SentinelUrl {
+            tls,
+            userinfo,
+            sentinels,
+            master: master.to_string(),
+            db,
+        }))
+    }
+
+    /// The URL of a server at `host` (a placeholder until the sentinels name the primary),
+    /// with the credentials and database of this URL.
+    pub(crate) fn server_url(&self, host: &str) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let auth = self
+            .userinfo
+            .as_ref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let db = self.db.map(|d| format!("/{d}")).unwrap_or_default();
+        format!("{scheme}://{auth}{host}{db}")
+    }
+
+    /// The URL of the sentinel at `host` (no credentials: they are the servers').
+    pub(crate) fn sentinel_url(&self, host: &str) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://{host}")
+    }
+}
+
+impl Sentinels {
+    /// The sentinels at `clients`, of the master `master`.
+    pub(crate) fn new(clients: Vec<(String, redis::Client)>, master: String) -> Self {
+        let cons = clients.iter().map(|_| AsyncMutex::new(None)).collect();
+        Sentinels {
+            clients,
+            master,
+            cons,
+        }
+    }
+}
+
+/// The sentinels of one master name.
+pub(crate) struct Sentinels {
+    /// Each sentinel's `host:port` and client.
+    pub(crate) clients: Vec<(String, redis::Client)>,
+    pub(crate) master: String,
+    /// Each sentinel's connection, kept between questions (dropped after a failure).
+    pub(crate) cons: Vec<AsyncMutex<Option<MultiplexedConnection>>>,
+}
+
+/// What the sentinels said.
+#[derive(Debug)]
+pub(crate) enum Located {
+    /// The primary's address, named by the most sentinels that answered.
+    Primary(String, u16),
+    /// Every sentinel that answered (at least one) does not know the master name.
+    UnknownMaster,
+}
+
+impl Sentinels {
+    /// Asks every sentinel at once where the primary is, each within `timeout`; returns once a
+    /// majority of the sentinels named one address, or once every sentinel answered or timed
+    /// out (then the address named most, the first named on a tie). Fails (temporary) if no
+    /// sentinel answered.
+    pub(crate) async fn locate(&self, timeout: Duration) -> Result<Located> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let mut asks: FuturesUnordered<_> = self
+            .clients
+            .iter()
+            .zip(&self.cons)
+            .map(|((addr, client), cached)| {
+                let config = config.clone();
+                async move {
+                    // Held while asking: a question cancelled with its connection half-used
+                    // drops the connection too.
+                    let mut cached = cached.lock().await;
+                    let ask = async {
+                        let mut con = match cached.take() {
+                            Some(con) => con,
+                            None => {
+                                client
+                                    .get_multiplexed_async_connection_with_config(&config)
+                                    .await?
+                            }
+                        };
+                        let at = redis::cmd("SENTINEL")
+                            .arg("GET-MASTER-ADDR-BY-NAME")
+                            .arg(&self.master)
+                            .query_async::<Option<(String, u16)>>(&mut con)
+                            .await?;
+                        Ok::<_, redis::RedisError>((at, con))
+                    };
+                    let answer = match tokio::time::timeout(timeout, ask).await {
+                        Ok(Ok((at, con))) => {
+                            *cached = Some(con);
+                            Ok(at)
+                        }
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                    };
+                    (addr, answer)
+                }
+            })
+            .collect();
+        let majority = self.clients.len() / 2 + 1;
+        let mut named: Vec<((String, u16), usize)> = Vec::new();
+        let mut unknown = 0;
+        let mut failures: HashMap<&str, String> = HashMap::new();
+        while let Some((addr, answer)) = asks.next().await {
+            match answer {
+                Ok(Some(at)) => {
+                    match named.iter_mut().find(|(a, _)| *a == at) {
+                        Some((_, n)) => *n += 1,
+                        None => named.push((at, 1)),
+                    }
+                    if named.iter().any(|(_, n)| *n >= majority) {
+                        break;
+                    }
+                }
+                Ok(None) => unknown += 1,
+                Err(e) => {
+                    failures.insert(addr, e);
+                }
+            }
+        }
+        // The first of the most named (`max_by_key` keeps the last of equals).
+        let best = named
+            .iter()
+            .rev()
+            .max_by_key(|(_, n)| *n)
+            .map(|(a, _)| a.clone());
+        match best {
+            Some((host, port)) => Ok(Located::Primary(host, port)),
+            None if unknown > 0 => Ok(Located::UnknownMaster),
+            None => {
+                let mut why: Vec<String> = failures
+                    .into_iter()
+                    .map(|(a, e)| format!("{a}: {e}"))
+                    .collect();
+                why.sort();
+                Err(Error::Connect {
+                    backend: NAME,
+                    endpoints: self
+                        .clients
+                        .iter()
+                        .map(|(a, _)| a.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    temporary: true,
+                    source: format!("no sentinel answered: {}", why.join("; ")).into(),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sentinel_urls() {
+        assert_eq!(SentinelUrl::parse("redis://h:1").unwrap(), None);
+        let u = SentinelUrl::parse("redis+sentinel://app:pw@a:1,b,[::1]:3/main/2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            u,
+            SentinelUrl {
+                tls: false,
+                userinfo: Some("app:pw".into()),
+                sentinels: vec!["a:1".into(), "b:26379".into(), "[::1]:3".into()],
+                master: "main".into(),
+                db: Some(2),
+            }
+        );
+        assert_eq!(u.server_url("x"), "redis://app:pw@x/2");
+        assert_eq!(u.sentinel_url("a:1"), "redis://a:1");
+        let t = SentinelUrl::parse("rediss+sentinel://s/m")
+            .unwrap()
+            .unwrap();
+        assert!(t.tls && t.db.is_none() && t.userinfo.is_none());
+        assert_eq!(t.server_url("x"), "rediss://x");
+    }
+
+    #[test]
+    fn refuses_bad_sentinel_urls() {
+        for bad in [
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1,,b/m",
+            "redis+sentinel://a:0/m",
+            "redis+sentinel://a:x/m",
+            "redis+sentinel://:1/m",
+            "redis+sentinel://a/m/x",
+            "redis+sentinel://a/m/1/extra",
+            "redis+sentinel://a/m\u{7f}",
+        ] {
+            let e = SentinelUrl::parse(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e:?}");
+        }
+        let many = vec!["h"; MAX_SENTINELS + 1].join(",");
+        assert!(SentinelUrl::parse(&format!("redis+sentinel://{many}/m")).is_err());
+        // The password never shows.
+        let e = SentinelUrl::parse("redis+sentinel://u:s3cret@a:1").unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,352 @@
+//! A Redis primary with two replicas, watched by three `redis-server --sentinel` processes on
+//! loopback ports: Sentinel as people deploy it, failing over by itself when the primary dies
+//! (or when told to, `SENTINEL FAILOVER`). Clients find the primary through the sentinels
+//! (`redis+sentinel://…/fl`).
+
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::redis::{Durability, RedisServer};
+use crate::process::ManagedChild;
+use crate::target::{Kind, Target};
+
+/// The master name the sentinels monitor.
+pub const MASTER: &str = "fl";
+
+/// How long the sentinels wait before they call a silent primary down: short, for tests,
+/// though not so short that a loaded machine fails over by mistake.
+pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// How a failover is made when the harness "kills" the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failover {
+    /// The primary is SIGKILLed; the sentinels notice and promote a replica.
+    Kill,
+    /// `SENTINEL FAILOVER`: the primary keeps running and is demoted to a replica.
+    Command,
+}
+
+/// One `redis-server --sentinel`; killed (by PID) when dropped.
+#[derive(Debug)]
+struct SentinelProcess {
+    _child: ManagedChild,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// Three Redis servers (a primary, two replicas) and three sentinels.
+#[derive(Debug)]
+pub struct SentinelGroup {
+    servers: [RedisServer; 3],
+    sentinels: Vec<SentinelProcess>,
+    failover: Failover,
+    /// The servers killed and not yet restarted.
+    down: Mutex<Vec<usize>>,
+}
+
+impl SentinelGroup {
+    /// Starts the servers (AOF, `appendfsync always`), waits until the replicas are in sync,
+    /// then the sentinels, and waits (bounded) until every sentinel knows both replicas and
+    /// the other sentinels. Blocking.
+    pub fn start(failover: Failover) -> SentinelGroup {
+        let primary = RedisServer::start(Durability::FsyncAlways);
+        let replicas = [0, 1].map(|_| {
+            let r = RedisServer::replica_with(&primary, Durability::FsyncAlways);
+            r.wait_in_sync();
+            r
+        });
+        let [a, b] = replicas;
+        let servers = [primary, a, b];
+        let sentinels = (0..3)
+            .map(|_| start_sentinel(servers[0].port()))
+            .collect::<Vec<_>>();
+        let group = SentinelGroup {
+            servers,
+            sentinels,
+            failover,
+            down: Mutex::default(),
+        };
+        group.wait_known();
+        group
+    }
+
+    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/fl`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
+    /// The sentinels' ports.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
+    }
+
+    /// Server `i`.
+    pub fn server(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+
+    /// Runs `redis-cli` against sentinel `i` (blocking).
+    pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.sentinels[i].port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        out.trim().to_string()
+    }
+
+    /// The port of the primary as a majority of the sentinels name it, if they agree.
+    fn named_primary(&self) -> Option<u16> {
+        let mut votes: Vec<(u16, usize)> = Vec::new();
+        for i in 0..self.sentinels.len() {
+            let out = self.sentinel_cli(i, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+            let Some(port) = out
+                .lines()
+                .nth(1)
+                .and_then(|p| p.trim().parse::<u16>().ok())
+            else {
+                continue;
+            };
+            match votes.iter_mut().find(|(p, _)| *p == port) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((port, 1)),
+            }
+        }
+        votes
+            .into_iter()
+            .find(|(_, n)| *n * 2 > self.sentinels.len())
+            .map(|(p, _)| p)
+    }
+
+    /// The index of the primary the sentinels name (bounded wait for a majority). Blocking.
+    pub fn primary_index(&self) -> usize {
+        let start = Instant::now();
+        loop {
+            if let Some(port) = self.named_primary() {
+                if let Some(i) = self.servers.iter().position(|s| s.port() == port) {
+                    return i;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the sentinels name no primary"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (bounded) until the sentinels name a primary other than server `old`, and that
+    /// server says it is a primary; returns how long that took. Blocking.
+    pub fn wait_failed_over(&self, old: usize) -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Some(port) = self.named_primary() {
+                let i = self.servers.iter().position(|s| s.port() == port);
+                if let Some(i) = i.filter(|i| *i != old) {
+                    if self.servers[i]
+                        .cli(&["ROLE"])
+                        .unwrap_or_default()
+                        .starts_with("master")
+                    {
+                        return start.elapsed();
+                    }
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no failover from server {old}: {}",
+                self.sentinel_cli(0, &["SENTINEL", "MASTER", MASTER])
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Asks sentinel 0 to fail over now (`SENTINEL FAILOVER`), retrying (bounded) while a
+    /// failover is already under way or the replicas are not yet known.
+    pub fn command_failover(&self) {
+        let start = Instant::now();
+        loop {
+            let out = self.sentinel_cli(0, &["SENTINEL", "FAILOVER", MASTER]);
+            if out == "OK" {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "SENTINEL FAILOVER: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits (bounded) until every sentinel sees the two replicas of the current primary and
+    /// the two other sentinels: before that, a failover may find no replica, or no quorum.
+    pub fn wait_known(&self) {
+        let start = Instant::now();
+        loop {
+            let ready = (0..self.sentinels.len()).all(|i| {
+                let info = self.sentinel_cli(i, &["SENTINEL", "MASTER", MASTER]);
+                let field = |name: &str| {
+                    let mut lines = info.lines();
+                    lines
+                        .position(|l| l.trim() == name)
+                        .and_then(|_| lines.next())
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                };
+                field("num-slaves") >= Some(2) && field("num-other-sentinels") >= Some(2)
+            });
+            if ready {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the sentinels did not find each other and the replicas: {}",
+                self.sentinel_cli(0, &["SENTINEL", "MASTER", MASTER])
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn start_sentinel(primary: u16) -> SentinelProcess {
+    let dir = super::data_dir("fencelock-sentinel-").expect("temp dir");
+    let port = crate::free_port();
+    let conf = dir.path().join("sentinel.conf");
+    let text = format!(
+        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {dir}\n\
+         sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+         sentinel down-after-milliseconds {MASTER} {down}\n\
+         sentinel failover-timeout {MASTER} 5000\n\
+         sentinel parallel-syncs {MASTER} 2\n",
+        dir = dir.path().display(),
+        down = DOWN_AFTER.as_millis(),
+    );
+    std::fs::write(&conf, text).expect("write sentinel.conf");
+    let mut cmd = Command::new("redis-server");
+    cmd.arg(&conf).arg("--sentinel");
+    let child = ManagedChild::spawn(
+        format!("sentinel-{port}"),
+        cmd,
+        &dir.path().join("sentinel.log"),
+    )
+    .expect("start redis-server --sentinel");
+    let start = Instant::now();
+    loop {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "PING"])
+            .output();
+        if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the sentinel did not answer: {}",
+            child.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    SentinelProcess {
+        _child: child,
+        port,
+        _dir: dir,
+    }
+}
+
+#[async_trait::async_trait]
+impl super::Cluster for SentinelGroup {
+    fn kind(&self) -> Kind {
+        Kind::Redis
+    }
+
+    fn size(&self) -> usize {
+        3
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        self.servers[i].addr()
+    }
+
+    /// Clients find the primary through the sentinels.
+    fn target(&self) -> Target {
+        Target::new(Kind::Redis, self.url())
+    }
+
+    /// The primary the sentinels name.
+    async fn leader(&self) -> usize {
+        tokio::task::block_in_place(|| self.primary_index())
+    }
+
+    /// Killing the primary fails over through the sentinels (a SIGKILL, or `SENTINEL
+    /// FAILOVER`, which leaves it running, as the group was started to do), and returns once
+    /// they named another primary and it says so; killing a replica only kills it.
+    fn kill(&self, i: usize) {
+        tokio::task::block_in_place(|| {
+            let primary = self.primary_index();
+            if i != primary {
+                self.servers[i].kill();
+                self.down.lock().unwrap().push(i);
+                return;
+            }
+            match self.failover {
+                Failover::Kill => {
+                    self.servers[i].kill();
+                    self.down.lock().unwrap().push(i);
+                }
+                Failover::Command => self.command_failover(),
+            }
+            let took = self.wait_failed_over(i);
+            println!(
+                "redis sentinel: primary {i} failed over ({:?}) after {took:.2?}",
+                self.failover
+            );
+            // Before the next fault: every sentinel sees the new primary's replicas.
+            if self.failover == Failover::Command {
+                self.wait_known();
+            }
+        });
+    }
+
+    /// Restarts a killed server as a replica of the primary the sentinels name (as Sentinel
+    /// reconfigures a returning primary); a running one (demoted by `SENTINEL FAILOVER`) is
+    /// left as it is.
+    fn restart(&self, i: usize) {
+        let was_down = {
+            let mut down = self.down.lock().unwrap();
+            let at = down.iter().position(|d| *d == i);
+            at.map(|at| down.remove(at)).is_some()
+        };
+        if !was_down {
+            return;
+        }
+        tokio::task::block_in_place(|| {
+            let primary = self.primary_index();
+            let of = (primary != i).then(|| self.servers[primary].port());
+            self.servers[i].restart_as(of);
+            if of.is_some() {
+                self.servers[i].wait_in_sync();
+            }
+            self.wait_known();
+        });
+    }
+
+    fn pause(&self, i: usize) {
+        self.servers[i].pause();
+    }
+
+    fn resume(&self, i: usize) {
+        self.servers[i].resume();
+    }
+
+    async fn dump(&self, namespace: &str) -> String {
+        let p = tokio::task::block_in_place(|| self.primary_index());
+        self.servers[p]
+            .cli(&["--scan", "--pattern", &format!("fencelock:*{namespace}*")])
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,227 @@
+//! Redis behind Sentinel (three real sentinels, a primary and two replicas on loopback): the
+//! backend finds the primary through the sentinels, follows a failover (a killed primary,
+//! `SENTINEL FAILOVER`) with its sessions and held locks when grants wait for a replica, and
+//! reports every wrong setting as a typed error within its timeout.
+
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, Session, SessionState};
+use fencelock_integration::proxy::{Mode, Proxy};
+use fencelock_integration::servers::redis;
+use fencelock_integration::servers::redis_sentinel::{Failover, SentinelGroup, MASTER};
+use fencelock_redis::{RedisBackend, RedisConfig};
+use futures::StreamExt;
+
+const TTL: Duration = Duration::from_secs(6);
+const WITHIN: Duration = Duration::from_secs(30);
+
+async fn group(failover: Failover) -> Option<SentinelGroup> {
+    if !redis::available() {
+        return None;
+    }
+    Some(
+        tokio::task::spawn_blocking(move || SentinelGroup::start(failover))
+            .await
+            .unwrap(),
+    )
+}
+
+async fn replicated(url: &str) -> RedisBackend {
+    RedisConfig::new(url)
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn session(backend: &RedisBackend) -> Session {
+    Session::builder(backend.clone())
+        .namespace("/sentinel")
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Whether the server at `i` holds the session key of `s`.
+fn has_session(g: &SentinelGroup, i: usize, s: &Session) -> bool {
+    g.server(i)
+        .cli(&["EXISTS", &format!("fencelock:s:{}", s.id())])
+        .unwrap_or_default()
+        .trim()
+        == "1"
+}
+
+/// Fails the primary over as `how` says while a session holds a lock and another waits for
+/// it: the holder keeps its lock, its session is Live again on the new primary, the waiter is
+/// granted after the release with a larger token, and new sessions open there.
+async fn follows(how: Failover) {
+    let Some(g) = group(how).await else { return };
+    let backend = replicated(&g.url()).await;
+    let (a, b) = (session(&backend).await, session(&backend).await);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collector = tokio::spawn({
+        let (seen, states) = (seen.clone(), a.state_changes());
+        async move {
+            let mut states = std::pin::pin!(states);
+            while let Some(s) = states.next().await {
+                seen.lock().unwrap().push(s);
+            }
+        }
+    });
+    let held = a.mutex("job").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("job").unwrap();
+        async move { m.lock().await }
+    });
+    let old = tokio::task::block_in_place(|| g.primary_index());
+    assert!(has_session(&g, old, &a));
+
+    tokio::task::block_in_place(|| match how {
+        Failover::Kill => {
+            g.server(old).kill();
+        }
+        Failover::Command => g.command_failover(),
+    });
+    let took = tokio::task::block_in_place(|| g.wait_failed_over(old));
+    let new = tokio::task::block_in_place(|| g.primary_index());
+    assert_ne!(new, old);
+    println!("{how:?}: failed over from {old} to {new} in {took:.2?}");
+
+    // The holder's session goes on, on the new primary: a heartbeat confirmed there.
+    let live_on_new = tokio::time::timeout(WITHIN, async {
+        loop {
+            if a.state() == SessionState::Live
+                && tokio::task::block_in_place(|| has_session(&g, new, &a))
+            {
+                // A heartbeat after the move: the deadline moves forward.
+                let before = a.deadline();
+                loop {
+                    if a.deadline() > before {
+                        return;
+                    }
+                    assert!(
+                        !matches!(a.state(), SessionState::Lost(_)),
+                        "lost: {:?}",
+                        a.state()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            assert!(
+                !matches!(a.state(), SessionState::Lost(_)),
+                "the holder's session was lost"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(live_on_new.is_ok(), "the session never came back Live");
+    collector.abort();
+    let seen = seen.lock().unwrap().clone();
+    println!("{how:?}: the holder's session went {seen:?}");
+    if how == Failover::Kill {
+        // Its heartbeats failed while the primary was down, and then succeeded again.
+        let suspended = seen.iter().position(|s| *s == SessionState::Suspended);
+        assert!(suspended.is_some(), "never Suspended: {seen:?}");
+        assert!(
+            seen[suspended.unwrap()..].contains(&SessionState::Live),
+            "{seen:?}"
+        );
+    }
+    assert!(!waiter.is_finished(), "the waiter was granted a held lock");
+    let token = held.token();
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(WITHIN, waiter)
+        .await
+        .expect("the waiter was not granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token, "{:?} after {:?}", next.token(), token);
+    next.release().await.unwrap();
+
+    // New sessions open on the new primary.
+    let c = session(&backend).await;
+    assert!(tokio::task::block_in_place(|| has_session(&g, new, &c)));
+    let g2 = c.mutex("other").unwrap().lock().await.unwrap();
+    assert!(g2.token() > next.token());
+    g2.release().await.unwrap();
+    for s in [a, b, c] {
+        s.close().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_killed_primary_keeps_sessions_and_locks() {
+    follows(Failover::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_command_keeps_sessions_and_locks() {
+    follows(Failover::Command).await;
+}
+
+/// Every wrong setting, typed and bounded: a master name no sentinel monitors (permanent),
+/// no sentinel listening (temporary), every sentinel hung (temporary, after the timeout); and
+/// one hung sentinel of three does not hold up the others' answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_settings_fail_typed_and_bounded() {
+    let Some(g) = group(Failover::Command).await else {
+        return;
+    };
+    let ports = g.sentinel_ports();
+    let timeout = Duration::from_secs(2);
+    let connect = |url: String| async move {
+        let t = Instant::now();
+        let r = RedisConfig::new(url).timeout(timeout).connect().await;
+        (r, t.elapsed())
+    };
+
+    let (r, took) = connect(format!("redis+sentinel://127.0.0.1:{}/nosuch", ports[0])).await;
+    match r {
+        Err(Error::InvalidConfig(_)) => {}
+        other => panic!("unknown master: {other:?}"),
+    }
+    assert!(took < timeout, "{took:?}");
+
+    // A port nothing listens on.
+    let free = fencelock_integration::free_port();
+    let (r, took) = connect(format!("redis+sentinel://127.0.0.1:{free}/{MASTER}")).await;
+    match r {
+        Err(e @ Error::Connect { .. }) => assert!(e.is_temporary(), "{e:?}"),
+        other => panic!("no sentinel: {other:?}"),
+    }
+    assert!(took < timeout + Duration::from_secs(1), "{took:?}");
+
+    // A sentinel that accepts connections and never answers (a paused host).
+    let hung = Proxy::start(&format!("127.0.0.1:{}", ports[0])).await;
+    hung.set(Mode::BlackHole);
+    let (r, took) = connect(format!("redis+sentinel://{}/{MASTER}", hung.addr())).await;
+    match r {
+        Err(e @ Error::Connect { .. }) => assert!(e.is_temporary(), "{e:?}"),
+        other => panic!("hung sentinel: {other:?}"),
+    }
+    assert!(took < timeout * 2 + Duration::from_secs(1), "{took:?}");
+
+    // Listed first, the hung one does not delay the answer of the two others.
+    let url = format!(
+        "redis+sentinel://{},127.0.0.1:{},127.0.0.1:{}/{MASTER}",
+        hung.addr(),
+        ports[1],
+        ports[2]
+    );
+    let (r, took) = connect(url).await;
+    assert!(r.is_ok(), "{r:?}");
+    assert!(took < timeout, "{took:?}");
+
+    // The password never shows, and TLS settings go with rediss+sentinel only.
+    let e = RedisConfig::new(format!(
+        "redis+sentinel://app:s3cret@127.0.0.1:{}/",
+        ports[0]
+    ))
+    .connect()
+    .await
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)));
+    assert!(!format!("{e} {e:?}").contains("s3cret"));
+}
