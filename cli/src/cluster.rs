@@ -8,7 +8,7 @@ use fencelock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use fencelock_zookeeper::ZooKeeperBackend;
 
 use crate::args::ClusterArgs;
-use crate::url::{credentials, percent, Url};
+use crate::url::{credentials, percent, Credentials, Url};
 
 /// The TLS settings the options name, if any.
 fn tls(args: &ClusterArgs) -> fencelock::Result<Option<TlsConfig>> {
@@ -49,7 +49,8 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
     let parsed = Url::parse(url)?;
     let credentials = credentials(args, parsed.user_info)?;
     if let Some(c) = &credentials {
-        if c.user.is_empty() && !matches!(parsed.url, Url::Redis { .. }) {
+        if c.user.is_empty() && !matches!(parsed.url, Url::Redis { .. } | Url::RedisSentinel { .. })
+        {
             return Err(Error::invalid_config(
                 "--user",
                 "the user name is empty (only Redis has a default user)",
@@ -111,30 +112,23 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             addr,
             db,
             tls: rediss,
+        } => redis(args, credentials, tls, rediss, &addr, None, db).await,
+        Url::RedisSentinel {
+            sentinels,
+            master,
+            db,
+            tls: rediss,
         } => {
-            let auth = match &credentials {
-                Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),
-                None => String::new(),
-            };
-            let db = db.map(|d| format!("/{d}")).unwrap_or_default();
-            // TLS with --cacert (whatever the scheme), or with the system's trust store for
-            // a rediss:// URL alone.
-            let scheme = if tls.is_some() || rediss {
-                "rediss"
-            } else {
-                "redis"
-            };
-            let mut config =
-                fencelock_redis::RedisConfig::new(format!("{scheme}://{auth}{addr}{db}"))
-                    .timeout(args.connect_timeout);
-            if let Some(tls) = tls {
-                config = config.tls(tls);
-            }
-            let namespace = args
-                .namespace
-                .clone()
-                .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
-            Ok((Arc::new(config.connect().await?), namespace))
+            redis(
+                args,
+                credentials,
+                tls,
+                rediss,
+                &sentinels,
+                Some(&master),
+                db,
+            )
+            .await
         }
     }
 }
@@ -148,4 +142,44 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         .start_timeout(args.connect_timeout.max(std::time::Duration::from_secs(1)) * 2)
         .start()
         .await
+}
+
+/// A Redis backend: one server (`hosts` is `HOST:PORT`), or, with a `master` name, the
+/// primary that the sentinels at `hosts` name.
+async fn redis(
+    args: &ClusterArgs,
+    credentials: Option<Credentials>,
+    tls: Option<TlsConfig>,
+    rediss: bool,
+    hosts: &str,
+    master: Option<&str>,
+    db: Option<String>,
+) -> fencelock::Result<(Arc<dyn Backend>, String)> {
+    let (sentinel, hosts) = match master {
+        Some(m) => ("+sentinel", format!("{hosts}/{m}")),
+        None => ("", hosts.to_string()),
+    };
+    let auth = match &credentials {
+        Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),
+        None => String::new(),
+    };
+    let db = db.map(|d| format!("/{d}")).unwrap_or_default();
+    // TLS with --cacert (whatever the scheme), or with the system's trust store for
+    // a rediss:// URL alone.
+    let scheme = if tls.is_some() || rediss {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let mut config =
+        fencelock_redis::RedisConfig::new(format!("{scheme}{sentinel}://{auth}{hosts}{db}"))
+            .timeout(args.connect_timeout);
+    if let Some(tls) = tls {
+        config = config.tls(tls);
+    }
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
+    Ok((Arc::new(config.connect().await?), namespace))
 }

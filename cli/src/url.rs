@@ -52,6 +52,14 @@ pub(crate) enum Url {
         db: Option<String>,
         tls: bool,
     },
+    /// `redis+sentinel://s1:26379,s2:26379/MASTER[/db]`: the primary the sentinels name
+    /// (`rediss+sentinel://` over TLS).
+    RedisSentinel {
+        sentinels: String,
+        master: String,
+        db: Option<String>,
+        tls: bool,
+    },
 }
 
 fn bad(url: &str, reason: &'static str) -> Error {
@@ -125,9 +133,29 @@ impl Url {
                     tls: scheme == "rediss",
                 })
             }
+            "redis+sentinel" | "rediss+sentinel" => {
+                let (master, db) = match path.map(|p| p.split_once('/').unwrap_or((p, ""))) {
+                    Some((m, db)) if !m.is_empty() => (m, Some(db).filter(|d| !d.is_empty())),
+                    _ => {
+                        return Err(bad(
+                            url,
+                            "a Sentinel URL names the master: redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]",
+                        ))
+                    }
+                };
+                if db.is_some_and(|db| db.parse::<u32>().is_err()) {
+                    return Err(bad(url, "the database of a Sentinel URL is a number"));
+                }
+                Ok(Url::RedisSentinel {
+                    sentinels: hosts.join(","),
+                    master: master.to_string(),
+                    db: db.map(str::to_string),
+                    tls: scheme == "rediss+sentinel",
+                })
+            }
             _ => Err(bad(
                 url,
-                "unknown scheme (etcd://, zk://, redis:// or rediss://; TLS otherwise with --cacert)",
+                "unknown scheme (etcd://, zk://, redis://, rediss://, redis+sentinel://; TLS otherwise with --cacert)",
             )),
         }
     }
@@ -260,8 +288,30 @@ mod tests {
                 tls: true
             }
         );
+        assert_eq!(
+            Url::parse("redis+sentinel://u:p@a:26379,b/main/3")
+                .unwrap()
+                .url,
+            Url::RedisSentinel {
+                sentinels: "a:26379,b".into(),
+                master: "main".into(),
+                db: Some("3".into()),
+                tls: false
+            }
+        );
+        assert_eq!(
+            Url::parse("rediss+sentinel://a/main").unwrap().url,
+            Url::RedisSentinel {
+                sentinels: "a".into(),
+                master: "main".into(),
+                db: None,
+                tls: true
+            }
+        );
         for bad in [
             "a:2379",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/m/x",
             "redis://a:1,b:2",
             "redis://a:1/x",
             "memcached://a:1",

@@ -557,3 +557,56 @@ fn completion_scripts() {
         );
     }
 }
+
+/// Redis behind Sentinel (`redis+sentinel://…/MASTER`): processes exclude each other on the
+/// primary the sentinels name, and a master name no sentinel knows is a configuration error
+/// (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_url() {
+    use fencelock_integration::servers::redis as harness;
+    use fencelock_integration::servers::redis_sentinel::{Failover, SentinelGroup};
+    if !harness::available() {
+        return;
+    }
+    let group = tokio::task::block_in_place(|| SentinelGroup::start(Failover::Command, 1));
+    let url = group.url();
+    let ns = unique_namespace("cli_sentinel");
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        r#"echo "start $FENCELOCK_TOKEN" >> log; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
+    let mut runs: Vec<Run> = (0..2)
+        .map(|i| {
+            Run::start(
+                &url,
+                &ns,
+                dir.path(),
+                &format!("p{i}"),
+                &["lock", "x", "--", "sh", "-c", script],
+            )
+        })
+        .collect();
+    for r in &mut runs {
+        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 4, "{log}");
+    assert!(
+        lines[0].starts_with("start") && lines[1].starts_with("end"),
+        "{log}"
+    );
+    assert!(
+        lines[2].starts_with("start") && lines[3].starts_with("end"),
+        "{log}"
+    );
+
+    let unknown = url.replace("/fl", "/nosuch");
+    let mut r = Run::start(
+        &unknown,
+        &ns,
+        dir.path(),
+        "unknown",
+        &["lock", "x", "--", "true"],
+    );
+    assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
+}

@@ -73,14 +73,21 @@ impl Target {
             Kind::ZooKeeper => {
                 Arc::new(fencelock_zookeeper::ZooKeeperBackend::connect(addr).await?)
             }
-            // Behind Sentinel, grants and heartbeats wait for a replica: what the design asks
-            // of a Redis lock that must survive a failover (the suite's Sentinel rows).
-            Kind::Redis if addr.starts_with("redis+sentinel://") => Arc::new(
-                fencelock_redis::RedisConfig::new(addr)
-                    .wait_for_replicas(1, SENTINEL_REPLICA_WAIT)
-                    .connect()
-                    .await?,
-            ),
+            // Behind Sentinel, grants and heartbeats wait for replicas (`URL#acks=N`, N
+            // replicas; 1 without it): what the design asks of a Redis lock that must survive a
+            // failover (the suite's Sentinel rows).
+            Kind::Redis if addr.starts_with("redis+sentinel://") => {
+                let (url, acks) = match addr.split_once("#acks=") {
+                    Some((url, n)) => (url, n.parse().unwrap_or(1)),
+                    None => (addr, 1),
+                };
+                Arc::new(
+                    fencelock_redis::RedisConfig::new(url)
+                        .wait_for_replicas(acks, SENTINEL_REPLICA_WAIT)
+                        .connect()
+                        .await?,
+                )
+            }
             Kind::Redis => Arc::new(fencelock_redis::RedisBackend::connect(addr).await?),
         })
     }

@@ -20,7 +20,7 @@ async fn group(failover: Failover) -> Option<SentinelGroup> {
         return None;
     }
     Some(
-        tokio::task::spawn_blocking(move || SentinelGroup::start(failover))
+        tokio::task::spawn_blocking(move || SentinelGroup::start(failover, 1))
             .await
             .unwrap(),
     )

@@ -75,6 +75,24 @@ impl RedisConfig {
     /// [`tls`](Self::tls) is set). A user and password log in as that ACL user (`AUTH user
     /// password`); a password alone as the default user. Messages and `Debug` never show the
     /// password.
+    ///
+    /// **Behind Sentinel**: `redis+sentinel://[user[:password]@]host[:port][,host[:port]…]/
+    /// MASTER[/db]` (`rediss+sentinel://` for TLS to the sentinels and the servers; a sentinel
+    /// without a port is on 26379; at most 64). Every sentinel is asked at once where the
+    /// primary of `MASTER` is (`SENTINEL GET-MASTER-ADDR-BY-NAME`, each within the timeout, the
+    /// address a majority names winning as soon as it is in, so a hung sentinel delays
+    /// nothing), and the server named must say it is a primary (`ROLE`). The user and password
+    /// are the servers' (sentinels are asked without credentials). After a failover, requests
+    /// fail with temporary errors (retried) until the sentinels name the new primary: a request
+    /// that fails as a failover makes it fail (a broken connection, a timeout, `READONLY`, too
+    /// few replica acknowledgements) has them asked again, and heartbeats ask once a second at
+    /// most (a primary demoted by `SENTINEL FAILOVER` goes on accepting writes for seconds).
+    /// Sessions are suspended meanwhile, then live again on the new primary if it has their
+    /// key, or lost (at the next heartbeat, or at the local deadline): never resurrected. A
+    /// master name no sentinel knows is [`Error::InvalidConfig`]; no sentinel answering,
+    /// [`Error::Connect`] (temporary). With [`wait_for_replicas`](Self::wait_for_replicas) a
+    /// failover by a killed or paused primary loses no grant; `SENTINEL FAILOVER` only with
+    /// every replica counted (see the README's Redis section).
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
@@ -145,10 +163,10 @@ impl RedisConfig {
             }
         }
         if let Some(sentinel) = SentinelUrl::parse(&self.url)? {
-            if self.tls.is_some() != sentinel.tls {
+            if self.tls.is_some() && !sentinel.tls {
                 return Err(Error::invalid_config(
                     redact(&self.url),
-                    "TLS settings go with a rediss+sentinel:// URL, and it needs them",
+                    "TLS settings need a rediss+sentinel:// URL",
                 ));
             }
             let base = self.client(&sentinel.server_url("primary"))?;

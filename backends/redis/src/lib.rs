@@ -42,9 +42,11 @@
 //!   compare-and-delete on the token, proclaim, revoke, close): a crash between steps leaves
 //!   nothing half-made.
 //!
-//! The key layout is in [`layout`]. Single Redis server (with or without replicas), or a
-//! primary managed by Sentinel behind one address; **not Redis Cluster** (the scripts touch
-//! keys of several queues), and no TLS in this version.
+//! The key layout is in [`layout`]. A single Redis server (with or without replicas), over
+//! TLS if asked, or a primary managed by **Sentinel**: `redis+sentinel://s1:26379,s2:26379/
+//! MASTER` asks the sentinels where the primary is, and asks again when a request fails the
+//! way a failover makes it fail (and once a second, at heartbeats); see [`RedisConfig::new`].
+//! **Not Redis Cluster** (the scripts touch keys of several queues).
 //!
 //! Expiry is the Redis server's: it expires a session key by its own wall clock, so a server
 //! clock that jumps forward expires sessions early (a double grant, which fencing catches);

@@ -41,6 +41,8 @@ pub struct SentinelGroup {
     servers: [RedisServer; 3],
     sentinels: Vec<SentinelProcess>,
     failover: Failover,
+    /// How many replicas the harness's clients wait for at each grant and heartbeat.
+    acks: usize,
     /// The servers killed and not yet restarted.
     down: Mutex<Vec<usize>>,
 }
@@ -49,7 +51,8 @@ impl SentinelGroup {
     /// Starts the servers (AOF, `appendfsync always`), waits until the replicas are in sync,
     /// then the sentinels, and waits (bounded) until every sentinel knows both replicas and
     /// the other sentinels. Blocking.
-    pub fn start(failover: Failover) -> SentinelGroup {
+    /// The harness's clients (see [`Target`]) wait for `acks` replicas (1 or 2).
+    pub fn start(failover: Failover, acks: usize) -> SentinelGroup {
         let primary = RedisServer::start(Durability::FsyncAlways);
         let replicas = [0, 1].map(|_| {
             let r = RedisServer::replica_with(&primary, Durability::FsyncAlways);
@@ -65,6 +68,7 @@ impl SentinelGroup {
             servers,
             sentinels,
             failover,
+            acks,
             down: Mutex::default(),
         };
         group.wait_known();
@@ -272,9 +276,10 @@ impl super::Cluster for SentinelGroup {
         self.servers[i].addr()
     }
 
-    /// Clients find the primary through the sentinels.
+    /// Clients find the primary through the sentinels, and wait for the group's number of
+    /// replicas (`#acks=N`, which the harness reads; see [`Target::try_backend_at`]).
     fn target(&self) -> Target {
-        Target::new(Kind::Redis, self.url())
+        Target::new(Kind::Redis, format!("{}#acks={}", self.url(), self.acks))
     }
 
     /// The primary the sentinels name.
