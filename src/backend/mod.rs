@@ -331,6 +331,12 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// often): one request per wake-up, which also confirms `own` before a grant. Its cost
     /// should depend on `nearest`, not on the queue's length, where the backend allows (an
     /// etcd range with a limit; ZooKeeper has to list the parent's children).
+    ///
+    /// A backend may answer without a request when the wait that just returned learnt, from
+    /// the server, that `own` was live and headed its queue at or after the target's deletion
+    /// (nothing can come ahead of an entry later): Redis does, when the release that woke the
+    /// waiter names the live entry it left at the head. Such an answer is as fresh as a read
+    /// sent when the wait returned; it must be used once, for the call that follows that wait.
     async fn still_ahead(
         &self,
         own: &Entry,

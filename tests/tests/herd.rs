@@ -169,7 +169,8 @@ async fn zookeeper_release_wakes_one_waiter() {
 
 /// Redis keeps no count of pub/sub deliveries, but every waiter woken runs a check script: a
 /// herd shows as requests per acquisition growing with the number of waiters. Counted by the
-/// server (`INFO commandstats`: script calls), with 2 and with 6 sessions.
+/// server (`INFO commandstats`: script calls), with 2 and with 6 sessions. A mutex waiter
+/// woken by the release that leaves it at the head reads nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_release_wakes_one_waiter() {
     use fencelock_integration::servers::redis::{Durability, RedisServer};
@@ -263,5 +264,15 @@ async fn redis_release_wakes_one_waiter() {
             per[1] <= per[0] * 1.4,
             "{load:?}: requests per acquisition grow with the waiters (a herd?): {per:?}"
         );
+        if matches!(load, Load::Mutex) {
+            // Enqueue, the wait's check, release: the release that wakes a waiter names it as
+            // the new head, so the waiter's read of the queue is skipped (3.02 measured; 3.98
+            // when every wake-up read the queue).
+            assert!(
+                per[1] <= 3.3,
+                "{per:?} requests per contended acquisition: the head named by the release \
+                 is not used"
+            );
+        }
     }
 }

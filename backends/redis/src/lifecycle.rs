@@ -1,6 +1,7 @@
 //! The lifecycle of a Redis session (a session key with a TTL, kept alive and ended by one
 //! script each), and the plumbing its operations share.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ pub(crate) struct RedisSession {
     pub(crate) ttl: Duration,
     pub(crate) notifier: Notifier,
     pub(crate) owned: StdMutex<Owned>,
+    /// The entries (name, token) that a release named, live, as their queue's new head when it
+    /// ended their wait: the `still_ahead` that follows the wait answers without a read.
+    pub(crate) headed: StdMutex<HashSet<(String, u64)>>,
     /// Held, shared, by every change of what the session owns, from tracking it to its reply;
     /// a reconciliation takes it alone, so that it never deletes a create in flight.
     pub(crate) gate: RwLock<()>,
@@ -75,6 +79,7 @@ impl RedisSession {
             sid: Uuid::new_v4().simple().to_string(),
             ttl,
             owned: StdMutex::default(),
+            headed: StdMutex::default(),
             gate: RwLock::new(()),
         };
         let reply = session
@@ -140,6 +145,22 @@ impl RedisSession {
             }
             None => self.call("keep-alive", script, args).await,
         }
+    }
+
+    /// Records that `own` headed its queue, live, when the release that woke its wait ran.
+    pub(crate) fn headed(&self, own: &Entry) {
+        self.headed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((own.key.clone(), own.token.get()));
+    }
+
+    /// Whether `own` was recorded as heading its queue (forgotten once asked).
+    pub(crate) fn took_head(&self, own: &Entry) -> bool {
+        self.headed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(own.key.clone(), own.token.get()))
     }
 
     pub(crate) fn known(&self) -> i64 {

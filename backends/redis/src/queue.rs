@@ -171,8 +171,12 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
         tokio::select! {
             r = reg.notified() => {
                 // Deleted after we subscribed: gone (a newer entry under the same name
-                // would be behind ours). The core's next read confirms it anyway.
+                // would be behind ours). The core's next read confirms it, unless the
+                // release named our entry, live, as the queue's new head.
                 if r? {
+                    if reg.head().as_deref() == Some(own.key.as_str()) {
+                        session.headed(own);
+                    }
                     return Ok(());
                 }
             }
@@ -188,6 +192,11 @@ pub(crate) async fn still_ahead(
     kind: Option<EntryKind>,
     nearest: usize,
 ) -> Result<Vec<Peer>> {
+    // Found at the head, live, by the release that ended the wait before this call: nothing
+    // is ahead of it, of any kind (an entry created later goes behind).
+    if session.took_head(own) {
+        return Ok(Vec::new());
+    }
     let reply = session
         .call(
             "read queue",
@@ -221,6 +230,8 @@ pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result
 }
 
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
+    // A wait cancelled after it learnt its entry headed the queue leaves that behind.
+    session.took_head(entry);
     let _changing = session.gate.read().await;
     let reply = session
         .call(

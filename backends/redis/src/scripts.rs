@@ -26,13 +26,20 @@ local function live(name)
   return e
 end
 -- Deletes entry `name` of queue `path`, and wakes whoever waits on it (the one entry behind it,
--- its owner) and, if it headed the queue, the queue's observers.
+-- its owner) and, if it headed the queue, the queue's observers. If it headed the queue and the
+-- entry now at the head is live, the message names that entry ('gone NAME'): its waiter is
+-- granted without reading the queue again (nothing can come ahead of it later).
 local function drop(path, name)
   local q = qkey(path)
   local was_head = redis.call('ZRANK', q, name) == 0
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
-  redis.call('PUBLISH', P .. ':c:' .. name, 'gone')
+  local note = 'gone'
+  if was_head then
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if head and live(head) then note = 'gone ' .. head end
+  end
+  redis.call('PUBLISH', P .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', P .. ':h:' .. path, 'gone') end
 end
 -- The version of what session `sid` owns.

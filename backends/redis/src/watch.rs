@@ -86,6 +86,9 @@ struct Signal {
     broken: AtomicBool,
     /// Whether a `gone` message (the entry was deleted) arrived since the last wait.
     gone: AtomicBool,
+    /// The live entry that the deletion left at the head of the queue, if its message named
+    /// one (`gone NAME`).
+    head: StdMutex<Option<String>>,
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -113,6 +116,16 @@ impl Registration {
             return Err(temporary("wait", "the pub/sub connection broke"));
         }
         Ok(self.signal.gone.swap(false, Ordering::SeqCst))
+    }
+
+    /// The entry that the deletion [`notified`](Self::notified) reported left, live, at the
+    /// head of its queue, if the message named one.
+    pub(crate) fn head(&self) -> Option<String> {
+        self.signal
+            .head
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -255,9 +268,17 @@ impl Notifier {
                 let Some(msg) = msg else { break };
                 let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(list) = regs.by_channel.get(msg.get_channel_name()) {
-                    let gone = msg.get_payload_bytes() == b"gone";
+                    let payload = msg.get_payload_bytes();
+                    let gone = payload == b"gone" || payload.starts_with(b"gone ");
+                    let head = payload
+                        .strip_prefix(b"gone ")
+                        .and_then(|h| std::str::from_utf8(h).ok());
                     for (_, signal) in list {
                         if gone {
+                            if let Some(h) = head {
+                                *signal.head.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(h.to_string());
+                            }
                             signal.gone.store(true, Ordering::SeqCst);
                         }
                         signal.notify.notify_one();
