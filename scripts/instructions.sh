@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Client instructions per uncontended lock + release, counted by `valgrind --tool=callgrind`
 # (the same on a noisy machine as on a quiet one): fencelock against the peers' recipes and
-# the raw requests, on etcd and ZooKeeper. Prints a markdown table. Needs valgrind, etcd and
-# ZooKeeper (scripts/install.sh, plus `apt-get install valgrind`).
+# the raw requests, on etcd, ZooKeeper and Redis. Prints a markdown table. Needs valgrind, etcd,
+# ZooKeeper and Redis (scripts/install.sh, plus `apt-get install valgrind`). INSTRUCTIONS_ONLY=
+# "redis-fencelock redis-bare" counts only those rows.
 #
 # Each row runs its program twice under callgrind, 50 and 250 acquisitions, and prints the
 # difference over 200: connecting and starting the session are left out. See
@@ -23,15 +24,15 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 [ -s "$work/addresses" ] || { echo "the servers did not start within a minute" >&2; exit 1; }
-read -r etcd zookeeper <"$work/addresses"
+read -r etcd zookeeper redis <"$work/addresses"
 count() { # what n address → instructions
   valgrind --tool=callgrind --callgrind-out-file="$work/$1.$2" "$bin" "$1" "$2" "$3" 2>&1 |
     awk '/Collected :/ { gsub(",", "", $4); print $4 }'
 }
 echo "| client, lock + release | instructions per acquisition |"
 echo "|---|---:|"
-for what in etcd-fencelock etcd-client-lock etcd-raw-txn zookeeper-fencelock zookeeper-client-lock zookeeper-raw; do
-  case "$what" in etcd-*) address="http://$etcd" ;; *) address="$zookeeper" ;; esac
+for what in ${INSTRUCTIONS_ONLY:-etcd-fencelock etcd-client-lock etcd-raw-txn zookeeper-fencelock zookeeper-client-lock zookeeper-raw redis-fencelock redis-rslock redis-bare}; do
+  case "$what" in etcd-*) address="http://$etcd" ;; redis-*) address="$redis" ;; *) address="$zookeeper" ;; esac
   small=$(count "$what" 50 "$address")
   large=$(count "$what" 250 "$address")
   echo "| $what | $(((large - small) / 200)) |"

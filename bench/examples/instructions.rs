@@ -1,8 +1,8 @@
 //! Client instructions per acquisition, for `valgrind --tool=callgrind` (which counts them
 //! alike on a noisy machine): run by `scripts/instructions.sh`, which prints the table.
 //!
-//! `instructions serve` starts one etcd member and one ZooKeeper server (natively, not under
-//! valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
+//! `instructions serve` starts one etcd member, one ZooKeeper server and one Redis server
+//! (natively, not under valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
 //! releases one uncontended lock `n` times in one session on a single-threaded runtime.
 //! The script runs each `what` twice (`n` = 50 and 250) under callgrind: the difference over
 //! 200 acquisitions leaves out the start (connecting, the session, TLS provider set-up).
@@ -11,18 +11,22 @@ use std::time::Duration;
 
 use fencelock::Session;
 use fencelock_integration::servers::etcd::EtcdCluster;
+use fencelock_integration::servers::redis::{Durability, RedisServer};
 use fencelock_integration::servers::zookeeper::ZkEnsemble;
 use fencelock_integration::servers::Cluster;
 use zookeeper_client as zk;
 
-/// Every `what`: ours and the peers', on etcd and ZooKeeper.
-const WHAT: [&str; 6] = [
+/// Every `what`: ours and the peers', on etcd, ZooKeeper and Redis.
+const WHAT: [&str; 9] = [
     "etcd-fencelock",
     "etcd-client-lock",
     "etcd-raw-txn",
     "zookeeper-fencelock",
     "zookeeper-client-lock",
     "zookeeper-raw",
+    "redis-fencelock",
+    "redis-rslock",
+    "redis-bare",
 ];
 
 fn main() {
@@ -31,7 +35,13 @@ fn main() {
         [serve] if serve == "serve" => {
             let etcd = EtcdCluster::start(1);
             let zookeeper = ZkEnsemble::start(1);
-            println!("{} {}", etcd.endpoint(0), zookeeper.connect_string());
+            let redis = RedisServer::start(Durability::None);
+            println!(
+                "{} {} {}",
+                etcd.endpoint(0),
+                zookeeper.connect_string(),
+                redis.url()
+            );
             // Until the script kills it (the harnesses stop the servers on drop, and on a
             // signal their process group goes with it).
             std::thread::sleep(Duration::from_secs(24 * 3600));
@@ -113,6 +123,49 @@ async fn run(what: &str, n: usize, address: &str) {
             for _ in 0..n {
                 let (_, seq) = c.create("/instructions-raw/n-", b"", &mode).await.unwrap();
                 c.delete(&format!("/instructions-raw/n-{seq}"), None)
+                    .await
+                    .unwrap();
+            }
+        }
+        "redis-fencelock" => {
+            let b = fencelock_redis::RedisBackend::connect(address)
+                .await
+                .unwrap();
+            mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
+        }
+        "redis-rslock" => {
+            let lm = rslock::LockManager::new(vec![address.to_string()]);
+            for _ in 0..n {
+                let lock = lm
+                    .acquire_no_guard(b"instructions-rslock", Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                lm.unlock(&lock).await;
+            }
+        }
+        "redis-bare" => {
+            // SET NX PX, then a compare-and-delete script: the floor.
+            let client = redis::Client::open(address).unwrap();
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let delete = redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            );
+            for i in 0..n {
+                let token = i.to_string();
+                let set: Option<String> = redis::cmd("SET")
+                    .arg("instructions-bare")
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(10_000)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                assert!(set.is_some());
+                let _: i64 = delete
+                    .key("instructions-bare")
+                    .arg(&token)
+                    .invoke_async(&mut con)
                     .await
                     .unwrap();
             }

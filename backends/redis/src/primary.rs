@@ -2,9 +2,12 @@
 //! primary the sentinels name for a `redis+sentinel://` one, found again when it moves.
 //!
 //! Behind Sentinel, a request that fails the way a failover makes requests fail (a broken or
-//! refused connection, a timeout, `READONLY` from a demoted primary, `MASTERDOWN`) has the
-//! sentinels asked again, in the background and at most every [`RESOLVE_EVERY`]; the failed
-//! request itself fails with its temporary error, which the core retries. Once the sentinels
+//! refused connection, a timeout, `READONLY` from a demoted primary, `MASTERDOWN`, fewer
+//! replica acknowledgements than required) has the sentinels asked again, in the background
+//! and at most every [`RESOLVE_EVERY`]; so does every heartbeat, at most every
+//! [`CHECK_EVERY`] (a primary demoted by `SENTINEL FAILOVER` fails nothing until the sentinels
+//! reconfigure it, seconds later). The failed request itself fails with its temporary error,
+//! which the core retries. Once the sentinels
 //! name another server that says it is a primary (`ROLE`), every new request goes there: the
 //! multiplexed connection is replaced, and the pub/sub and replica-acknowledged connections
 //! notice the new generation and reconnect. Nothing is carried over: a session whose key the
@@ -132,6 +135,9 @@ impl Primary {
     /// goes on accepting writes, which its demotion then drops, until the sentinels
     /// reconfigure it (seconds later): its clients must find the new one by themselves.
     pub(crate) fn check(self: &Arc<Self>) {
+        if self.sentinels.is_none() {
+            return;
+        }
         let due = self
             .last
             .lock()
