@@ -225,3 +225,92 @@ async fn sentinel_settings_fail_typed_and_bounded() {
     assert!(matches!(e, Error::InvalidConfig(_)));
     assert!(!format!("{e} {e:?}").contains("s3cret"));
 }
+
+/// Sentinel as secured deployments run it: sentinels and servers TLS-only (replication and
+/// Sentinel's own connections too), an ACL user on the servers. A held lock follows
+/// `SENTINEL FAILOVER`; every wrong setting (a foreign CA, plaintext, a wrong password) is a
+/// typed, permanent error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_as_an_acl_user() {
+    use fencelock_integration::pki::TestPki;
+    use fencelock_redis::TlsConfig;
+    if !redis::available() {
+        return;
+    }
+    let pki = TestPki::generate();
+    let g = tokio::task::block_in_place(|| SentinelGroup::start_tls(&pki, Failover::Command, 1));
+    let url = g
+        .url()
+        .replacen("rediss+sentinel://", "rediss+sentinel://app:app-pw@", 1);
+    let tls = || TlsConfig::from_ca_file(pki.ca()).unwrap();
+    // Without replica acknowledgements (their path is the plaintext tests'): the session key,
+    // written long before the failover, is on every replica.
+    let backend = RedisConfig::new(url.clone())
+        .tls(tls())
+        .connect()
+        .await
+        .unwrap();
+    let a = session(&backend).await;
+    let held = a.mutex("job").unwrap().lock().await.unwrap();
+    let old = tokio::task::block_in_place(|| g.primary_index());
+    tokio::task::block_in_place(|| {
+        g.command_failover();
+        g.wait_failed_over(old);
+    });
+    let new = tokio::task::block_in_place(|| g.primary_index());
+    let moved = tokio::time::timeout(WITHIN, async {
+        loop {
+            assert!(!matches!(a.state(), SessionState::Lost(_)), "lost");
+            if a.state() == SessionState::Live {
+                // A new session lands on the new primary once the backend moved (until then,
+                // opening one may fail with a temporary error: the failover is under way).
+                let opened = Session::builder(backend.clone())
+                    .namespace("/sentinel")
+                    .ttl(TTL)
+                    .start()
+                    .await;
+                match opened {
+                    Ok(c) => {
+                        let there = tokio::task::block_in_place(|| has_session(&g, new, &c));
+                        let _ = c.close().await;
+                        if there {
+                            return;
+                        }
+                    }
+                    Err(e) => assert!(e.is_temporary(), "{e:?}"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(moved.is_ok(), "the backend never moved to the new primary");
+    let token = held.token();
+    held.release().await.unwrap();
+    let next = a.mutex("job").unwrap().lock().await.unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+    a.close().await.unwrap();
+
+    let timeout = Duration::from_secs(2);
+    let fails = |config: RedisConfig| async move {
+        let t = Instant::now();
+        let e = config.timeout(timeout).connect().await.unwrap_err();
+        assert!(t.elapsed() < timeout * 2, "{:?}: {e:?}", t.elapsed());
+        e
+    };
+    // A CA that did not sign the sentinels' certificates.
+    let other = TestPki::generate();
+    let foreign = TlsConfig::from_ca_file(other.ca()).unwrap();
+    let e = fails(RedisConfig::new(url.clone()).tls(foreign)).await;
+    assert!(!e.is_temporary(), "{e:?}");
+    // Plaintext to TLS sentinels.
+    let plain = url.replacen("rediss+", "redis+", 1);
+    let e = fails(RedisConfig::new(plain)).await;
+    assert!(!e.is_temporary(), "{e:?}");
+    // A wrong password: refused by the primary, never shown.
+    let wrong = url.replacen("app-pw", "not-the-pw", 1);
+    let e = fails(RedisConfig::new(wrong).tls(tls())).await;
+    assert!(matches!(e, Error::Unauthenticated { .. }), "{e:?}");
+    assert!(!format!("{e} {e:?}").contains("not-the-pw"));
+}

@@ -97,7 +97,7 @@ pub(crate) async fn connect(
 /// reports one as a broken, reset or silent connection. Found by probing the server: a
 /// plaintext server behind a `rediss://` URL, a TLS one behind `redis://`, an untrusted server
 /// certificate, a refused client certificate.
-async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<Error> {
+pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<Error> {
     let (host, port, tls) = match client.get_connection_info().addr() {
         redis::ConnectionAddr::Tcp(host, port) => (host, *port, None),
         // With the system's trust store (no `tls` setting) there is no CA to probe with.

@@ -69,7 +69,20 @@ impl Primary {
                 (base.clone(), con)
             }
             Some(s) => {
-                let at = match s.locate(config.timeout).await? {
+                let located = match s.locate(config.timeout).await {
+                    Ok(located) => located,
+                    Err(e) => {
+                        // No sentinel answered: a wrong TLS setting shows the same way, and is
+                        // permanent (probed on the first sentinel, bounded).
+                        if let Some((_, client)) = s.clients.first() {
+                            if let Some(wrong) = connect::wrong_setting(&config, client).await {
+                                return Err(wrong);
+                            }
+                        }
+                        return Err(e);
+                    }
+                };
+                let at = match located {
                     Located::Primary(host, port) => (host, port),
                     Located::UnknownMaster => {
                         return Err(Error::invalid_config(

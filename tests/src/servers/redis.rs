@@ -80,6 +80,12 @@ impl RedisServer {
     /// certificate of `pki`, requiring a client certificate signed by its CA if `mutual`, and
     /// an ACL user `app` (password `app-pw`) allowed everything. Blocking.
     pub fn start_tls(pki: &TestPki, mutual: bool) -> RedisServer {
+        Self::start_tls_with(pki, mutual, None)
+    }
+
+    /// Like [`start_tls`](Self::start_tls), and, with `primary`, a replica of the TLS-only
+    /// server on that port (replicating over TLS, trusting `pki`'s CA). Blocking.
+    pub fn start_tls_with(pki: &TestPki, mutual: bool, primary: Option<u16>) -> RedisServer {
         let (server, client) = (pki.server(), pki.client());
         let tls = CliTls {
             server: ServerTls {
@@ -92,7 +98,7 @@ impl RedisServer {
         };
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, Durability::None, None, Some(&tls.server));
+        let child = spawn(port, &dir, Durability::None, primary, Some(&tls));
         let server = RedisServer {
             child: Mutex::new(child),
             port,
@@ -101,6 +107,7 @@ impl RedisServer {
             tls: Some(tls),
         };
         server.wait_ready();
+        // On replicas too: ACL users are each server's own, not replicated.
         let setuser = [
             "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
         ];
@@ -220,8 +227,13 @@ impl RedisServer {
     /// Restarts a killed server on its data dir, as a replica of the server on port `primary`
     /// if given (it then resynchronizes from it), else as a primary.
     pub fn restart_as(&self, primary: Option<u16>) {
-        let tls = self.tls.as_ref().map(|t| &t.server);
-        let child = spawn(self.port, &self.dir, self.durability, primary, tls);
+        let child = spawn(
+            self.port,
+            &self.dir,
+            self.durability,
+            primary,
+            self.tls.as_ref(),
+        );
         *self.child() = child;
         self.wait_ready();
     }
@@ -255,22 +267,24 @@ fn spawn(
     dir: &tempfile::TempDir,
     durability: Durability,
     primary: Option<u16>,
-    tls: Option<&ServerTls>,
+    tls: Option<&CliTls>,
 ) -> ManagedChild {
     let mut cmd = Command::new("redis-server");
     match tls {
         None => cmd.args(["--port", &port.to_string()]),
-        Some(tls) => {
+        Some(cli) => {
+            let tls = &cli.server;
+            // Replication (and Sentinel's connections) over TLS too, trusting the test CA.
+            cmd.args(["--tls-replication", "yes"])
+                .arg("--tls-ca-cert-file")
+                .arg(&cli.ca);
             cmd.args(["--port", "0", "--tls-port", &port.to_string()])
                 .arg("--tls-cert-file")
                 .arg(&tls.cert)
                 .arg("--tls-key-file")
                 .arg(&tls.key);
             match &tls.client_ca {
-                Some(ca) => cmd
-                    .arg("--tls-ca-cert-file")
-                    .arg(ca)
-                    .args(["--tls-auth-clients", "yes"]),
+                Some(_) => cmd.args(["--tls-auth-clients", "yes"]),
                 None => cmd.args(["--tls-auth-clients", "no"]),
             }
         }

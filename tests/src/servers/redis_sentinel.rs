@@ -3,11 +3,13 @@
 //! (or when told to, `SENTINEL FAILOVER`). Clients find the primary through the sentinels
 //! (`redis+sentinel://…/fl`).
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::redis::{Durability, RedisServer};
+use crate::pki::TestPki;
 use crate::process::ManagedChild;
 use crate::target::{Kind, Target};
 
@@ -35,11 +37,20 @@ struct SentinelProcess {
     _dir: tempfile::TempDir,
 }
 
+/// The files sentinels need to speak TLS, and `redis-cli` to talk to them.
+#[derive(Debug, Clone)]
+struct SentinelTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
 /// Three Redis servers (a primary, two replicas) and three sentinels.
 #[derive(Debug)]
 pub struct SentinelGroup {
     servers: [RedisServer; 3],
     sentinels: Vec<SentinelProcess>,
+    tls: Option<SentinelTls>,
     failover: Failover,
     /// How many replicas the harness's clients wait for at each grant and heartbeat.
     acks: usize,
@@ -60,13 +71,42 @@ impl SentinelGroup {
             r
         });
         let [a, b] = replicas;
-        let servers = [primary, a, b];
+        Self::with([primary, a, b], None, failover, acks)
+    }
+
+    /// The same over TLS only, servers and sentinels (certificates of `pki`; replication and
+    /// Sentinel's own connections over TLS too), with the ACL user `app` (password `app-pw`)
+    /// on the servers; no persistence. Blocking.
+    pub fn start_tls(pki: &TestPki, failover: Failover, acks: usize) -> SentinelGroup {
+        let primary = RedisServer::start_tls(pki, false);
+        let replicas = [0, 1].map(|_| {
+            let r = RedisServer::start_tls_with(pki, false, Some(primary.port()));
+            r.wait_in_sync();
+            r
+        });
+        let [a, b] = replicas;
+        let server = pki.server();
+        let tls = SentinelTls {
+            cert: server.cert,
+            key: server.key,
+            ca: pki.ca(),
+        };
+        Self::with([primary, a, b], Some(tls), failover, acks)
+    }
+
+    fn with(
+        servers: [RedisServer; 3],
+        tls: Option<SentinelTls>,
+        failover: Failover,
+        acks: usize,
+    ) -> SentinelGroup {
         let sentinels = (0..3)
-            .map(|_| start_sentinel(servers[0].port()))
+            .map(|_| start_sentinel(servers[0].port(), tls.as_ref()))
             .collect::<Vec<_>>();
         let group = SentinelGroup {
             servers,
             sentinels,
+            tls,
             failover,
             acks,
             down: Mutex::default(),
@@ -75,14 +115,20 @@ impl SentinelGroup {
         group
     }
 
-    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/fl`.
+    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/fl` (`rediss+sentinel://` over
+    /// TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
-        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}+sentinel://{}/{MASTER}", hosts.join(","))
     }
 
     /// The sentinels' ports.
@@ -97,8 +143,7 @@ impl SentinelGroup {
 
     /// Runs `redis-cli` against sentinel `i` (blocking).
     pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.sentinels[i].port.to_string()])
+        let out = cli(self.sentinels[i].port, self.tls.as_ref())
             .args(args)
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -218,12 +263,32 @@ impl SentinelGroup {
     }
 }
 
-fn start_sentinel(primary: u16) -> SentinelProcess {
+/// `redis-cli` for the sentinel on `port`.
+fn cli(port: u16, tls: Option<&SentinelTls>) -> Command {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(tls) = tls {
+        cmd.arg("--tls").arg("--cacert").arg(&tls.ca);
+    }
+    cmd
+}
+
+fn start_sentinel(primary: u16, tls: Option<&SentinelTls>) -> SentinelProcess {
     let dir = super::data_dir("fencelock-sentinel-").expect("temp dir");
     let port = crate::free_port();
     let conf = dir.path().join("sentinel.conf");
+    let ports = match tls {
+        None => format!("port {port}\n"),
+        Some(t) => format!(
+            "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-auth-clients no\ntls-replication yes\n",
+            t.cert.display(),
+            t.key.display(),
+            t.ca.display()
+        ),
+    };
     let text = format!(
-        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {dir}\n\
+        "{ports}bind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {dir}\n\
          sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
          sentinel down-after-milliseconds {MASTER} {down}\n\
          sentinel failover-timeout {MASTER} 5000\n\
@@ -242,9 +307,7 @@ fn start_sentinel(primary: u16) -> SentinelProcess {
     .expect("start redis-server --sentinel");
     let start = Instant::now();
     loop {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "PING"])
-            .output();
+        let out = cli(port, tls).arg("PING").output();
         if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG") {
             break;
         }
