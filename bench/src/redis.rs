@@ -6,8 +6,8 @@
 //!    `rslock` (the popular Rust Redlock crate, here on one server) and of our [`Redlock`] on
 //!    one server, interleaved in blocks;
 //! 2. contended acquisitions per second with N sessions (one connection each): ours (a FIFO
-//!    queue, waiters woken by pub/sub) against the bare `SET NX PX` retried after 1 ms and
-//!    `rslock`'s `acquire` (retries after its delay, here 1 ms).
+//!    queue, waiters woken by pub/sub) against `rslock`'s `acquire` (retries after its delay,
+//!    here 1 ms) in alternating pairs of slices, and the bare `SET NX PX` retried after 1 ms.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,14 +147,16 @@ pub async fn redis_rows(args: &Args) {
     super::summary("Redis", "uncontended p50 ms", ms(samples[0].pct(0.5)));
 
     crate::emit!(
-        "\nContended acquisitions per second ({} s each, one connection per session, measured one after another):\n",
-        args.seconds
+        "\nContended acquisitions per second (ours and rslock's side by side, {} s each in {} alternating pairs of slices; the bare loop after them, {} s; one connection per session):\n",
+        args.seconds,
+        super::PAIRS,
+        args.seconds / 2.0
     );
     crate::emit!("Each cell: acquisitions per second, and in brackets the fewest acquisitions of one session");
     crate::emit!(
         "as a share of the most (1.00: every session served alike; near 0: some starved).\n"
     );
-    crate::emit!("| sessions | fencelock Mutex | bare SET NX PX, retry 1 ms | rslock, retry 1 ms | ours vs bare |");
+    crate::emit!("| sessions | fencelock Mutex | rslock, retry 1 ms | bare SET NX PX, retry 1 ms | ours vs rslock: median of the pairs (least–greatest) |");
     crate::emit!("|---:|---:|---:|---:|---:|");
     for &n in &args.sessions {
         let mut ours = Vec::new();
@@ -170,22 +172,20 @@ pub async fn redis_rows(args: &Args) {
             ));
             rs.push(rslock_op(&url, "bench:rslock-contended"));
         }
-        let third = args.seconds / 3.0;
-        let mut rates = Vec::new();
-        let mut cells = Vec::new();
-        for group in [ours, bare, rs] {
-            let (per, secs, _) = run_slice(group, third.max(0.5)).await;
-            let got = Contended::of(&per, secs);
-            cells.push(format!("{:.0} ({:.2})", got.rate, got.fairness));
-            rates.push(got.rate);
-        }
+        let pair = super::throughput_pair(ours, rs, args.seconds).await;
+        let (per, secs, _) = run_slice(bare, (args.seconds / 2.0).max(0.5)).await;
+        let bare = Contended::of(&per, secs);
         crate::emit!(
-            "| {n} | {} | {} | {} | {:.2}x |",
-            cells[0],
-            cells[1],
-            cells[2],
-            rates[0] / rates[1]
+            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.0} ({:.2}) | {} |",
+            pair.a.rate,
+            pair.a.fairness,
+            pair.b.rate,
+            pair.b.fairness,
+            bare.rate,
+            bare.fairness,
+            super::spread(&pair.ratios(), "x")
         );
+        let rates = [pair.a.rate, bare.rate, pair.b.rate];
         super::summary(
             "Redis",
             &format!("{n} sessions acq/s"),
