@@ -314,3 +314,47 @@ async fn sentinel_over_tls_as_an_acl_user() {
     assert!(matches!(e, Error::Unauthenticated { .. }), "{e:?}");
     assert!(!format!("{e} {e:?}").contains("not-the-pw"));
 }
+
+/// Sentinels that ask for a password of their own: found with `sentinel_credentials`; without
+/// them, or with a wrong one, the connect fails with `Unauthenticated` (the password never
+/// shown); `sentinel_credentials` without a Sentinel URL is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_a_password() {
+    if !redis::available() {
+        return;
+    }
+    let g = tokio::task::block_in_place(|| SentinelGroup::start_protected("sentinel-pw"));
+    let backend = RedisConfig::new(g.url())
+        .sentinel_credentials("", "sentinel-pw")
+        .connect()
+        .await
+        .unwrap();
+    let s = session(&backend).await;
+    s.mutex("m")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    for config in [
+        RedisConfig::new(g.url()),
+        RedisConfig::new(g.url()).sentinel_credentials("", "not-the-pw"),
+    ] {
+        let e = config
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Unauthenticated { .. }), "{e:?}");
+        assert!(!format!("{e} {e:?}").contains("not-the-pw"));
+    }
+    let e = RedisConfig::new(g.server(0).url())
+        .sentinel_credentials("", "x")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+}

@@ -55,6 +55,8 @@ pub struct RedisConfig {
     pub(crate) timeout: Duration,
     pub(crate) replicas: Option<(usize, Duration)>,
     pub(crate) tls: Option<TlsConfig>,
+    /// The sentinels' user (empty: the default user) and password.
+    pub(crate) sentinel_credentials: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -65,6 +67,10 @@ impl std::fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("replicas", &self.replicas)
             .field("tls", &self.tls)
+            .field(
+                "sentinel_credentials",
+                &self.sentinel_credentials.as_ref().map(|(u, _)| (u, "***")),
+            )
             .finish()
     }
 }
@@ -82,7 +88,7 @@ impl RedisConfig {
     /// primary of `MASTER` is (`SENTINEL GET-MASTER-ADDR-BY-NAME`, each within the timeout, the
     /// address a majority names winning as soon as it is in, so a hung sentinel delays
     /// nothing), and the server named must say it is a primary (`ROLE`). The user and password
-    /// are the servers' (sentinels are asked without credentials). After a failover, requests
+    /// are the servers' (sentinels: [`sentinel_credentials`](Self::sentinel_credentials)). After a failover, requests
     /// fail with temporary errors (retried) until the sentinels name the new primary: a request
     /// that fails as a failover makes it fail (a broken connection, a timeout, `READONLY`, too
     /// few replica acknowledgements) has them asked again, and heartbeats ask once a second at
@@ -99,6 +105,7 @@ impl RedisConfig {
             timeout: DEFAULT_TIMEOUT,
             replicas: None,
             tls: None,
+            sentinel_credentials: None,
         }
     }
 
@@ -142,6 +149,21 @@ impl RedisConfig {
         self
     }
 
+    /// Behind Sentinel, logs in to the sentinels as `user` (empty: the default user) with
+    /// `password` (sentinels with `requirepass`, or ACL users of their own); the URL's user
+    /// and password are the servers'. Without it the sentinels are asked without credentials.
+    /// A wrong one fails the connect with
+    /// [`Error::Unauthenticated`](fencelock::Error::Unauthenticated) when no sentinel lets us
+    /// in. Only with a `redis+sentinel://` URL.
+    pub fn sentinel_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.sentinel_credentials = Some((user.into(), password.into()));
+        self
+    }
+
     /// Checks the settings: a URL the client parses, timeouts within bounds. Returns the
     /// client of the URL and, for a Sentinel URL, the sentinels (the client's address is then
     /// a placeholder for the primary's).
@@ -173,11 +195,34 @@ impl RedisConfig {
             let clients = sentinel
                 .sentinels
                 .iter()
-                .map(|host| Ok((host.clone(), self.client(&sentinel.sentinel_url(host))?)))
+                .map(|host| {
+                    let client = self.client(&sentinel.sentinel_url(host))?;
+                    Ok((host.clone(), self.with_sentinel_credentials(client)?))
+                })
                 .collect::<Result<Vec<_>>>()?;
             return Ok((base, Some(Sentinels::new(clients, sentinel.master))));
         }
+        if self.sentinel_credentials.is_some() {
+            return Err(Error::invalid_config(
+                "sentinel credentials",
+                "only with a redis+sentinel:// URL",
+            ));
+        }
         Ok((self.client(&self.full_url())?, None))
+    }
+
+    /// `client` logging in with the sentinel credentials, if any.
+    fn with_sentinel_credentials(&self, client: redis::Client) -> Result<redis::Client> {
+        let Some((user, password)) = &self.sentinel_credentials else {
+            return Ok(client);
+        };
+        let info = client.get_connection_info().clone();
+        let mut settings = info.redis_settings().clone().set_password(password);
+        if !user.is_empty() {
+            settings = settings.set_username(user);
+        }
+        redis::Client::open(info.set_redis_settings(settings))
+            .map_err(|e| Error::invalid_config(redact(&self.url), e.to_string()))
     }
 
     /// A client of the server at `url`, with the TLS settings.

@@ -17,7 +17,7 @@ use redis::AsyncConnectionConfig;
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::config::redact;
-use crate::error::NAME;
+use crate::error::{map, NAME};
 
 /// The port of a sentinel given without one.
 pub(crate) const DEFAULT_PORT: u16 = 26379;
@@ -195,8 +195,13 @@ impl Sentinels {
                             *cached = Some(con);
                             Ok(at)
                         }
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                        Ok(Err(e)) => Err(map("ask the sentinel", e)),
+                        Err(_) => Err(Error::backend(
+                            NAME,
+                            "ask the sentinel",
+                            true,
+                            format!("no answer within {timeout:?}"),
+                        )),
                     };
                     (addr, answer)
                 }
@@ -205,7 +210,7 @@ impl Sentinels {
         let majority = self.clients.len() / 2 + 1;
         let mut named: Vec<((String, u16), usize)> = Vec::new();
         let mut unknown = 0;
-        let mut failures: HashMap<&str, String> = HashMap::new();
+        let mut failures: HashMap<&str, Error> = HashMap::new();
         while let Some((addr, answer)) = asks.next().await {
             match answer {
                 Ok(Some(at)) => {
@@ -232,6 +237,16 @@ impl Sentinels {
         match best {
             Some((host, port)) => Ok(Located::Primary(host, port)),
             None if unknown > 0 => Ok(Located::UnknownMaster),
+            // No answer, and a sentinel refused our credentials (or an ACL without
+            // `SENTINEL`): a setting to fix, whatever the others did.
+            None if failures.values().any(refused) => {
+                let key = failures
+                    .iter()
+                    .find(|(_, e)| refused(e))
+                    .map(|(a, _)| *a)
+                    .expect("found above");
+                Err(failures.remove(key).expect("found above"))
+            }
             None => {
                 let mut why: Vec<String> = failures
                     .into_iter()
@@ -252,6 +267,14 @@ impl Sentinels {
             }
         }
     }
+}
+
+/// Whether `e` is a refusal of our credentials or rights.
+fn refused(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Unauthenticated { .. } | Error::PermissionDenied { .. }
+    )
 }
 
 #[cfg(test)]

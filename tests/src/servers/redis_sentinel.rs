@@ -51,6 +51,8 @@ pub struct SentinelGroup {
     servers: [RedisServer; 3],
     sentinels: Vec<SentinelProcess>,
     tls: Option<SentinelTls>,
+    /// The sentinels' `requirepass`, if any.
+    password: Option<String>,
     failover: Failover,
     /// How many replicas the harness's clients wait for at each grant and heartbeat.
     acks: usize,
@@ -71,7 +73,21 @@ impl SentinelGroup {
             r
         });
         let [a, b] = replicas;
-        Self::with([primary, a, b], None, failover, acks)
+        Self::with([primary, a, b], None, None, failover, acks)
+    }
+
+    /// Like [`start`](Self::start) (failing over by `SENTINEL FAILOVER`, one acknowledging
+    /// replica), with sentinels that ask for `password` (`requirepass`). Blocking.
+    pub fn start_protected(password: &str) -> SentinelGroup {
+        let primary = RedisServer::start(Durability::None);
+        let replicas = [0, 1].map(|_| {
+            let r = RedisServer::replica_of(&primary);
+            r.wait_in_sync();
+            r
+        });
+        let [a, b] = replicas;
+        let password = Some(password.to_string());
+        Self::with([primary, a, b], None, password, Failover::Command, 1)
     }
 
     /// The same over TLS only, servers and sentinels (certificates of `pki`; replication and
@@ -91,22 +107,24 @@ impl SentinelGroup {
             key: server.key,
             ca: pki.ca(),
         };
-        Self::with([primary, a, b], Some(tls), failover, acks)
+        Self::with([primary, a, b], Some(tls), None, failover, acks)
     }
 
     fn with(
         servers: [RedisServer; 3],
         tls: Option<SentinelTls>,
+        password: Option<String>,
         failover: Failover,
         acks: usize,
     ) -> SentinelGroup {
         let sentinels = (0..3)
-            .map(|_| start_sentinel(servers[0].port(), tls.as_ref()))
+            .map(|_| start_sentinel(servers[0].port(), tls.as_ref(), password.as_deref()))
             .collect::<Vec<_>>();
         let group = SentinelGroup {
             servers,
             sentinels,
             tls,
+            password,
             failover,
             acks,
             down: Mutex::default(),
@@ -143,11 +161,15 @@ impl SentinelGroup {
 
     /// Runs `redis-cli` against sentinel `i` (blocking).
     pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
-        let out = cli(self.sentinels[i].port, self.tls.as_ref())
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let out = cli(
+            self.sentinels[i].port,
+            self.tls.as_ref(),
+            self.password.as_deref(),
+        )
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
         out.trim().to_string()
     }
 
@@ -264,16 +286,23 @@ impl SentinelGroup {
 }
 
 /// `redis-cli` for the sentinel on `port`.
-fn cli(port: u16, tls: Option<&SentinelTls>) -> Command {
+fn cli(port: u16, tls: Option<&SentinelTls>, password: Option<&str>) -> Command {
     let mut cmd = Command::new("redis-cli");
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(pw) = password {
+        cmd.args(["--no-auth-warning", "-a", pw]);
+    }
     if let Some(tls) = tls {
         cmd.arg("--tls").arg("--cacert").arg(&tls.ca);
     }
     cmd
 }
 
-fn start_sentinel(primary: u16, tls: Option<&SentinelTls>) -> SentinelProcess {
+fn start_sentinel(
+    primary: u16,
+    tls: Option<&SentinelTls>,
+    password: Option<&str>,
+) -> SentinelProcess {
     let dir = super::data_dir("fencelock-sentinel-").expect("temp dir");
     let port = crate::free_port();
     let conf = dir.path().join("sentinel.conf");
@@ -286,6 +315,11 @@ fn start_sentinel(primary: u16, tls: Option<&SentinelTls>) -> SentinelProcess {
             t.key.display(),
             t.ca.display()
         ),
+    };
+    let ports = match password {
+        // Sentinels also log in to each other with it.
+        Some(pw) => format!("{ports}requirepass {pw}\n"),
+        None => ports,
     };
     let text = format!(
         "{ports}bind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {dir}\n\
@@ -307,7 +341,7 @@ fn start_sentinel(primary: u16, tls: Option<&SentinelTls>) -> SentinelProcess {
     .expect("start redis-server --sentinel");
     let start = Instant::now();
     loop {
-        let out = cli(port, tls).arg("PING").output();
+        let out = cli(port, tls, password).arg("PING").output();
         if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG") {
             break;
         }
