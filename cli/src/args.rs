@@ -111,6 +111,17 @@ pub(crate) struct ClusterArgs {
         global = true
     )]
     pub(crate) password: Option<String>,
+
+    /// Password of the sentinels (a `redis+sentinel://` URL whose sentinels ask for one of
+    /// their own, `requirepass`; the URL's credentials are the servers'). Prefer the
+    /// environment variable.
+    #[arg(
+        long,
+        env = "FENCELOCK_SENTINEL_PASSWORD",
+        hide_env_values = true,
+        global = true
+    )]
+    pub(crate) sentinel_password: Option<String>,
 }
 
 /// How leader, observe and list print.

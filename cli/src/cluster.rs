@@ -57,6 +57,12 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             ));
         }
     }
+    if args.sentinel_password.is_some() && !matches!(parsed.url, Url::RedisSentinel { .. }) {
+        return Err(Error::invalid_config(
+            "--sentinel-password",
+            "only with a redis+sentinel:// URL",
+        ));
+    }
     match parsed.url {
         Url::Etcd {
             endpoints,
@@ -176,6 +182,9 @@ async fn redis(
             .timeout(args.connect_timeout);
     if let Some(tls) = tls {
         config = config.tls(tls);
+    }
+    if let Some(password) = &args.sentinel_password {
+        config = config.sentinel_credentials("", password.as_str());
     }
     let namespace = args
         .namespace

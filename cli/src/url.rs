@@ -208,7 +208,10 @@ pub(crate) fn credentials(
 /// What the command's environment must not inherit from fencelock's: the password, and the
 /// credentials a `FENCELOCK_ENDPOINTS` URL may carry (the command gets the URL without them).
 pub(crate) fn command_env() -> Vec<(String, Option<String>)> {
-    let mut env = vec![("FENCELOCK_PASSWORD".to_string(), None)];
+    let mut env = vec![
+        ("FENCELOCK_PASSWORD".to_string(), None),
+        ("FENCELOCK_SENTINEL_PASSWORD".to_string(), None),
+    ];
     if let Some(url) = std::env::var_os("FENCELOCK_ENDPOINTS") {
         let url = url.to_string_lossy();
         let clean = without_user_info(&url);

@@ -610,3 +610,32 @@ async fn redis_sentinel_url() {
     );
     assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
 }
+
+/// Sentinels with a password of their own: FENCELOCK_SENTINEL_PASSWORD, removed from the
+/// command's environment; without it a configuration error (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_password() {
+    use fencelock_integration::servers::redis as harness;
+    use fencelock_integration::servers::redis_sentinel::SentinelGroup;
+    if !harness::available() {
+        return;
+    }
+    let group = tokio::task::block_in_place(|| SentinelGroup::start_protected("sentinel-pw"));
+    let url = group.url();
+    let ns = unique_namespace("cli_sentinel_pw");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(&url, &ns);
+    cmd.env("FENCELOCK_SENTINEL_PASSWORD", "sentinel-pw").args([
+        "lock",
+        "x",
+        "--",
+        "sh",
+        "-c",
+        "echo \"pw=[$FENCELOCK_SENTINEL_PASSWORD]\"",
+    ]);
+    let mut r = Run::spawn(cmd, dir.path(), "pw");
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    assert!(r.output().contains("pw=[]"), "{}", r.output());
+    let mut r = Run::start(&url, &ns, dir.path(), "nopw", &["lock", "x", "--", "true"]);
+    assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
+}
