@@ -47,7 +47,6 @@ pub(crate) struct Primary {
 }
 
 /// The primary in use.
-#[derive(Clone)]
 struct Current {
     client: redis::Client,
     con: ConnectionManager,
@@ -108,31 +107,25 @@ impl Primary {
         }))
     }
 
-    fn current(&self) -> Current {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The multiplexed connection to the primary.
+    /// The multiplexed connection to the primary (cloned alone: every request takes it).
     pub(crate) fn con(&self) -> ConnectionManager {
-        self.current().con
+        self.current().con.clone()
     }
 
     /// A client of the primary (for connections of their own: pub/sub, `WAIT`), and its
     /// generation.
     pub(crate) fn client(&self) -> (redis::Client, u64) {
         let c = self.current();
-        (c.client, c.generation)
+        (c.client.clone(), c.generation)
     }
 
     /// The generation of the primary: connections made for an older one are replaced.
     pub(crate) fn generation(&self) -> u64 {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .generation
+        self.current().generation
     }
 
     /// Reports `e`, the error of a request: behind Sentinel, one that a failover causes has
@@ -195,16 +188,13 @@ impl Primary {
                 return;
             }
         };
-        let same = {
-            let cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-            same_addr(cur.client.get_connection_info().addr(), &at)
-        };
+        let same = same_addr(self.current().client.get_connection_info().addr(), &at);
         if same {
             return;
         }
         match connect_to(&self.config, &self.base, at.clone()).await {
             Ok((client, con)) => {
-                let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+                let mut cur = self.current();
                 cur.client = client;
                 cur.con = con;
                 cur.generation += 1;
