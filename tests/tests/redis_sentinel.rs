@@ -13,6 +13,12 @@ use fencelock_redis::{RedisBackend, RedisConfig};
 use futures::StreamExt;
 
 const TTL: Duration = Duration::from_secs(6);
+
+/// The TTL of the sessions through `SENTINEL FAILOVER`: the old primary takes writes until the
+/// sentinels reconfigure the other replica, which then needs a full resynchronisation from the
+/// new primary (Redis 7 waits `repl-diskless-sync-delay`, 5 s, before it starts one), and no
+/// write is acknowledged by a replica meanwhile: heartbeats fail for that long.
+const COMMAND_TTL: Duration = Duration::from_secs(15);
 const WITHIN: Duration = Duration::from_secs(30);
 
 async fn group(failover: Failover) -> Option<SentinelGroup> {
@@ -35,9 +41,13 @@ async fn replicated(url: &str) -> RedisBackend {
 }
 
 async fn session(backend: &RedisBackend) -> Session {
+    session_with(backend, TTL).await
+}
+
+async fn session_with(backend: &RedisBackend, ttl: Duration) -> Session {
     Session::builder(backend.clone())
         .namespace("/sentinel")
-        .ttl(TTL)
+        .ttl(ttl)
         .start()
         .await
         .unwrap()
@@ -53,12 +63,19 @@ fn has_session(g: &SentinelGroup, i: usize, s: &Session) -> bool {
 }
 
 /// Fails the primary over as `how` says while a session holds a lock and another waits for
-/// it: the holder keeps its lock, its session is Live again on the new primary, the waiter is
+/// it (TTL 6 s for a killed primary, [`COMMAND_TTL`] through `SENTINEL FAILOVER`): the holder keeps its lock, its session is Live again on the new primary, the waiter is
 /// granted after the release with a larger token, and new sessions open there.
 async fn follows(how: Failover) {
     let Some(g) = group(how).await else { return };
     let backend = replicated(&g.url()).await;
-    let (a, b) = (session(&backend).await, session(&backend).await);
+    let ttl = match how {
+        Failover::Kill => TTL,
+        Failover::Command => COMMAND_TTL,
+    };
+    let (a, b) = (
+        session_with(&backend, ttl).await,
+        session_with(&backend, ttl).await,
+    );
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let collector = tokio::spawn({
         let (seen, states) = (seen.clone(), a.state_changes());
@@ -141,7 +158,7 @@ async fn follows(how: Failover) {
     next.release().await.unwrap();
 
     // New sessions open on the new primary.
-    let c = session(&backend).await;
+    let c = session_with(&backend, ttl).await;
     assert!(tokio::task::block_in_place(|| has_session(&g, new, &c)));
     let g2 = c.mutex("other").unwrap().lock().await.unwrap();
     assert!(g2.token() > next.token());

@@ -96,7 +96,8 @@ impl RedisConfig {
     /// Sessions are suspended meanwhile, then live again on the new primary if it has their
     /// key, or lost (at the next heartbeat, or at the local deadline): never resurrected. A
     /// master name no sentinel knows is [`Error::InvalidConfig`]; no sentinel answering,
-    /// [`Error::Connect`] (temporary). With [`wait_for_replicas`](Self::wait_for_replicas) a
+    /// [`Error::Connect`] (temporary). Such a connect asks the sentinels, then connects to the
+    /// primary, each within the [`timeout`](Self::timeout): it may take about twice as long. With [`wait_for_replicas`](Self::wait_for_replicas) a
     /// failover by a killed or paused primary loses no grant; `SENTINEL FAILOVER` only with
     /// every replica counted (see the README's Redis section).
     pub fn new(url: impl Into<String>) -> Self {
