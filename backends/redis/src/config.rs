@@ -212,6 +212,15 @@ impl RedisConfig {
         Ok((self.client(&self.full_url())?, None))
     }
 
+    /// [`validate`](Self::validate) for a URL of one server: a Sentinel URL is refused, with
+    /// `why` (the caller needs independent servers).
+    pub(crate) fn validate_server(&self, why: &'static str) -> Result<redis::Client> {
+        match self.validate()? {
+            (client, None) => Ok(client),
+            (_, Some(_)) => Err(Error::invalid_config(redact(&self.url), why)),
+        }
+    }
+
     /// `client` logging in with the sentinel credentials, if any.
     fn with_sentinel_credentials(&self, client: redis::Client) -> Result<redis::Client> {
         let Some((user, password)) = &self.sentinel_credentials else {

@@ -12,7 +12,7 @@ use tokio::sync::RwLock;
 use uuid::Uuid;
 
 use crate::config::RedisConfig;
-use crate::error::{map, unexpected};
+use crate::error::unexpected;
 use crate::layout::{kind_of, queue_path};
 use crate::owned::Owned;
 use crate::primary::Primary;
@@ -113,10 +113,7 @@ impl RedisSession {
         Self::invocation(script, args)
             .invoke_async(&mut con)
             .await
-            .map_err(|e| {
-                self.primary.failed(&e);
-                map(op, e)
-            })
+            .map_err(|e| self.primary.failed(op, e))
     }
 
     /// A call that creates something a failover must not lose: acknowledged by the replicas
@@ -161,6 +158,14 @@ impl RedisSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(own.key.clone(), own.token.get()))
+    }
+
+    /// Forgets what was recorded for the entry named `name`, whatever its token.
+    pub(crate) fn forget_head(&self, name: &str) {
+        self.headed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(key, _)| key != name);
     }
 
     pub(crate) fn known(&self) -> i64 {

@@ -128,12 +128,13 @@ impl Primary {
         self.current().generation
     }
 
-    /// Reports `e`, the error of a request: behind Sentinel, one that a failover causes has
-    /// the sentinels asked again (in the background).
-    pub(crate) fn failed(self: &Arc<Self>, e: &RedisError) {
-        if moved_maybe(e) {
+    /// The error of a request of operation `op`, mapped (see [`crate::error::map`]); behind
+    /// Sentinel, one that a failover causes has the sentinels asked again (in the background).
+    pub(crate) fn failed(self: &Arc<Self>, op: &'static str, e: RedisError) -> Error {
+        if moved_maybe(&e) {
             self.suspect();
         }
+        crate::error::map(op, e)
     }
 
     /// Behind Sentinel, asks the sentinels again (in the background) at most every

@@ -264,11 +264,7 @@ pub(crate) async fn abandon(
     let name = key_value_entry_key(queue, &session.sid, kind, attempt);
     // Whatever token the attempt's entry had (the core abandons attempts whose entry it does
     // not know, which never waited: a backstop).
-    session
-        .headed
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|(key, _)| *key != name);
+    session.forget_head(&name);
     let _changing = session.gate.read().await;
     let reply = session
         .call(

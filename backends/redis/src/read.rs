@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use fencelock::backend::{Entry, EntryInfo, QueueId};
 use fencelock::{FencingToken, Result};
 
-use crate::error::{map, unexpected};
+use crate::error::unexpected;
 use crate::layout::{chan_head, entries_glob, kind_of, queue_path, KEY_PREFIX};
 use crate::lifecycle::{RedisSession, EXPIRY_SLACK};
 use crate::reply::{arg, array, bytes, int, text};
@@ -85,10 +85,7 @@ pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<
             .arg(1000)
             .query_async(&mut con)
             .await
-            .map_err(|e| {
-                session.primary.failed(&e);
-                map("list", e)
-            })?;
+            .map_err(|e| session.primary.failed("list", e))?;
         names.extend(keys.into_iter().filter_map(|k| {
             String::from_utf8(k)
                 .ok()?

@@ -210,15 +210,9 @@ impl Redlock {
         for config in configs {
             let config = config.timeout(timing.request_timeout);
             let url = config.url.as_str();
-            let client = match config.validate()? {
-                (client, None) => client,
-                (_, Some(_)) => {
-                    return Err(Error::invalid_config(
-                        crate::config::redact(url),
-                        "Redlock takes independent servers, not a Sentinel-managed primary",
-                    ))
-                }
-            };
+            let client = config.validate_server(
+                "Redlock takes independent servers, not a Sentinel-managed primary",
+            )?;
             let server = server_identity(client.get_connection_info().addr());
             if seen.contains(&server) {
                 // The same server twice can never give a majority of distinct servers: each

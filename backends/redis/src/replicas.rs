@@ -11,7 +11,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::error::{map, temporary};
+use crate::error::temporary;
 use crate::primary::Primary;
 
 /// What a backend with `wait_for_replicas` runs acknowledged, each on a connection of its own:
@@ -74,10 +74,7 @@ impl Acked {
         let con = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(|e| {
-                self.primary.failed(&e);
-                map(op, e)
-            })?;
+            .map_err(|e| self.primary.failed(op, e))?;
         *slot = Some((generation, con.clone()));
         Ok(con)
     }
@@ -114,8 +111,7 @@ impl Acked {
             Err(e) => {
                 // A broken connection must not serve a WAIT for writes it never carried.
                 *self.slot.lock().await = None;
-                self.primary.failed(&e);
-                Err(map(op, e))
+                Err(self.primary.failed(op, e))
             }
         }
     }

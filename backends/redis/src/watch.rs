@@ -238,10 +238,7 @@ impl Notifier {
     async fn connect(&self) -> Result<Conn> {
         let (client, generation) = self.primary.client();
         let pubsub = match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
-            Ok(r) => r.map_err(|e| {
-                self.primary.failed(&e);
-                map("subscribe", e)
-            })?,
+            Ok(r) => r.map_err(|e| self.primary.failed("subscribe", e))?,
             Err(_) => return Err(temporary("subscribe", "connect timed out")),
         };
         let (sink, mut stream) = pubsub.split();
