@@ -49,7 +49,7 @@ struct Args {
 enum Store {
     Etcd(Box<etcd_client::Client>, String),
     ZooKeeper(zk::Client, String),
-    Redis(redis::aio::ConnectionManager, String),
+    Redis(fencelock_redis::RedisConnection, String),
 }
 
 impl Store {

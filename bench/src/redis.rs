@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::Session;
+use fencelock_redis::RedisConnection;
 use fencelock_redis::{RedisBackend, Redlock};
-use redis::aio::ConnectionManager;
 
 use super::{ms, run_slice, time_interleaved, Args, Contended, Op};
 use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
@@ -24,7 +24,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 /// The floor: `SET key token NX PX ttl`, then a compare-and-delete script; retried after
 /// `retry` while taken (contended rows).
-fn bare_op(con: ConnectionManager, key: &'static str, retry: Duration) -> Op {
+fn bare_op(con: RedisConnection, key: &'static str, retry: Duration) -> Op {
     static DELETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",

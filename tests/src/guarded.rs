@@ -28,7 +28,7 @@ pub struct Resource {
 enum Store {
     Etcd(Box<etcd_client::Client>),
     ZooKeeper(zk::Client),
-    Redis(redis::aio::ConnectionManager),
+    Redis(fencelock_redis::RedisConnection),
 }
 
 impl std::fmt::Debug for Resource {

@@ -240,7 +240,7 @@ async fn authentication_and_permissions_are_permanent_errors() {
 }
 
 /// How many clients are subscribed to `channel`.
-async fn subscribers(con: &mut redis::aio::ConnectionManager, channel: &str) -> i64 {
+async fn subscribers(con: &mut fencelock_redis::RedisConnection, channel: &str) -> i64 {
     let (_, n): (String, i64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
         .arg(channel)
@@ -252,7 +252,7 @@ async fn subscribers(con: &mut redis::aio::ConnectionManager, channel: &str) -> 
 
 /// Waits (bounded) until `channel` has `n` subscribers.
 async fn until_subscribers(
-    con: &mut redis::aio::ConnectionManager,
+    con: &mut fencelock_redis::RedisConnection,
     channel: &str,
     n: i64,
     what: &str,

@@ -7,6 +7,7 @@ pub(crate) use fencelock_net::redact;
 use fencelock_net::TlsConfig;
 use redis::{ClientTlsConfig, TlsCertificates};
 
+use crate::cluster::ClusterUrl;
 use crate::sentinel::{SentinelUrl, Sentinels};
 use crate::RedisBackend;
 
@@ -165,10 +166,9 @@ impl RedisConfig {
         self
     }
 
-    /// Checks the settings: a URL the client parses, timeouts within bounds. Returns the
-    /// client of the URL and, for a Sentinel URL, the sentinels (the client's address is then
-    /// a placeholder for the primary's).
-    pub(crate) fn validate(&self) -> Result<(redis::Client, Option<Sentinels>)> {
+    /// Checks the settings: a URL the client parses, timeouts within bounds. Returns what to
+    /// connect to.
+    pub(crate) fn validate(&self) -> Result<Target> {
         check_timeout("timeout", self.timeout)?;
         if let Some((n, t)) = self.replicas {
             if n == 0 || n > MAX_REPLICAS {
@@ -201,7 +201,10 @@ impl RedisConfig {
                     Ok((host.clone(), self.with_sentinel_credentials(client)?))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            return Ok((base, Some(Sentinels::new(clients, sentinel.master))));
+            return Ok(Target::Sentinel(
+                base,
+                Sentinels::new(clients, sentinel.master),
+            ));
         }
         if self.sentinel_credentials.is_some() {
             return Err(Error::invalid_config(
@@ -209,15 +212,52 @@ impl RedisConfig {
                 "only with a redis+sentinel:// URL",
             ));
         }
-        Ok((self.client(&self.full_url())?, None))
+        if let Some(cluster) = ClusterUrl::parse(&self.url)? {
+            return self.cluster(&cluster);
+        }
+        Ok(Target::Server(self.client(&self.full_url())?))
     }
 
-    /// [`validate`](Self::validate) for a URL of one server: a Sentinel URL is refused, with
-    /// `why` (the caller needs independent servers).
+    /// The clients of a `redis+cluster://` URL.
+    fn cluster(&self, url: &ClusterUrl) -> Result<Target> {
+        let bad = |why: &str| Error::invalid_config(redact(&self.url), why.to_string());
+        if self.tls.is_some() && !url.tls {
+            return Err(bad("TLS settings need a rediss+cluster:// URL"));
+        }
+        if self.replicas.is_some() {
+            // `WAIT` counts the writes of the connection it runs on, and the cluster client
+            // multiplexes every session's requests to a node on one connection.
+            return Err(bad(
+                "wait_for_replicas is not supported on Redis Cluster in this version",
+            ));
+        }
+        let urls: Vec<String> = url.nodes.iter().map(|h| url.node_url(h)).collect();
+        let nodes = urls
+            .iter()
+            .map(|u| self.client(u))
+            .collect::<Result<Vec<_>>>()?;
+        let mut builder = redis::cluster::ClusterClientBuilder::new(urls)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            // A request fails within the timeout (the core retries it, with its own backoff):
+            // redis-rs would otherwise retry for many seconds, from 1.28 s apart.
+            .overall_response_timeout(Some(self.timeout))
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(500);
+        if let Some(certs) = self.certificates() {
+            builder = builder.certs(certs);
+        }
+        let client = builder.build().map_err(|e| bad(&e.to_string()))?;
+        Ok(Target::Cluster(client, nodes))
+    }
+
+    /// [`validate`](Self::validate) for a URL of one server: a Sentinel or cluster URL is
+    /// refused, with `why` (the caller needs independent servers).
     pub(crate) fn validate_server(&self, why: &'static str) -> Result<redis::Client> {
         match self.validate()? {
-            (client, None) => Ok(client),
-            (_, Some(_)) => Err(Error::invalid_config(redact(&self.url), why)),
+            Target::Server(client) => Ok(client),
+            _ => Err(Error::invalid_config(redact(&self.url), why)),
         }
     }
 
@@ -254,14 +294,23 @@ impl RedisConfig {
                  connect by the name on the certificate",
             ));
         }
-        let certificates = TlsCertificates {
+        let certificates = Self::certificates_of(tls);
+        redis::Client::build_with_tls(url, certificates).map_err(bad)
+    }
+
+    /// The certificates of the TLS settings, if any.
+    fn certificates(&self) -> Option<TlsCertificates> {
+        self.tls.as_ref().map(Self::certificates_of)
+    }
+
+    fn certificates_of(tls: &TlsConfig) -> TlsCertificates {
+        TlsCertificates {
             client_tls: tls.identity_pem().map(|(cert, key)| ClientTlsConfig {
                 client_cert: cert.as_bytes().to_vec(),
                 client_key: key.as_bytes().to_vec(),
             }),
             root_cert: Some(tls.ca_pem().as_bytes().to_vec()),
-        };
-        redis::Client::build_with_tls(url, certificates).map_err(bad)
+        }
     }
 
     /// The URL with its scheme: a bare `host:port` is `rediss://` with TLS settings, else
@@ -278,6 +327,16 @@ impl RedisConfig {
     pub async fn connect(self) -> Result<RedisBackend> {
         RedisBackend::connect_with(self).await
     }
+}
+
+/// What a [`RedisConfig`] connects to.
+pub(crate) enum Target {
+    /// One server.
+    Server(redis::Client),
+    /// The primary the sentinels name (the client's address is a placeholder for it).
+    Sentinel(redis::Client, Sentinels),
+    /// A Redis Cluster, and a client of each node of the URL.
+    Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
 }
 
 fn check_timeout(what: &str, t: Duration) -> Result<()> {

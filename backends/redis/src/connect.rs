@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fencelock::{Error, Result};
 use fencelock_net::{connect_error, probe, Probe};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{redact, RedisConfig};
 use crate::error::{self, NAME};
@@ -23,8 +23,33 @@ pub(crate) async fn connect(
         .set_response_timeout(Some(config.timeout))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_secs(1));
+    checked(
+        config,
+        client,
+        client.get_connection_manager_with_config(manager),
+    )
+    .await
+}
+
+/// Connects to the Redis Cluster of `cluster` as [`connect`] does to a server; `probe` is a
+/// client of one of its nodes, to tell a wrong setting from a cluster that is down.
+pub(crate) async fn connect_cluster(
+    config: &RedisConfig,
+    cluster: &redis::cluster::ClusterClient,
+    probe: &redis::Client,
+) -> Result<redis::cluster_async::ClusterConnection> {
+    checked(config, probe, cluster.get_async_connection()).await
+}
+
+/// The connection that `open` makes, checked within the timeout (see [`connect`]), with a
+/// failure typed (probing `client`'s server for a wrong setting).
+async fn checked<C: ConnectionLike + Send>(
+    config: &RedisConfig,
+    client: &redis::Client,
+    open: impl std::future::Future<Output = redis::RedisResult<C>>,
+) -> Result<C> {
     let connect = async {
-        let mut con = client.get_connection_manager_with_config(manager).await?;
+        let mut con = open.await?;
         redis::cmd("PING").query_async::<()>(&mut con).await?;
         // Every release publishes on a `fencelock:*` channel from inside its script, and
         // Redis does not undo a script's earlier writes when a later command fails: a user
@@ -144,7 +169,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Warns when the server may evict keys: an evicted session key ends a session early, an
 /// evicted token counter starts tokens again from 1. (Servers that forbid `CONFIG` say
 /// nothing.)
-pub(crate) async fn warn_if_evicting(mut con: ConnectionManager) {
+pub(crate) async fn warn_if_evicting(mut con: crate::RedisConnection) {
     let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")

@@ -1,8 +1,9 @@
 //! Mapping `redis` errors into [`fencelock::Error`], by the error's kind and the server's error
-//! code, never its message.
+//! code, never its message (but for one error that has no code of its own).
 //!
 //! Temporary: I/O errors (refused, reset, timed out), `LOADING`, `TRYAGAIN`, `MASTERDOWN`,
-//! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`, `BUSY` (a
+//! `READONLY` (a replica that was, or is about to be, promoted), `CLUSTERDOWN`, `MOVED` and
+//! `ASK` (a cluster's slot moving), a script's key on another node (likewise), `BUSY` (a
 //! script running long), `MISCONF` (a server that cannot persist refuses writes), `NOREPLICAS`
 //! (too few replicas follow the primary for it to accept writes). Authentication failures
 //! (`NOAUTH`, `WRONGPASS`, a failed `AUTH` at connect) are [`Error::Unauthenticated`], `NOPERM`
@@ -45,11 +46,18 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             | ServerErrorKind::TryAgain
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly
-            | ServerErrorKind::ClusterDown,
+            | ServerErrorKind::ClusterDown
+            // A cluster's slot that moved (redis-rs follows the redirection a few times, then
+            // gives up with it: the cluster is still settling after a failover or a move).
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
         ) => true,
         // A script running past `busy-reply-threshold`, a server that cannot persist, a
         // primary refusing writes while fewer than `min-replicas-to-write` replicas follow it.
         _ if matches!(e.code(), Some("BUSY" | "MISCONF" | "NOREPLICAS")) => true,
+        // A script that met a key of its slot on another node (the slot migrating): Redis
+        // gives this one no code of its own, only its message.
+        _ if e.to_string().contains("non local key in a cluster node") => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
     };
     Error::backend(NAME, op, temporary, e)

@@ -12,6 +12,18 @@
 //! Session ids are random (128 bits, hex). One token counter serves every namespace: two
 //! namespaces can name the same queue (`/svc` + `x` and `` + `svc/x`), whose order must be one.
 //!
+//! **On Redis Cluster** every key above carries a hash tag after the prefix,
+//! `fencelock{G}:…`, where `G` (0 to [`GROUPS`] − 1) is the queue's *group*: a hash (64-bit
+//! FNV-1a) of the queue's path (`{namespace}/{name}`, a semaphore's `{name}/leases`) modulo
+//! [`GROUPS`]. A queue, its entries, its token counter `fencelock{G}:t`, and the session keys
+//! and owned sets of the sessions that have entries in it are in one slot, so each operation is
+//! still one script on one node. A session has a key in each group it has used (created by
+//! its first enqueue there) and in its home group (the hash of its id, made when it opens): its
+//! heartbeat is one script per group, at most [`GROUPS`] + 1 whatever the number of locks.
+//! The token counter is the group's: tokens grow per lock (and across the locks that share
+//! its group), not across groups. Channels are the same as on one server (`PUBLISH` reaches
+//! every node of a cluster).
+//!
 //! Entry *names* follow the shared key layout of etcd's recipes
 //! ([`key_value_entry_key`](fencelock::backend::key_value_entry_key), `{sid}` as the owner), so that inspection and
 //! `Session::queues` read alike on every backend.
@@ -24,6 +36,95 @@ use fencelock::backend::{EntryKind, QueueId, QueueKind};
 
 /// The prefix of every key and channel fencelock uses.
 pub const KEY_PREFIX: &str = "fencelock";
+
+/// How many groups the queues of a Redis Cluster are spread over (see the module's docs).
+pub const GROUPS: u64 = 1024;
+
+/// Where the keys of a queue live: on one server every queue is in the one group (keys
+/// `fencelock:…`); on a cluster, in the group its path hashes to (keys `fencelock{G}:…`, one
+/// slot). Named by the key of its token counter, which every script takes as `KEYS[1]` (its
+/// keys' prefix, and the cluster's routing).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Group(String);
+
+impl Group {
+    /// The one group of a single server.
+    pub(crate) fn single() -> Group {
+        Group(format!("{KEY_PREFIX}:t"))
+    }
+
+    /// The group of `path` on a cluster.
+    pub(crate) fn hashed(path: &str) -> Group {
+        // 64-bit FNV-1a: stable across processes and versions (every client must agree).
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in path.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        Group(format!("{KEY_PREFIX}{{{}}}:t", h % GROUPS))
+    }
+
+    /// The key of its token counter (`KEYS[1]` of every script).
+    pub(crate) fn key(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The groups of a deployment: one for a server, [`GROUPS`] for a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Groups {
+    Single,
+    Cluster,
+}
+
+impl Groups {
+    /// The group of `queue`.
+    pub(crate) fn of_queue(self, queue: &QueueId) -> Group {
+        self.of_path(&queue.path())
+    }
+
+    fn of_path(self, path: &str) -> Group {
+        match self {
+            Groups::Single => Group::single(),
+            Groups::Cluster => Group::hashed(path),
+        }
+    }
+
+    /// The group of the entry named `name` (names follow
+    /// [`key_value_entry_key`](fencelock::backend::key_value_entry_key): the queue's path, then
+    /// `/read` or `/write` for a read-write lock's, then the owner); `None` for a name that is
+    /// no entry's.
+    pub(crate) fn of_entry(self, name: &str) -> Option<Group> {
+        if self == Groups::Single {
+            return Some(Group::single());
+        }
+        let (parent, leaf) = name.rsplit_once('/')?;
+        // A read-write lock's leaf is `{owner}_{attempt}`; a mutex's `{owner}` (hex, no `_`),
+        // so a mutex named `x/read` keeps its whole path.
+        let path = if leaf.contains('_') {
+            parent
+                .strip_suffix("/read")
+                .or_else(|| parent.strip_suffix("/write"))
+                .unwrap_or(parent)
+        } else {
+            parent
+        };
+        Some(self.of_path(path))
+    }
+
+    /// A session's home group, where its key is made when it opens.
+    pub(crate) fn home(self, sid: &str) -> Group {
+        self.of_path(sid)
+    }
+}
+
+/// On a Redis Cluster, the prefix of the keys of the entry named `name` (`fencelock{G}`: its
+/// hash, its queue's sorted set `{prefix}:q:{path}`, its session's key `{prefix}:s:{sid}`), for
+/// an operator who must reach under the layout; `None` for a name that is no entry's.
+pub fn cluster_prefix(name: &str) -> Option<String> {
+    let group = Groups::Cluster.of_entry(name)?;
+    Some(group.key().trim_end_matches(":t").to_string())
+}
 
 /// The kind as the scripts store it.
 pub(crate) fn kind_code(kind: EntryKind) -> &'static str {
@@ -48,9 +149,12 @@ pub(crate) fn kind_of(code: &str) -> EntryKind {
 }
 
 /// The glob that matches the entry hashes under `namespace`, with the glob's special
-/// characters of the namespace escaped.
-pub(crate) fn entries_glob(namespace: &str) -> String {
-    let mut glob = format!("{KEY_PREFIX}:e:");
+/// characters of the namespace escaped (on a cluster, of every group).
+pub(crate) fn entries_glob(groups: Groups, namespace: &str) -> String {
+    let mut glob = match groups {
+        Groups::Single => format!("{KEY_PREFIX}:e:"),
+        Groups::Cluster => format!("{KEY_PREFIX}{{*}}:e:"),
+    };
     for c in namespace.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             glob.push('\\');
@@ -88,7 +192,45 @@ mod tests {
 
     #[test]
     fn glob_escapes() {
-        assert_eq!(entries_glob("a*b"), "fencelock:e:a\\*b/*");
-        assert_eq!(entries_glob(""), "fencelock:e:/*");
+        assert_eq!(entries_glob(Groups::Single, "a*b"), "fencelock:e:a\\*b/*");
+        assert_eq!(entries_glob(Groups::Single, ""), "fencelock:e:/*");
+        assert_eq!(entries_glob(Groups::Cluster, "n"), "fencelock{*}:e:n/*");
+    }
+
+    #[test]
+    fn groups() {
+        use fencelock::backend::key_value_entry_key;
+        use uuid::Uuid;
+        assert_eq!(Group::single().key(), "fencelock:t");
+        let g = Group::hashed("ns/jobs");
+        assert!(g.key().starts_with("fencelock{") && g.key().ends_with("}:t"));
+        // Every entry of a queue is in the queue's group, whatever the primitive.
+        // (A semaphore's queue is always `{name}/leases`.)
+        for (kind, names) in [
+            (QueueKind::Lock, ["jobs", "jobs/read", "a/write/b"]),
+            (QueueKind::ReadWrite, ["jobs", "jobs/read", "a/write/b"]),
+            (
+                QueueKind::Semaphore,
+                ["p/leases", "read/leases", "a/write/leases"],
+            ),
+        ] {
+            for name in names {
+                let q = QueueId::new("ns", name, kind);
+                for entry in [EntryKind::Exclusive, EntryKind::Shared] {
+                    let e = key_value_entry_key(&q, "00ab", entry, Uuid::from_u128(7));
+                    assert_eq!(
+                        Groups::Cluster.of_entry(&e),
+                        Some(Groups::Cluster.of_queue(&q)),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        assert_eq!(Groups::Cluster.of_entry("nothing"), None);
+        // Spread: 4,096 paths over the groups fill most of them.
+        let used: std::collections::HashSet<_> = (0..4096)
+            .map(|i| Group::hashed(&format!("ns/lock-{i}")))
+            .collect();
+        assert!(used.len() > 900, "{}", used.len());
     }
 }

@@ -90,10 +90,13 @@
 //! no server loses acknowledged writes (see its docs for what it relies on).
 #![forbid(unsafe_code)]
 
+mod cluster;
+mod con;
 mod config;
 mod connect;
 mod error;
 mod guarded;
+mod hosts;
 pub mod layout;
 mod lifecycle;
 mod owned;
@@ -116,8 +119,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock::backend::{Backend, BackendSession};
 use fencelock::{Error, Result};
-use redis::aio::ConnectionManager;
 
+pub use con::RedisConnection;
 pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
 pub use fencelock_net::TlsConfig;
 pub use guarded::guarded_set;
@@ -159,9 +162,9 @@ impl RedisBackend {
     /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Unauthenticated`] for a
     /// wrong user or password, [`Error::Connect`] (temporary) when the server does not answer.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
-        let (client, sentinels) = config.validate()?;
+        let target = config.validate()?;
         let config = Arc::new(config);
-        let primary = primary::Primary::connect(config.clone(), client, sentinels).await?;
+        let primary = primary::Primary::connect(config.clone(), target).await?;
         connect::warn_if_evicting(primary.con()).await;
         let acked = config.replicas.map(|(n, wait)| {
             Arc::new(replicas::Acks::new(
@@ -180,8 +183,9 @@ impl RedisBackend {
 
     /// The connection the sessions use, for operations fencelock does not cover (such as a
     /// resource of your own in Redis that checks fencing tokens). Behind Sentinel, the
-    /// connection to the primary of the moment: after a failover, call this again.
-    pub fn connection(&self) -> ConnectionManager {
+    /// connection to the primary of the moment: after a failover, call this again. On a
+    /// cluster, requests go to the node that serves their first key.
+    pub fn connection(&self) -> RedisConnection {
         self.primary.con()
     }
 }

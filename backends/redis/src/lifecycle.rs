@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::RedisConfig;
 use crate::error::unexpected;
-use crate::layout::{kind_of, queue_path};
+use crate::layout::{kind_of, queue_path, Group, Groups};
 use crate::owned::Owned;
 use crate::primary::Primary;
 use crate::replicas::Acks;
@@ -32,6 +32,8 @@ pub(crate) struct RedisSession {
     pub(crate) acked: Option<Arc<Acks>>,
     pub(crate) sid: String,
     pub(crate) ttl: Duration,
+    /// Where queues' keys live (one group on a server, many on a cluster).
+    pub(crate) groups: Groups,
     pub(crate) notifier: Notifier,
     pub(crate) owned: StdMutex<Owned>,
     /// The entries (name, token) that a release named, live, as their queue's new head when it
@@ -72,8 +74,10 @@ impl RedisSession {
     ) -> Result<Self> {
         // A random id: a counter could hand out a live session's id again after a failover
         // lost its increments.
+        let groups = primary.groups();
         let session = RedisSession {
             notifier: Notifier::new(primary.clone(), config.timeout),
+            groups,
             primary,
             acked,
             sid: Uuid::new_v4().simple().to_string(),
@@ -82,21 +86,30 @@ impl RedisSession {
             headed: StdMutex::default(),
             gate: RwLock::new(()),
         };
+        // Its key in its home group: every heartbeat confirms it, even while the session
+        // has no entry anywhere.
+        let home = groups.home(&session.sid);
         let reply = session
             .create_call(
                 "open session",
                 &scripts::OPEN,
+                &home,
                 vec![arg(&session.sid), arg(ms(ttl))],
             )
             .await?;
         if int(&reply) != Some(1) {
             return Err(unexpected("open session"));
         }
+        session.owned().saw(&home, Some(0), None);
         Ok(session)
     }
 
-    pub(crate) fn invocation(script: &Script, args: Args) -> ScriptInvocation<'_> {
-        let mut inv = script.prepare_invoke();
+    pub(crate) fn invocation<'a>(
+        script: &'a Script,
+        group: &Group,
+        args: Args,
+    ) -> ScriptInvocation<'a> {
+        let mut inv = script.key(group.key());
         for a in args {
             inv.arg(a);
         }
@@ -107,10 +120,11 @@ impl RedisSession {
         &self,
         op: &'static str,
         script: &Script,
+        group: &Group,
         args: Args,
     ) -> Result<Value> {
         let mut con = self.primary.con();
-        Self::invocation(script, args)
+        Self::invocation(script, group, args)
             .invoke_async(&mut con)
             .await
             .map_err(|e| self.primary.failed(op, e))
@@ -122,26 +136,45 @@ impl RedisSession {
         &self,
         op: &'static str,
         script: &Script,
+        group: &Group,
         args: Args,
     ) -> Result<Value> {
         match &self.acked {
-            Some(acks) => acks.creates.run(op, Self::invocation(script, args)).await,
-            None => self.call(op, script, args).await,
+            Some(acks) => {
+                acks.creates
+                    .run(op, Self::invocation(script, group, args))
+                    .await
+            }
+            None => self.call(op, script, group, args).await,
         }
     }
 
     /// A heartbeat: acknowledged by the replicas too when the backend waits for them, so that
     /// a promoted replica has the session's renewed expiry (the local deadline counts from the
     /// heartbeat's send time, and must not outlast what the replica knows).
-    pub(crate) async fn heartbeat_call(&self, script: &Script, args: Args) -> Result<Value> {
+    pub(crate) async fn heartbeat_call(
+        &self,
+        script: &Script,
+        group: &Group,
+        args: Args,
+    ) -> Result<Value> {
         match &self.acked {
             Some(acks) => {
                 acks.heartbeats
-                    .run("keep-alive", Self::invocation(script, args))
+                    .run("keep-alive", Self::invocation(script, group, args))
                     .await
             }
-            None => self.call("keep-alive", script, args).await,
+            None => self.call("keep-alive", script, group, args).await,
         }
+    }
+
+    /// The group of the entry named `name` (one of fencelock's names: its queue's group).
+    pub(crate) fn entry_group(&self, name: &str) -> Result<Group> {
+        self.groups
+            .of_entry(name)
+            .ok_or_else(|| Error::EntryVanished {
+                key: name.to_string(),
+            })
     }
 
     /// Records that `own` headed its queue, live, when the release that woke its wait ran.
@@ -168,30 +201,39 @@ impl RedisSession {
             .retain(|(key, _)| key != name);
     }
 
-    pub(crate) fn known(&self) -> i64 {
-        self.owned().version
+    pub(crate) fn known(&self, group: &Group) -> i64 {
+        self.owned().known(group)
     }
 
     pub(crate) fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
         self.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After a failover lost some of this session's changes: deletes the entries the session
-    /// does not believe it owns (released ones that came back) and moves the version past both.
-    /// The caller holds the gate alone.
-    pub(crate) async fn reconcile(&self) -> Result<()> {
+    /// After a failover lost some of this session's changes in `group`: deletes the entries
+    /// there the session does not believe it owns (released ones that came back) and moves the
+    /// version past both. The caller holds the gate alone.
+    pub(crate) async fn reconcile(&self, group: &Group) -> Result<()> {
         let (known, names) = {
             let o = self.owned();
-            (o.version, o.names.keys().cloned().collect::<Vec<_>>())
+            let names = o
+                .names
+                .keys()
+                .filter(|n| self.groups.of_entry(n).as_ref() == Some(group))
+                .cloned()
+                .collect::<Vec<_>>();
+            (o.known(group), names)
         };
         let mut args = vec![arg(&self.sid), arg(known)];
         args.extend(names.iter().map(arg));
-        let reply = self.call("reconcile", &scripts::RECONCILE, args).await?;
+        let reply = self
+            .call("reconcile", &scripts::RECONCILE, group, args)
+            .await?;
         match int(&reply) {
             Some(v) if v >= 0 => {
                 let mut o = self.owned();
-                o.version = o.version.max(v);
-                o.diverged = false;
+                let g = o.groups.entry(group.clone()).or_default();
+                g.version = g.version.max(v);
+                g.diverged = false;
                 Ok(())
             }
             Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
@@ -211,6 +253,7 @@ impl RedisSession {
             .call(
                 "read entry",
                 &scripts::READ_OWN,
+                &self.entry_group(&own.key)?,
                 vec![
                     arg(&own.key),
                     arg(own.token.get()),
@@ -232,7 +275,12 @@ impl RedisSession {
         queue: &QueueId,
     ) -> Result<Option<((Entry, Vec<u8>), Duration)>> {
         let reply = self
-            .call("leader", &scripts::HEAD, vec![arg(queue_path(queue))])
+            .call(
+                "leader",
+                &scripts::HEAD,
+                &self.groups.of_queue(queue),
+                vec![arg(queue_path(queue))],
+            )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("leader"))?;
         if a.is_empty() {
@@ -254,40 +302,71 @@ impl RedisSession {
 
 pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     session.primary.check();
-    let reply = session
-        .heartbeat_call(
-            &scripts::KEEP_ALIVE,
-            vec![
-                arg(&session.sid),
-                arg(ms(session.ttl)),
-                arg(session.known()),
-            ],
-        )
-        .await?;
-    let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
-    match a.first().and_then(int) {
-        Some(v) if v >= 0 => {}
-        Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
-        None => return Err(unexpected("keep-alive")),
-    }
-    let diverged = {
+    // One script per group the session has a key in (one on a server; on a cluster at most
+    // GROUPS + 1, whatever the number of locks), all at once.
+    let groups: Vec<(Group, bool, i64)> = session
+        .owned()
+        .groups
+        .iter()
+        .map(|(g, s)| (g.clone(), s.confirmed, s.version))
+        .collect();
+    let beats = groups.iter().map(|(group, confirmed, known)| async move {
+        let reply = session
+            .heartbeat_call(
+                &scripts::KEEP_ALIVE,
+                group,
+                vec![
+                    arg(&session.sid),
+                    arg(ms(session.ttl)),
+                    arg(*known),
+                    arg(if *confirmed { "1" } else { "0" }),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
+        match a.first().and_then(int) {
+            Some(v) if v >= 0 => {}
+            // Not made yet: the enqueue that makes it is in flight.
+            Some(-2) => return Ok(false),
+            Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
+            None => return Err(unexpected("keep-alive")),
+        }
         let mut o = session.owned();
-        o.saw(a.first().and_then(int), a.get(1).and_then(int));
-        o.diverged
-    };
+        o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
+        Ok(o.groups.get(group).is_some_and(|g| g.diverged))
+    });
+    let (mut diverged, mut failed) = (Vec::new(), None);
+    for (beat, (group, ..)) in futures_util::future::join_all(beats)
+        .await
+        .into_iter()
+        .zip(&groups)
+    {
+        match beat {
+            Ok(true) => diverged.push(group),
+            Ok(false) => {}
+            // Gone in one group is gone: said before any other failure.
+            Err(e @ Error::SessionLost(_)) => return Err(e),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
     // Only when no change of what the session owns is in flight (else at a later
     // heartbeat): the heartbeat itself never waits for one.
-    if diverged {
+    if !diverged.is_empty() {
         if let Ok(_alone) = session.gate.try_write() {
             tracing::warn!(
                 session = %session.sid,
                 "the Redis server lost changes of this session (a failover to a replica \
                  that lagged): deleting the entries it released that came back"
             );
-            // The session is confirmed alive either way; a failed reconciliation is tried
-            // again at the next heartbeat.
-            if let Err(e) = session.reconcile().await {
-                tracing::warn!(session = %session.sid, error = %e, "reconciliation failed");
+            for group in diverged {
+                // The session is confirmed alive either way; a failed reconciliation is tried
+                // again at the next heartbeat.
+                if let Err(e) = session.reconcile(group).await {
+                    tracing::warn!(session = %session.sid, error = %e, "reconciliation failed");
+                }
             }
         }
     }
@@ -296,8 +375,12 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
 
 pub(crate) async fn close(session: &RedisSession) -> Result<()> {
     session.notifier.shutdown().await;
-    session
-        .call("close", &scripts::CLOSE, vec![arg(&session.sid)])
-        .await?;
+    let groups: Vec<Group> = session.owned().groups.keys().cloned().collect();
+    let closes = groups
+        .iter()
+        .map(|g| session.call("close", &scripts::CLOSE, g, vec![arg(&session.sid)]));
+    for r in futures_util::future::join_all(closes).await {
+        r?;
+    }
     Ok(())
 }

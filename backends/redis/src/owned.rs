@@ -1,36 +1,62 @@
 //! What a Redis session believes it owns, to find out when the server lost some of its
-//! changes.
+//! changes, and in which groups (see [`crate::layout`]) it has a key.
 
 use std::collections::HashMap;
+
+use crate::layout::Group;
 
 /// What this session believes it owns on the server, to find out when a failover to a replica
 /// lost some of its changes: a release lost that way brings the entry back, and the session's
 /// own heartbeat would keep it alive for ever, blocking the lock.
 ///
 /// Every script that changes what the session owns, and the heartbeat, carries the highest
-/// version the client has seen; the server compares it with its own before it changes
-/// anything. A version the client has seen was made before the request was sent, so a server
-/// below it lost changes, whatever order the replies are handled in.
+/// version the client has seen in that group; the server compares it with its own before it
+/// changes anything. A version the client has seen was made before the request was sent, so a
+/// server below it lost changes, whatever order the replies are handled in.
 #[derive(Default)]
 pub(crate) struct Owned {
-    /// The highest version of the session's entries the server reported.
-    pub(crate) version: i64,
-    /// The server said it is behind that version: it lost changes.
-    pub(crate) diverged: bool,
+    /// The groups the session has (or may have: its first enqueue there is in flight) a key in.
+    pub(crate) groups: HashMap<Group, InGroup>,
     /// The names of the entries created or being created, with how many times (a name repeats
     /// when a session re-queues on a lock before the release of its previous entry finished).
     pub(crate) names: HashMap<String, usize>,
 }
 
+/// The session in one group.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct InGroup {
+    /// The highest version of the session's entries in the group the server reported.
+    pub(crate) version: i64,
+    /// The server said it is behind that version: it lost changes.
+    pub(crate) diverged: bool,
+    /// A reply showed the session's key there: from now on, its absence means the session is
+    /// gone (before, a heartbeat may find the key not made yet).
+    pub(crate) confirmed: bool,
+}
+
 impl Owned {
-    /// A reply: the server's version, and whether it was behind the one the request carried.
-    pub(crate) fn saw(&mut self, version: Option<i64>, behind: Option<i64>) {
+    /// A reply from `group`: the server's version (the session's key is there), and whether it
+    /// was behind the one the request carried.
+    pub(crate) fn saw(&mut self, group: &Group, version: Option<i64>, behind: Option<i64>) {
+        let g = self.groups.entry(group.clone()).or_default();
         if let Some(v) = version {
-            self.version = self.version.max(v);
+            g.version = g.version.max(v);
+            g.confirmed = true;
         }
         if behind == Some(1) {
-            self.diverged = true;
+            g.diverged = true;
         }
+    }
+
+    /// The highest version seen in `group`.
+    pub(crate) fn known(&self, group: &Group) -> i64 {
+        self.groups.get(group).map_or(0, |g| g.version)
+    }
+
+    /// Before a create in `group`: counts the group in (its heartbeats extend the key the
+    /// create may make) and returns whether the create must make the session's key there.
+    pub(crate) fn entering(&mut self, group: &Group) -> bool {
+        !self.groups.entry(group.clone()).or_default().confirmed
     }
 
     pub(crate) fn track(&mut self, name: &str) {

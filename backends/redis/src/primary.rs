@@ -1,5 +1,7 @@
-//! Where the primary is, and the connection to it: one address for a `redis://` URL, or the
-//! primary the sentinels name for a `redis+sentinel://` one, found again when it moves.
+//! Where the primary is, and the connection to it: one address for a `redis://` URL, the
+//! primary the sentinels name for a `redis+sentinel://` one, found again when it moves, or a
+//! Redis Cluster for a `redis+cluster://` one (whose client follows the slots' moves itself;
+//! pub/sub connections go to one of the URL's nodes, the next one once it fails).
 //!
 //! Behind Sentinel, a request that fails the way a failover makes requests fail (a broken or
 //! refused connection, a timeout, `READONLY` from a demoted primary, `MASTERDOWN`, fewer
@@ -21,9 +23,11 @@ use fencelock::{Error, Result};
 use redis::aio::ConnectionManager;
 use redis::{ConnectionAddr, ErrorKind, RedisError, ServerErrorKind};
 
-use crate::config::{redact, RedisConfig};
+use crate::con::RedisConnection;
+use crate::config::{redact, RedisConfig, Target};
 use crate::connect;
 use crate::error::NAME;
+use crate::layout::Groups;
 use crate::sentinel::{Located, Sentinels};
 
 /// The shortest time between two questions to the sentinels.
@@ -39,6 +43,8 @@ pub(crate) struct Primary {
     /// replaced by the primary's.
     base: redis::Client,
     sentinels: Option<Sentinels>,
+    /// On a cluster, a client of each node of the URL: pub/sub connections go to one of them.
+    nodes: Vec<redis::Client>,
     current: StdMutex<Current>,
     /// Whether a resolution runs.
     resolving: AtomicBool,
@@ -48,20 +54,44 @@ pub(crate) struct Primary {
 
 /// The primary in use.
 struct Current {
+    /// The primary's client; on a cluster, the client of the node for pub/sub connections.
     client: redis::Client,
-    con: ConnectionManager,
+    con: RedisConnection,
     /// Bumped each time the primary moves.
     generation: u64,
+    /// On a cluster, which of the nodes `client` is.
+    node: usize,
 }
 
 impl Primary {
     /// Connects to the server of `config` (behind Sentinel, to the primary the sentinels
     /// name), within its timeout.
-    pub(crate) async fn connect(
-        config: Arc<RedisConfig>,
-        base: redis::Client,
-        sentinels: Option<Sentinels>,
-    ) -> Result<Arc<Primary>> {
+    pub(crate) async fn connect(config: Arc<RedisConfig>, target: Target) -> Result<Arc<Primary>> {
+        let (base, sentinels, nodes) = match target {
+            Target::Server(client) => (client, None, Vec::new()),
+            Target::Sentinel(client, sentinels) => (client, Some(sentinels), Vec::new()),
+            Target::Cluster(cluster, nodes) => {
+                let first = nodes
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| Error::invalid_config(redact(&config.url), "no node"))?;
+                let con = connect::connect_cluster(&config, &cluster, &first).await?;
+                return Ok(Arc::new(Primary {
+                    config,
+                    base: first.clone(),
+                    sentinels: None,
+                    nodes,
+                    current: StdMutex::new(Current {
+                        client: first,
+                        con: RedisConnection::cluster(con),
+                        generation: 0,
+                        node: 0,
+                    }),
+                    resolving: AtomicBool::new(false),
+                    last: StdMutex::new(None),
+                }));
+            }
+        };
         let (client, con) = match &sentinels {
             None => {
                 let con = connect::connect(&config, &base).await?;
@@ -97,10 +127,12 @@ impl Primary {
             config,
             base,
             sentinels,
+            nodes,
             current: StdMutex::new(Current {
                 client,
-                con,
+                con: RedisConnection::server(con),
                 generation: 0,
+                node: 0,
             }),
             resolving: AtomicBool::new(false),
             last: StdMutex::new(None),
@@ -111,9 +143,32 @@ impl Primary {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The multiplexed connection to the primary (cloned alone: every request takes it).
-    pub(crate) fn con(&self) -> ConnectionManager {
+    /// The multiplexed connection to the primary, or the cluster (cloned alone: every request
+    /// takes it).
+    pub(crate) fn con(&self) -> RedisConnection {
         self.current().con.clone()
+    }
+
+    /// Where the queues' keys live: one group, or a cluster's groups.
+    pub(crate) fn groups(&self) -> Groups {
+        if self.nodes.is_empty() {
+            Groups::Single
+        } else {
+            Groups::Cluster
+        }
+    }
+
+    /// On a cluster, the node of `client` (a connection of its own failed to it): the next
+    /// node's client serves connections of their own from now on.
+    pub(crate) fn node_failed(&self, client: &redis::Client) {
+        if self.nodes.len() < 2 {
+            return;
+        }
+        let mut cur = self.current();
+        if cur.client.get_connection_info().addr() == client.get_connection_info().addr() {
+            cur.node = (cur.node + 1) % self.nodes.len();
+            cur.client = self.nodes[cur.node].clone();
+        }
     }
 
     /// A client of the primary (for connections of their own: pub/sub, `WAIT`), and its
@@ -197,7 +252,7 @@ impl Primary {
             Ok((client, con)) => {
                 let mut cur = self.current();
                 cur.client = client;
-                cur.con = con;
+                cur.con = RedisConnection::server(con);
                 cur.generation += 1;
                 tracing::info!(host = %at.0, port = at.1, "the Redis primary moved (Sentinel)");
             }

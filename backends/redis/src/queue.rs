@@ -1,6 +1,7 @@
 //! The queue operations of a Redis session: enqueue (one queue or several at once), wait for
 //! the entries ahead, re-read them, remove or abandon an entry, set its value.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fencelock::backend::{
@@ -10,7 +11,7 @@ use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
-use crate::layout::{chan_entry, filter_code, kind_code, queue_path};
+use crate::layout::{chan_entry, filter_code, kind_code, queue_path, Group};
 use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
 use crate::reply::{arg, array, entry, int, ms, peers};
 use crate::scripts;
@@ -18,7 +19,9 @@ use crate::scripts;
 pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
     check_value(req.value)?;
     let name = key_value_entry_key(req.queue, &session.sid, req.kind, req.attempt);
+    let group = session.groups.of_queue(req.queue);
     let _changing = session.gate.read().await;
+    let entering = session.owned().entering(&group);
     let args = vec![
         arg(&session.sid),
         arg(queue_path(req.queue)),
@@ -28,14 +31,15 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         arg(ms(session.ttl)),
         arg(filter_code(req.ahead.kind)),
         arg(req.ahead.nearest),
-        arg(session.known()),
+        arg(session.known(&group)),
+        arg(if entering { "1" } else { "0" }),
     ];
     // Counted once per attempt: a retry may find what the first try created.
     if !req.retry {
         session.owned().track(&name);
     }
     let reply = match session
-        .create_call("enqueue", &scripts::ENQUEUE, args)
+        .create_call("enqueue", &scripts::ENQUEUE, &group, args)
         .await
     {
         Ok(reply) => reply,
@@ -61,7 +65,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         .ok_or_else(|| unexpected("enqueue"))?;
     session
         .owned()
-        .saw(a.get(3).and_then(int), a.get(4).and_then(int));
+        .saw(&group, a.get(3).and_then(int), a.get(4).and_then(int));
     Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
 }
 
@@ -69,14 +73,56 @@ pub(crate) async fn enqueue_all(
     session: &RedisSession,
     reqs: &[EnqueueRequest<'_>],
 ) -> Result<Option<Vec<Entry>>> {
+    // One script per group, in the groups' order (one on a server; on a cluster, one if every
+    // queue is in one group). A set in several groups is taken group by group, and what was
+    // taken is released again if a later group is taken (others may see those entries
+    // meanwhile, as on ZooKeeper); an error leaves the undoing to the core, which abandons
+    // every queue of the attempt.
+    let mut by_group: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        by_group
+            .entry(session.groups.of_queue(r.queue))
+            .or_default()
+            .push(i);
+    }
+    let mut entries: Vec<Option<Entry>> = vec![None; reqs.len()];
+    for (group, idx) in &by_group {
+        let part: Vec<EnqueueRequest<'_>> = idx.iter().map(|&i| reqs[i]).collect();
+        match enqueue_group(session, group, &part).await? {
+            Some(got) => {
+                for (&i, e) in idx.iter().zip(got) {
+                    entries[i] = Some(e);
+                }
+            }
+            None => {
+                let taken: Vec<&Entry> = entries.iter().flatten().collect();
+                let undo = taken.iter().map(|e| remove(session, e));
+                for r in futures_util::future::join_all(undo).await {
+                    r?;
+                }
+                return Ok(None);
+            }
+        }
+    }
+    Ok(entries.into_iter().collect())
+}
+
+/// `enqueue_all` of queues that are all in `group`: one script.
+async fn enqueue_group(
+    session: &RedisSession,
+    group: &Group,
+    reqs: &[EnqueueRequest<'_>],
+) -> Result<Option<Vec<Entry>>> {
     let Some(first) = reqs.first() else {
         return Ok(Some(Vec::new()));
     };
     let _changing = session.gate.read().await;
+    let entering = session.owned().entering(group);
     let mut args = vec![
         arg(&session.sid),
         arg(ms(session.ttl)),
-        arg(session.known()),
+        arg(session.known(group)),
+        arg(if entering { "1" } else { "0" }),
     ];
     let mut names = Vec::with_capacity(reqs.len());
     for r in reqs {
@@ -101,7 +147,7 @@ pub(crate) async fn enqueue_all(
         }
     };
     let reply = match session
-        .create_call("enqueue all", &scripts::ENQUEUE_ALL, args)
+        .create_call("enqueue all", &scripts::ENQUEUE_ALL, group, args)
         .await
     {
         Ok(reply) => reply,
@@ -122,7 +168,7 @@ pub(crate) async fn enqueue_all(
         Some(1) => {
             session
                 .owned()
-                .saw(a.get(2).and_then(int), a.get(3).and_then(int));
+                .saw(group, a.get(2).and_then(int), a.get(3).and_then(int));
             let tokens = a
                 .get(1)
                 .and_then(array)
@@ -145,12 +191,14 @@ pub(crate) async fn enqueue_all(
 
 pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
     // Subscribed before the read: a deletion between the two is not missed.
+    let group = session.entry_group(&own.key)?;
     let reg = session.notifier.register(chan_entry(&target.key)).await?;
     loop {
         let reply = session
             .call(
                 "wait",
                 &scripts::CHECK_WAIT,
+                &group,
                 vec![
                     arg(&own.key),
                     arg(own.token.get()),
@@ -201,6 +249,7 @@ pub(crate) async fn still_ahead(
         .call(
             "read queue",
             &scripts::STILL_AHEAD,
+            &session.groups.of_queue(queue),
             vec![
                 arg(queue_path(queue)),
                 arg(&own.key),
@@ -232,15 +281,17 @@ pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);
+    let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
     let reply = session
         .call(
             "release",
             &scripts::REMOVE,
+            &group,
             vec![
                 arg(&entry.key),
                 arg(entry.token.get()),
-                arg(session.known()),
+                arg(session.known(&group)),
             ],
         )
         .await?;
@@ -249,6 +300,7 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
     let mut o = session.owned();
     o.untrack(&entry.key);
     o.saw(
+        &group,
         a.get(1).and_then(int).filter(|v| *v >= 0),
         a.get(2).and_then(int),
     );
@@ -265,16 +317,18 @@ pub(crate) async fn abandon(
     // Whatever token the attempt's entry had (the core abandons attempts whose entry it does
     // not know, which never waited: a backstop).
     session.forget_head(&name);
+    let group = session.groups.of_queue(queue);
     let _changing = session.gate.read().await;
     let reply = session
         .call(
             "abandon",
             &scripts::ABANDON,
+            &group,
             vec![
                 arg(queue_path(queue)),
                 arg(&name),
                 arg(&session.sid),
-                arg(session.known()),
+                arg(session.known(&group)),
             ],
         )
         .await?;
@@ -282,6 +336,7 @@ pub(crate) async fn abandon(
     let mut o = session.owned();
     o.untrack(&name);
     o.saw(
+        &group,
         a.first().and_then(int).filter(|v| *v >= 0),
         a.get(1).and_then(int),
     );
@@ -294,6 +349,7 @@ pub(crate) async fn set_value(session: &RedisSession, entry: &Entry, value: &[u8
         .call(
             "proclaim",
             &scripts::SET_VALUE,
+            &session.entry_group(&entry.key)?,
             vec![arg(&entry.key), arg(entry.token.get()), value.to_vec()],
         )
         .await?;

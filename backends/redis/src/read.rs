@@ -1,13 +1,15 @@
 //! The reads of a Redis session: a queue's head and waiting until it changes, a queue's
 //! entries with their values, and every key of a namespace.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use fencelock::backend::{Entry, EntryInfo, QueueId};
 use fencelock::{FencingToken, Result};
 
+use crate::cluster;
 use crate::error::unexpected;
-use crate::layout::{chan_head, entries_glob, kind_of, queue_path, KEY_PREFIX};
+use crate::layout::{chan_head, entries_glob, kind_of, queue_path, Group, Groups};
 use crate::lifecycle::{RedisSession, EXPIRY_SLACK};
 use crate::reply::{arg, array, bytes, int, text};
 use crate::scripts;
@@ -44,7 +46,12 @@ pub(crate) async fn wait_queue_change(
 
 pub(crate) async fn inspect(session: &RedisSession, queue: &QueueId) -> Result<Vec<EntryInfo>> {
     let reply = session
-        .call("inspect", &scripts::INSPECT, vec![arg(queue_path(queue))])
+        .call(
+            "inspect",
+            &scripts::INSPECT,
+            &session.groups.of_queue(queue),
+            vec![arg(queue_path(queue))],
+        )
         .await?;
     let rows = array(&reply).ok_or_else(|| unexpected("inspect"))?;
     rows.iter()
@@ -70,40 +77,62 @@ pub(crate) async fn inspect(session: &RedisSession, queue: &QueueId) -> Result<V
 
 pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<String>> {
     let mut con = session.primary.con();
-    let glob = entries_glob(namespace);
-    let strip = format!("{KEY_PREFIX}:e:");
-    let mut names = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        // Raw bytes: a foreign key that is not UTF-8 under our prefix is skipped, rather
-        // than failing the whole listing (fencelock's own names are UTF-8).
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&glob)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut con)
+    let glob = entries_glob(session.groups, namespace);
+    // On a cluster, every primary holds some groups' keys.
+    let nodes = match session.groups {
+        Groups::Single => vec![(String::new(), 0)],
+        Groups::Cluster => cluster::primaries(&mut con)
             .await
-            .map_err(|e| session.primary.failed("list", e))?;
-        names.extend(keys.into_iter().filter_map(|k| {
-            String::from_utf8(k)
-                .ok()?
-                .strip_prefix(&strip)
-                .map(str::to_string)
-        }));
-        if next == 0 {
-            break;
+            .map_err(|e| session.primary.failed("list", e))?,
+    };
+    let mut names = Vec::new();
+    for node in &nodes {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&glob)
+                .arg("COUNT")
+                .arg(1000);
+            // Raw bytes: a foreign key that is not UTF-8 under our prefix is skipped, rather
+            // than failing the whole listing (fencelock's own names are UTF-8).
+            let (next, keys): (u64, Vec<Vec<u8>>) = cluster::on_node(&mut con, node, scan)
+                .await
+                .map_err(|e| session.primary.failed("list", e))?;
+            names.extend(keys.into_iter().filter_map(|k| {
+                let k = String::from_utf8(k).ok()?;
+                // `fencelock:e:{name}`, or `fencelock{G}:e:{name}` on a cluster.
+                let (_, name) = k.split_once(":e:")?;
+                Some(name.to_string())
+            }));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        cursor = next;
     }
-    let mut live = Vec::with_capacity(names.len());
-    for chunk in names.chunks(LIST_CHUNK) {
-        let reply = session
-            .call("list", &scripts::LIVE, chunk.iter().map(arg).collect())
-            .await?;
-        let a = array(&reply).ok_or_else(|| unexpected("list"))?;
-        live.extend(a.iter().filter_map(text));
+    // Checked group by group (each group's keys are on one node).
+    let mut by_group: BTreeMap<Group, Vec<String>> = BTreeMap::new();
+    for name in names {
+        if let Some(g) = session.groups.of_entry(&name) {
+            by_group.entry(g).or_default().push(name);
+        }
+    }
+    let mut live = Vec::new();
+    for (group, names) in &by_group {
+        for chunk in names.chunks(LIST_CHUNK) {
+            let reply = session
+                .call(
+                    "list",
+                    &scripts::LIVE,
+                    group,
+                    chunk.iter().map(arg).collect(),
+                )
+                .await?;
+            let a = array(&reply).ok_or_else(|| unexpected("list"))?;
+            live.extend(a.iter().filter_map(text));
+        }
     }
     live.sort();
     live.dedup();

@@ -14,10 +14,15 @@ pub(crate) async fn request_revoke(
     key: &str,
     token: FencingToken,
 ) -> Result<bool> {
+    // A name that is no entry's has no entry to ask.
+    let Some(group) = session.groups.of_entry(key) else {
+        return Ok(false);
+    };
     let reply = session
         .call(
             "request revoke",
             &scripts::SET_VALUE,
+            &group,
             vec![arg(key), arg(token.get()), REVOKE_MARKER.to_vec()],
         )
         .await?;

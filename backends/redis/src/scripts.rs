@@ -2,9 +2,10 @@
 //! two steps cannot leave a half-made entry, and each operation costs one round trip. The key
 //! layout is in [`crate::layout`].
 //!
-//! The scripts compute the keys they touch from their arguments, which a single Redis server
-//! (with or without replicas) allows and Redis Cluster does not: this backend does not support
-//! Redis Cluster.
+//! Every script takes one key, `KEYS[1]`: the token counter of the queue's group (see
+//! [`crate::layout`]), whose prefix (`fencelock`, or `fencelock{G}` on a cluster) the script
+//! puts before every key it computes from its arguments. On a cluster those keys are all in
+//! the counter's slot (the same hash tag), so the script runs on the node that serves it.
 
 use std::sync::LazyLock;
 
@@ -12,11 +13,24 @@ use redis::Script;
 
 /// Helpers every script starts with.
 const PRELUDE: &str = r#"
-local P = 'fencelock'
-local function skey(sid) return P .. ':s:' .. sid end
-local function okey(sid) return P .. ':o:' .. sid end
-local function qkey(path) return P .. ':q:' .. path end
-local function ekey(name) return P .. ':e:' .. name end
+-- The group's prefix: KEYS[1] is its counter, `{prefix}:t`. Channels are not keys: the same in
+-- every group.
+local P = string.sub(KEYS[1], 1, -3)
+local C = 'fencelock'
+-- On a cluster (a hash tag in the prefix), every key is touched together with KEYS[1] before
+-- it is used: while the group's slot migrates, a key that is not on this node yet (or any
+-- more) fails that two-key command with TRYAGAIN, and the script stops (retried) instead of
+-- reading the key as missing (a live holder's entry taken for dead, a queue for empty). A
+-- single-key command would not: on the importing node it reads a key not moved yet as absent.
+local GUARD = string.find(P, '{', 1, true) ~= nil
+local function guard(key)
+  if GUARD then redis.call('TOUCH', key, KEYS[1]) end
+  return key
+end
+local function skey(sid) return guard(P .. ':s:' .. sid) end
+local function okey(sid) return guard(P .. ':o:' .. sid) end
+local function qkey(path) return guard(P .. ':q:' .. path) end
+local function ekey(name) return guard(P .. ':e:' .. name) end
 -- An entry's {session, token, kind, queue} if it is live (its hash is there, and so is its
 -- session's key), else nil.
 local function live(name)
@@ -39,8 +53,8 @@ local function drop(path, name)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if head and live(head) then note = 'gone ' .. head end
   end
-  redis.call('PUBLISH', P .. ':c:' .. name, note)
-  if was_head then redis.call('PUBLISH', P .. ':h:' .. path, 'gone') end
+  redis.call('PUBLISH', C .. ':c:' .. name, note)
+  if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
 end
 -- The version of what session `sid` owns.
 local function version(sid) return tonumber(redis.call('HGET', skey(sid), 'v') or '0') end
@@ -87,14 +101,16 @@ local function create(sid, path, name, kind, value, ttl)
   local token = redis.call('ZSCORE', q, name)
   if token then
     if redis.call('HGET', e, 's') == sid then
-      -- Found again (a retry). Touched, so that a WAIT that follows covers it.
+      -- Found again (a retry). Touched, so that a WAIT that follows covers it; in the owned
+      -- set again, in case the first try stopped before it got there (a slot migrating).
       redis.call('PEXPIRE', e, ttl)
+      redis.call('SADD', okey(sid), name)
       return tonumber(token), 0
     end
     -- A member without its hash (evicted, or half deleted by hand): replaced.
     redis.call('ZREM', q, name)
   end
-  token = redis.call('INCR', P .. ':t')
+  token = redis.call('INCR', KEYS[1])
   -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
   if token >= 9007199254740992 then
     error({err = 'ERR fencelock token counter exhausted (2^53)'})
@@ -110,8 +126,17 @@ local function create(sid, path, name, kind, value, ttl)
   redis.call('HINCRBY', skey(sid), 'v', 1)
   extend(okey(sid), ttl)
   extend(q, ttl)
-  if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', P .. ':h:' .. path, 'new') end
+  if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
   return token, 1
+end
+-- Whether session `sid` has its key in this group; with `open` = '1' (its first use of the
+-- group: the client has no confirmed key here) made if missing.
+local function enter(sid, open, ttl)
+  if redis.call('EXISTS', skey(sid)) == 1 then return true end
+  if open ~= '1' then return false end
+  redis.call('HSET', skey(sid), 'v', 0)
+  redis.call('PEXPIRE', skey(sid), ttl)
+  return true
 end
 -- 1 if session `sid`'s version is below `known` (the highest the client has seen): the server
 -- lost changes of it.
@@ -137,13 +162,18 @@ return 1
     )
 });
 
-/// ARGV: sid, ttl ms, the version the client knows. Extends the session and everything it
-/// owns; returns {-1} if the session is gone, else {version, behind}.
+/// ARGV: sid, ttl ms, the version the client knows, whether the session's key in this group
+/// was confirmed ('1'; else its first enqueue here is in flight). Extends the session and
+/// everything it owns; returns {-1} if the confirmed key is gone, {-2} if an unconfirmed one
+/// is not there (yet), else {version, behind}.
 pub(crate) static KEEP_ALIVE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ttl = ARGV[1], tonumber(ARGV[2])
-if redis.call('PEXPIRE', skey(sid), ttl) == 0 then return {-1} end
+if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
+  if ARGV[4] == '1' then return {-1} end
+  return {-2}
+end
 local late = behind(sid, ARGV[3])
 redis.call('PEXPIRE', okey(sid), ttl)
 for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
@@ -201,13 +231,15 @@ return 1
 });
 
 /// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
-/// the client knows. Returns {-1} if the session is gone, else {token, created, {ahead…},
-/// version, behind}.
+/// the client knows, whether to make the session's key in this group if missing ('1').
+/// Returns {-1} if the session is gone, else {token, created, {ahead…}, version, behind}.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, path, name = ARGV[1], ARGV[2], ARGV[3]
-if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
+-- The keys it writes, looked at before it writes any (see `guard`).
+okey(sid); qkey(path); ekey(name)
+if not enter(sid, ARGV[10], ARGV[6]) then return {-1} end
 local late = behind(sid, ARGV[9])
 local token, created = create(sid, path, name, ARGV[4], ARGV[5], tonumber(ARGV[6]))
 local out = ahead(path, token, ARGV[7], tonumber(ARGV[8]))
@@ -216,16 +248,18 @@ return {token, created, out, version(sid), late}
     )
 });
 
-/// ARGV: sid, ttl ms, the version the client knows, then (queue path, entry name, kind, value)
-/// per queue. Creates every entry only if each queue is empty of live entries but ours; returns
+/// ARGV: sid, ttl ms, the version the client knows, whether to make the session's key in this
+/// group if missing ('1'), then (queue path, entry name, kind, value) per queue (all of one
+/// group). Creates every entry only if each queue is empty of live entries but ours; returns
 /// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local sid, ttl = ARGV[1], tonumber(ARGV[2])
-if redis.call('EXISTS', skey(sid)) == 0 then return {-1} end
+okey(sid)
+if not enter(sid, ARGV[4], ARGV[2]) then return {-1} end
 local late = behind(sid, ARGV[3])
-for i = 4, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
     local first = redis.call('ZRANGE', qkey(path), 0, 0)[1]
@@ -235,7 +269,7 @@ for i = 4, #ARGV, 4 do
   end
 end
 local tokens = {}
-for i = 4, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   local token = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
   tokens[#tokens + 1] = token
 end
@@ -341,9 +375,9 @@ pub(crate) static SET_VALUE: LazyLock<Script> = LazyLock::new(|| {
 local e = live(ARGV[1])
 if not e or tonumber(e[2]) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', ekey(ARGV[1]), 'v', ARGV[3])
-redis.call('PUBLISH', P .. ':c:' .. ARGV[1], 'value')
+redis.call('PUBLISH', C .. ':c:' .. ARGV[1], 'value')
 if redis.call('ZRANK', qkey(e[4]), ARGV[1]) == 0 then
-  redis.call('PUBLISH', P .. ':h:' .. e[4], 'value')
+  redis.call('PUBLISH', C .. ':h:' .. e[4], 'value')
 end
 return 1
 "#,

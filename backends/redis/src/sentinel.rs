@@ -52,30 +52,8 @@ impl SentinelUrl {
         };
         let bad = |why: &str| Error::invalid_config(redact(url), why.to_string());
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u.to_string()), h),
-            None => (None, authority),
-        };
-        let mut sentinels = Vec::new();
-        for host in hosts.split(',') {
-            if host.is_empty() {
-                return Err(bad("an empty sentinel address"));
-            }
-            let with_port = match host.rsplit_once(':') {
-                // An IPv6 address without a port ends in `]`.
-                Some((h, p)) if !p.ends_with(']') => {
-                    if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
-                        return Err(bad("a sentinel address must be HOST or HOST:PORT"));
-                    }
-                    host.to_string()
-                }
-                _ => format!("{host}:{DEFAULT_PORT}"),
-            };
-            sentinels.push(with_port);
-        }
-        if sentinels.len() > MAX_SENTINELS {
-            return Err(bad("more than 64 sentinels"));
-        }
+        let (userinfo, sentinels) =
+            crate::hosts::parse(url, authority, DEFAULT_PORT, MAX_SENTINELS, "sentinel")?;
         let mut segments = path.split('/');
         let master = segments.next().unwrap_or_default();
         if master.is_empty() {

@@ -237,9 +237,16 @@ impl Notifier {
 
     async fn connect(&self) -> Result<Conn> {
         let (client, generation) = self.primary.client();
+        // (On a cluster, a node that fails a connect has the next one tried from then on.)
         let pubsub = match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
-            Ok(r) => r.map_err(|e| self.primary.failed("subscribe", e))?,
-            Err(_) => return Err(temporary("subscribe", "connect timed out")),
+            Ok(r) => r.map_err(|e| {
+                self.primary.node_failed(&client);
+                self.primary.failed("subscribe", e)
+            })?,
+            Err(_) => {
+                self.primary.node_failed(&client);
+                return Err(temporary("subscribe", "connect timed out"));
+            }
         };
         let (sink, mut stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));

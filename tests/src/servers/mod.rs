@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod fourlw;
 pub mod postgres;
 pub mod redis;
+pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod zookeeper;
 

@@ -47,6 +47,8 @@ pub struct RedisServer {
     durability: Durability,
     /// TLS only (no plaintext port), with `redis-cli` talking TLS to it.
     tls: Option<CliTls>,
+    /// A node of a Redis Cluster (`cluster-enabled yes`), with its cluster bus port.
+    cluster: Option<u16>,
 }
 
 /// What `redis-cli` needs to talk to a TLS-only server.
@@ -64,13 +66,31 @@ impl RedisServer {
     pub fn start(durability: Durability) -> RedisServer {
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, durability, None, None);
+        let child = spawn(port, &dir, durability, None, None, None);
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
             durability,
             tls: None,
+            cluster: None,
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// Starts a node of a Redis Cluster (no slots, not yet met with the others). Blocking.
+    pub fn start_cluster_node() -> RedisServer {
+        let dir = super::data_dir("fencelock-redis-").expect("temp dir");
+        let (port, bus) = (crate::free_port(), crate::free_port());
+        let child = spawn(port, &dir, Durability::None, None, None, Some(bus));
+        let server = RedisServer {
+            child: Mutex::new(child),
+            port,
+            dir,
+            durability: Durability::None,
+            tls: None,
+            cluster: Some(bus),
         };
         server.wait_ready();
         server
@@ -98,13 +118,14 @@ impl RedisServer {
         };
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, Durability::None, primary, Some(&tls));
+        let child = spawn(port, &dir, Durability::None, primary, Some(&tls), None);
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
             durability: Durability::None,
             tls: Some(tls),
+            cluster: None,
         };
         server.wait_ready();
         // On replicas too: ACL users are each server's own, not replicated.
@@ -131,13 +152,14 @@ impl RedisServer {
     pub fn replica_via(port: u16, durability: Durability) -> RedisServer {
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let own = crate::free_port();
-        let child = spawn(own, &dir, durability, Some(port), None);
+        let child = spawn(own, &dir, durability, Some(port), None, None);
         let server = RedisServer {
             child: Mutex::new(child),
             port: own,
             dir,
             durability,
             tls: None,
+            cluster: None,
         };
         server.wait_ready();
         server
@@ -233,6 +255,7 @@ impl RedisServer {
             self.durability,
             primary,
             self.tls.as_ref(),
+            self.cluster,
         );
         *self.child() = child;
         self.wait_ready();
@@ -268,6 +291,7 @@ fn spawn(
     durability: Durability,
     primary: Option<u16>,
     tls: Option<&CliTls>,
+    cluster: Option<u16>,
 ) -> ManagedChild {
     let mut cmd = Command::new("redis-server");
     match tls {
@@ -299,6 +323,19 @@ fn spawn(
     };
     if let Some(p) = primary {
         cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
+    }
+    if let Some(bus) = cluster {
+        // A node that misses pings for a second is failed over (the tests' faults).
+        cmd.args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ])
+        .args(["--cluster-node-timeout", "1000"])
+        // Replicas in sync at once (a replica that never synced is never promoted).
+        .args(["--repl-diskless-sync-delay", "0"])
+        .args(["--cluster-port", &bus.to_string()]);
     }
     ManagedChild::spawn(format!("redis-{port}"), cmd, &dir.path().join("redis.log"))
         .expect("start redis-server")

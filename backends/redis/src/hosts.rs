@@ -1,0 +1,44 @@
+//! The authority of a URL that names several servers (`redis+sentinel://`, `redis+cluster://`):
+//! `[user[:password]@]host[:port][,host[:port]…]`.
+
+use fencelock::{Error, Result};
+
+use crate::config::redact;
+
+/// The user info (still percent-encoded) and the `host:port`s of `authority`, a part of `url`
+/// (for messages, redacted); a host without a port gets `default_port`; at most `max` hosts,
+/// called `what` in messages.
+pub(crate) fn parse(
+    url: &str,
+    authority: &str,
+    default_port: u16,
+    max: usize,
+    what: &str,
+) -> Result<(Option<String>, Vec<String>)> {
+    let bad = |why: String| Error::invalid_config(redact(url), why);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u.to_string()), h),
+        None => (None, authority),
+    };
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err(bad(format!("an empty {what} address")));
+        }
+        let with_port = match host.rsplit_once(':') {
+            // An IPv6 address without a port ends in `]`.
+            Some((h, p)) if !p.ends_with(']') => {
+                if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
+                    return Err(bad(format!("a {what} address must be HOST or HOST:PORT")));
+                }
+                host.to_string()
+            }
+            _ => format!("{host}:{default_port}"),
+        };
+        out.push(with_port);
+        if out.len() > max {
+            return Err(bad(format!("more than {max} {what}s")));
+        }
+    }
+    Ok((userinfo, out))
+}

@@ -1,0 +1,448 @@
+//! A Redis Cluster for the tests: three primaries and a replica of each, Debian's
+//! `redis-server` with `cluster-enabled yes` on free loopback ports (a node is failed over after
+//! a second without answering pings), made into a cluster by `redis-cli --cluster create`.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use fencelock::backend::Backend;
+use fencelock::conformance::Factory;
+use fencelock::Result;
+use fencelock_redis::RedisBackend;
+
+use super::redis::RedisServer;
+use crate::target::{Kind, Target};
+
+/// How many nodes: three primaries, a replica each.
+pub const NODES: usize = 6;
+
+/// A running Redis Cluster; its nodes are killed (by PID) when dropped.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    /// The nodes killed and not restarted.
+    down: Mutex<Vec<usize>>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, makes them a cluster (three primaries with 5,461 slots each, a
+    /// replica each), and waits (bounded) until every node says the cluster is ok. Blocking.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..NODES)
+            .map(|_| RedisServer::start_cluster_node())
+            .collect();
+        let mut create = std::process::Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(n.addr());
+        }
+        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        let out = create.output().expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster {
+            nodes,
+            down: Mutex::new(Vec::new()),
+        };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// `redis+cluster://` with every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| n.addr()).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.nodes[i]
+    }
+
+    /// A backend connected to the cluster.
+    pub async fn backend(&self) -> RedisBackend {
+        RedisBackend::connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the cluster {}: {e:?}", self.url()))
+    }
+
+    fn running(&self) -> Vec<usize> {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        (0..NODES).filter(|i| !down.contains(i)).collect()
+    }
+
+    /// Waits (bounded, blocking) until every running node says `cluster_state:ok` and knows
+    /// every slot served by a primary that runs, and every running replica is in sync with
+    /// its primary (only a replica that synced can be promoted).
+    pub fn wait_ok(&self) {
+        let start = Instant::now();
+        loop {
+            let ok = self.running().iter().all(|&i| {
+                let info = self.nodes[i].cli(&["CLUSTER", "INFO"]).unwrap_or_default();
+                let repl = self.nodes[i]
+                    .cli(&["INFO", "replication"])
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && (repl.contains("role:master") || repl.contains("master_link_status:up"))
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the cluster is not ok after 60 s: {}",
+                self.nodes[self.running()[0]]
+                    .cli(&["CLUSTER", "NODES"])
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The index of the node that serves `slot` as primary, as a running node sees it.
+    pub fn primary_of(&self, slot: u16) -> usize {
+        let nodes = self.nodes_table();
+        for line in nodes.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+                continue;
+            }
+            let serves = f[8..].iter().any(|r| match r.split_once('-') {
+                Some((a, b)) => {
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                }
+                None => r.parse::<u16>().is_ok_and(|s| s == slot),
+            });
+            if serves {
+                if let Some(i) = self.index_of(f[1]) {
+                    return i;
+                }
+            }
+        }
+        panic!("no primary serves slot {slot}: {nodes}");
+    }
+
+    /// The primaries, as a running node sees them.
+    pub fn primaries(&self) -> Vec<usize> {
+        self.nodes_table()
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                (f.len() > 2 && f[2].contains("master") && !f[2].contains("fail"))
+                    .then(|| self.index_of(f[1]))
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let i = self.running()[0];
+        let out = self.nodes[i].cli(&["CLUSTER", "KEYSLOT", key]).unwrap();
+        out.trim().parse().unwrap()
+    }
+
+    /// The node id of node `i`.
+    pub fn id_of(&self, i: usize) -> String {
+        self.nodes[i]
+            .cli(&["CLUSTER", "MYID"])
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// Moves `slot` to node `to` (a primary) the way `redis-cli --cluster reshard` does: the
+    /// target importing, the source migrating, the keys `MIGRATE`d in batches, then the slot
+    /// assigned to the target on every primary. `between` runs after the first batch moved,
+    /// with the slot half moved (requests to it meet `ASK` or `TRYAGAIN`). Blocking.
+    pub fn move_slot(&self, slot: u16, to: usize, between: impl FnOnce()) {
+        let from = self.primary_of(slot);
+        assert_ne!(from, to, "slot {slot} is already on node {to}");
+        let (from_id, to_id) = (self.id_of(from), self.id_of(to));
+        let s = slot.to_string();
+        let ok = |out: std::io::Result<String>, what: &str| {
+            let out = out.unwrap();
+            assert!(out.trim() == "OK" || out.trim().is_empty(), "{what}: {out}");
+        };
+        ok(
+            self.nodes[to].cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]),
+            "importing",
+        );
+        ok(
+            self.nodes[from].cli(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]),
+            "migrating",
+        );
+        let mut between = Some(between);
+        loop {
+            let keys = self.nodes[from]
+                .cli(&["CLUSTER", "GETKEYSINSLOT", &s, "2"])
+                .unwrap();
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = self.nodes[to].port().to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().copied());
+            let out = self.nodes[from].cli(&args).unwrap();
+            assert!(
+                out.trim() == "OK" || out.trim() == "NOKEY",
+                "MIGRATE: {out}"
+            );
+            if let Some(b) = between.take() {
+                b();
+            }
+        }
+        if let Some(b) = between.take() {
+            b();
+        }
+        for i in self.primaries() {
+            ok(
+                self.nodes[i].cli(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]),
+                "node",
+            );
+        }
+        self.wait_ok();
+    }
+
+    fn nodes_table(&self) -> String {
+        let i = self.running()[0];
+        self.nodes[i].cli(&["CLUSTER", "NODES"]).unwrap_or_default()
+    }
+
+    /// The index of the node at `addr` (`127.0.0.1:PORT@BUS`).
+    fn index_of(&self, addr: &str) -> Option<usize> {
+        let port: u16 = addr.split('@').next()?.rsplit_once(':')?.1.parse().ok()?;
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// The primary that serves the most of fencelock's queues (the workload's lock, in a
+    /// fresh cluster): the one whose loss matters.
+    fn busiest_primary(&self) -> usize {
+        let primaries = self.primaries();
+        primaries
+            .iter()
+            .copied()
+            .max_by_key(|&i| {
+                self.nodes[i]
+                    .cli(&["--scan", "--pattern", "fencelock{*}:q:*"])
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+            })
+            .expect("a primary")
+    }
+
+    /// Waits (bounded) until node `i` is no primary that serves slots any more, and the cluster
+    /// is ok: its replica took over.
+    fn wait_failed_over(&self, i: usize) -> Duration {
+        let start = Instant::now();
+        while self.primaries().contains(&i) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "node {i} was not failed over within 30 s: {}",
+                self.nodes_table()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_ok();
+        start.elapsed()
+    }
+}
+
+#[async_trait::async_trait]
+impl super::Cluster for RedisCluster {
+    fn kind(&self) -> Kind {
+        Kind::Redis
+    }
+
+    fn size(&self) -> usize {
+        NODES
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        self.nodes[i].addr()
+    }
+
+    fn target(&self) -> Target {
+        Target::new(Kind::Redis, self.url())
+    }
+
+    /// The primary that serves the workload's queues.
+    async fn leader(&self) -> usize {
+        tokio::task::block_in_place(|| self.busiest_primary())
+    }
+
+    async fn caught_up(&self) {
+        tokio::task::block_in_place(|| self.wait_ok());
+    }
+
+    /// SIGKILLs node `i`; a primary's replica takes over (returns once it did).
+    fn kill(&self, i: usize) {
+        tokio::task::block_in_place(|| {
+            let primary = self.primaries().contains(&i);
+            self.nodes[i].kill();
+            self.down.lock().unwrap().push(i);
+            if primary {
+                let took = self.wait_failed_over(i);
+                println!("redis cluster: primary {i} failed over after {took:.2?}");
+            }
+        });
+    }
+
+    /// Restarts a killed node: it rejoins as a replica of the primary that took over.
+    fn restart(&self, i: usize) {
+        let was_down = {
+            let mut down = self.down.lock().unwrap();
+            let at = down.iter().position(|d| *d == i);
+            at.map(|at| down.remove(at)).is_some()
+        };
+        if was_down {
+            tokio::task::block_in_place(|| {
+                self.nodes[i].restart();
+                self.wait_ok();
+            });
+        }
+    }
+
+    fn pause(&self, i: usize) {
+        self.nodes[i].pause();
+    }
+
+    fn resume(&self, i: usize) {
+        self.nodes[i].resume();
+    }
+
+    async fn dump(&self, namespace: &str) -> String {
+        tokio::task::block_in_place(|| {
+            self.running()
+                .iter()
+                .map(|&i| {
+                    let keys = self.nodes[i]
+                        .cli(&["--scan", "--pattern", &format!("fencelock*{namespace}*")])
+                        .unwrap_or_default();
+                    format!("node {i}:\n{keys}")
+                })
+                .collect()
+        })
+    }
+}
+
+static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+
+/// The cluster shared by the tests of one binary; `None` if Redis is missing outside CI.
+pub fn shared() -> Option<Arc<RedisCluster>> {
+    super::shared(&SHARED, Kind::Redis, RedisCluster::start)
+}
+
+/// The conformance factory over a Redis Cluster.
+#[derive(Debug, Clone)]
+pub struct RedisClusterFactory {
+    backend: RedisBackend,
+    /// Keeps the cluster running while the test runs.
+    pub cluster: Arc<RedisCluster>,
+}
+
+impl RedisClusterFactory {
+    /// A factory over the shared cluster; `None` if Redis is missing outside CI.
+    pub async fn shared() -> Option<RedisClusterFactory> {
+        let cluster = tokio::task::spawn_blocking(shared).await.ok()??;
+        Some(RedisClusterFactory {
+            backend: cluster.backend().await,
+            cluster,
+        })
+    }
+
+    /// The connected backend.
+    pub fn redis(&self) -> &RedisBackend {
+        &self.backend
+    }
+}
+
+/// What an operator runs to delete an entry by hand on a cluster: as on one server, with the
+/// keys of the entry's group (`KEYS[1]`: the entry's hash).
+const ADMIN_DELETE: &str = r#"
+local P = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 3)
+local path = redis.call('HGET', KEYS[1], 'q')
+if not path then return 0 end
+redis.call('ZREM', P .. ':q:' .. path, ARGV[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', 'fencelock:c:' .. ARGV[1], 'gone')
+redis.call('PUBLISH', 'fencelock:h:' .. path, 'gone')
+return 1
+"#;
+
+#[async_trait::async_trait]
+impl Factory for RedisClusterFactory {
+    fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(1500)
+    }
+
+    async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        let prefix = fencelock_redis::layout::cluster_prefix(key).expect("an entry's name");
+        let mut con = self.backend.connection();
+        redis::Script::new(ADMIN_DELETE)
+            .key(format!("{prefix}:e:{key}"))
+            .arg(key)
+            .invoke_async::<i64>(&mut con)
+            .await
+            .map(drop)
+            .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
+    }
+
+    /// As on one server ([`super::redis::RedisFactory`]), in the groups of those names, with
+    /// the session's key there (a session has keys only in the groups it used).
+    async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
+        let map =
+            |e: redis::RedisError| fencelock::Error::backend("redis", "foreign write", false, e);
+        let mut con = self.backend.connection();
+        let counted = [
+            format!("{namespace}/jobs//{session}"),
+            format!("{namespace}/loose"),
+        ];
+        for name in &counted {
+            let prefix = fencelock_redis::layout::cluster_prefix(name).expect("a name");
+            let key = format!("{prefix}:e:{name}");
+            redis::pipe()
+                .hset_multiple(
+                    &key,
+                    &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
+                )
+                .pexpire(&key, 60_000)
+                .query_async::<()>(&mut con)
+                .await
+                .map_err(map)?;
+            let skey = format!("{prefix}:s:{session}");
+            // Made only if missing (a live session's key in that group is left as it is).
+            redis::pipe()
+                .cmd("HSETNX")
+                .arg(&skey)
+                .arg("v")
+                .arg(0)
+                .cmd("PEXPIRE")
+                .arg(&skey)
+                .arg(60_000)
+                .arg("NX")
+                .query_async::<()>(&mut con)
+                .await
+                .map_err(map)?;
+        }
+        let plain = format!("{namespace}/plain/string");
+        let prefix = fencelock_redis::layout::cluster_prefix(&plain).expect("a name");
+        redis::pipe()
+            .set_ex(format!("{prefix}:e:{plain}"), "foreign", 60)
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(map)?;
+        Ok(counted.len())
+    }
+}

@@ -1,0 +1,307 @@
+//! Redis Cluster: the conformance suite and the cluster's own behaviour (locks spread over the
+//! shards, one session across them, multi-locks across shards, a slot moved while its lock is
+//! held, a primary failed over) against a real cluster of three primaries and three replicas
+//! started by the harness.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use fencelock::{Error, Session, SessionState};
+use fencelock_integration::servers::redis_cluster::RedisClusterFactory;
+use fencelock_redis::{RedisBackend, RedisConfig};
+
+fencelock::conformance_tests!(RedisClusterFactory::shared());
+
+/// The cluster slot of the queue of lock `name` in namespace `ns` (its group's counter key).
+fn slot_of(f: &RedisClusterFactory, ns: &str, name: &str) -> u16 {
+    // Any entry name of the queue has the queue's group.
+    let prefix = fencelock_redis::layout::cluster_prefix(&format!("{ns}/{name}/x")).unwrap();
+    f.cluster.slot_of(&format!("{prefix}:t"))
+}
+
+/// A session holds locks on every shard: each lock's keys are on the primary that serves its
+/// group's slot, each lock's tokens grow, and the one session stays live across heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_spread_over_the_shards() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("spread");
+    let s = Session::builder(f.redis().clone())
+        .namespace(ns.as_str())
+        .ttl(Duration::from_secs(2))
+        .start()
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..60).map(|i| format!("lock-{i}")).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(s.mutex(n).unwrap().lock().await.unwrap());
+    }
+    let mut per_primary: BTreeMap<usize, usize> = BTreeMap::new();
+    for n in &names {
+        let slot = slot_of(&f, &ns, n);
+        *per_primary
+            .entry(tokio::task::block_in_place(|| f.cluster.primary_of(slot)))
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_primary.len(),
+        3,
+        "60 locks on every primary: {per_primary:?}"
+    );
+    // Past two TTLs: the heartbeats (one script per group) keep every lock.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(s.state(), SessionState::Live);
+    let listed: HashSet<String> = s
+        .queues("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    for n in &names {
+        assert!(listed.contains(n.as_str()), "{n} listed: {listed:?}");
+    }
+    for (g, name) in guards.into_iter().zip(&names) {
+        assert!(g.is_held());
+        let token = g.token();
+        g.release().await.unwrap();
+        let again = s.mutex(name).unwrap().lock().await.unwrap();
+        assert!(again.token() > token, "{name}: tokens grow per lock");
+        again.release().await.unwrap();
+    }
+    s.close().await.unwrap();
+}
+
+/// Two names in the same group and in different groups: a multi-lock's `try_lock` takes all or
+/// nothing either way, and leaves no entry when refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_across_shards() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("multi");
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.as_str())
+            .start()
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    // Names on different primaries.
+    let names: Vec<String> = (0..40).map(|i| format!("acct-{i}")).collect();
+    let primary =
+        |n: &str| tokio::task::block_in_place(|| f.cluster.primary_of(slot_of(&f, &ns, n)));
+    let x = &names[0];
+    let y = names
+        .iter()
+        .find(|n| primary(n) != primary(x))
+        .expect("a name on another primary");
+    let z = names
+        .iter()
+        .find(|n| *n != x && *n != y && primary(n) != primary(x) && primary(n) != primary(y))
+        .expect("a name on the third primary");
+    let held = b.mutex(z).unwrap().lock().await.unwrap();
+    let set = a.multi_lock([x.as_str(), y.as_str(), z.as_str()]).unwrap();
+    assert!(set.try_lock().await.unwrap().is_none(), "{z} is taken");
+    for n in [x, y] {
+        let m = a.mutex(n).unwrap();
+        assert!(
+            m.holder().await.unwrap().is_none() && m.waiters().await.unwrap().is_empty(),
+            "{n}: nothing left by the refused set"
+        );
+    }
+    held.release().await.unwrap();
+    let got = set.try_lock().await.unwrap().expect("all free");
+    assert_eq!(got.tokens().len(), 3);
+    assert!(b.mutex(y).unwrap().try_lock().await.unwrap().is_none());
+    got.release().await.unwrap();
+    // The ordered `lock` across shards.
+    let got = set.lock().await.unwrap();
+    got.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// The slot of a held lock moves to another primary (`MIGRATING`/`IMPORTING`, the keys moved
+/// with `MIGRATE`) while a waiter waits: the holder keeps it across heartbeats, its release
+/// reaches the waiter, whose token is larger, and new locks of that group work on the new node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moves_while_its_lock_is_held() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("reshard");
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.as_str())
+            .ttl(Duration::from_secs(3))
+            .start()
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let held = a.mutex("moving").unwrap().lock().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.mutex("moving").unwrap().lock().await })
+    };
+    // The waiter is queued before the move.
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a
+        .mutex("moving")
+        .unwrap()
+        .waiters()
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let slot = slot_of(&f, &ns, "moving");
+    let cluster = f.cluster.clone();
+    let session = a.clone();
+    let rt = tokio::runtime::Handle::current();
+    let during = tokio::task::spawn_blocking(move || {
+        let from = cluster.primary_of(slot);
+        let to = cluster
+            .primaries()
+            .into_iter()
+            .find(|p| *p != from)
+            .unwrap();
+        let mut during = None;
+        cluster.move_slot(slot, to, || {
+            // Half moved: a read of the slot's queue fails with TRYAGAIN, retried until the
+            // slot has moved (a half-moved queue is never read).
+            let m = session.mutex("moving").unwrap();
+            during = Some(rt.spawn(async move { m.waiters().await }));
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        assert_eq!(cluster.primary_of(slot), to);
+        during.expect("moved in two batches at least")
+    })
+    .await
+    .unwrap();
+    let waiters = tokio::time::timeout(Duration::from_secs(10), during)
+        .await
+        .expect("the read during the move ends once it moved")
+        .unwrap()
+        .unwrap();
+    assert_eq!(waiters.len(), 1, "the waiter, read whole: {waiters:?}");
+    // Heartbeats after the move (TTL 3 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(a.state(), SessionState::Live);
+    assert!(held.is_held());
+    assert!(!waiter.is_finished(), "granted while held");
+    let token = held.token();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(got.token() > token);
+    got.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// Wrong settings are typed errors, within the timeout, the password never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settings() {
+    for bad in [
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1:0",
+        "redis+cluster://127.0.0.1:1/2",
+        "redis+cluster://u:s3cret@127.0.0.1:1,,",
+    ] {
+        let r = RedisBackend::connect(bad).await;
+        match r {
+            Err(Error::InvalidConfig(e)) => assert!(!e.to_string().contains("s3cret"), "{e}"),
+            r => panic!("{bad}: {r:?}"),
+        }
+    }
+    let r = RedisConfig::new("redis+cluster://127.0.0.1:1")
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    let port = fencelock_integration::free_port();
+    let started = std::time::Instant::now();
+    let r = RedisConfig::new(format!("redis+cluster://u:s3cret@127.0.0.1:{port}"))
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    match r {
+        Err(
+            e @ Error::Connect {
+                temporary: true, ..
+            },
+        ) => assert!(!format!("{e} {e:?}").contains("s3cret"), "{e:?}"),
+        r => panic!("nothing listening: {r:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A primary killed: its replica takes over, the holder's session is suspended and then live
+/// again (the replica had its key: the lock was taken well before), keeping its lock, and a
+/// waiter is granted after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_fails_over() {
+    if !fencelock_integration::servers::redis::available() {
+        return;
+    }
+    // A cluster of its own: this one loses a node.
+    let cluster = tokio::task::spawn_blocking(
+        fencelock_integration::servers::redis_cluster::RedisCluster::start,
+    )
+    .await
+    .unwrap();
+    let backend = cluster.backend().await;
+    let start = || {
+        Session::builder(backend.clone())
+            .namespace("failover")
+            .ttl(Duration::from_secs(8))
+            .start()
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let held = a.mutex("jobs").unwrap().lock().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.mutex("jobs").unwrap().lock().await })
+    };
+    // Replicated before the fault (asynchronous replication: give it a moment).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let prefix = fencelock_redis::layout::cluster_prefix("failover/jobs/x").unwrap();
+    let slot = cluster.slot_of(&format!("{prefix}:t"));
+    let primary = cluster.primary_of(slot);
+    tokio::task::block_in_place(|| {
+        use fencelock_integration::servers::Cluster;
+        cluster.kill(primary);
+    });
+    // Two TTLs after the failover: heartbeats reach the promoted replica, which has the
+    // session's key (replicated well before the fault).
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert_eq!(a.state(), SessionState::Live);
+    assert_eq!(b.state(), SessionState::Live);
+    if waiter.is_finished() {
+        panic!(
+            "the waiter ended while the lock is held: {:?}",
+            waiter.await
+        );
+    }
+    assert!(held.is_held());
+    let token = held.token();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter is granted")
+        .unwrap()
+        .unwrap();
+    assert!(got.token() > token);
+    got.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
