@@ -10,6 +10,7 @@ pub mod family;
 pub mod gray;
 pub mod pingpong;
 pub mod redis;
+pub mod redis_cluster;
 pub mod report;
 pub mod scale;
 pub mod zookeeper;
@@ -70,6 +71,12 @@ pub struct Args {
     /// Trials per cell of the gray-failure rows.
     #[arg(long, default_value_t = 3)]
     pub gray_reps: usize,
+    /// Locks held across a Redis Cluster's shards (the cluster's held-locks row).
+    #[arg(long, default_value_t = 100_000)]
+    pub cluster_held: usize,
+    /// Skip the Redis Cluster rows.
+    #[arg(long)]
+    pub no_cluster: bool,
     /// Also write a markdown report with SVG plots into this directory.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,

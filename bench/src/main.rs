@@ -61,6 +61,9 @@ async fn main() {
     let redis = !args.family_only && !args.scale_only && !args.contended_only;
     if matches!(args.backend.as_str(), "redis" | "all") && redis {
         fencelock_bench::redis::redis_rows(&args).await;
+        if !args.no_cluster {
+            fencelock_bench::redis_cluster::redis_cluster_rows(&args).await;
+        }
     }
     fencelock_bench::emit_summary();
     if !args.no_gray && !args.family_only && !args.scale_only && !args.contended_only {

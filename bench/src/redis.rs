@@ -20,11 +20,11 @@ use super::{ms, run_slice, time_interleaved, Args, Contended, Op};
 use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
 
 /// The lock TTL of the bare and rslock rows, and our session TTL.
-const TTL: Duration = Duration::from_secs(10);
+pub(crate) const TTL: Duration = Duration::from_secs(10);
 
 /// The floor: `SET key token NX PX ttl`, then a compare-and-delete script; retried after
 /// `retry` while taken (contended rows).
-fn bare_op(con: RedisConnection, key: &'static str, retry: Duration) -> Op {
+pub(crate) fn bare_op(con: RedisConnection, key: &'static str, retry: Duration) -> Op {
     static DELETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
@@ -61,9 +61,28 @@ fn bare_op(con: RedisConnection, key: &'static str, retry: Duration) -> Op {
 
 /// `rslock`: `acquire` (loops over `lock`, retrying after its delay) + `unlock`.
 fn rslock_op(url: &str, resource: &'static str) -> Op {
-    let mut lm = rslock::LockManager::new(vec![url.to_string()]);
-    lm.set_retry(u32::MAX, Duration::from_millis(1));
-    let lm = Arc::new(lm);
+    rslock_op_with(
+        Arc::new(rslock_with(url, Duration::from_millis(1))),
+        resource,
+    )
+}
+
+/// An `rslock` manager of the server at `url`, or of the cluster of a `redis+cluster://` URL
+/// (its cluster client), retrying after `retry`.
+pub(crate) fn rslock_with(url: &str, retry: Duration) -> rslock::LockManager {
+    let mut lm = match url.strip_prefix("redis+cluster://") {
+        Some(nodes) => {
+            let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
+            rslock::LockManager::new_cluster(nodes).expect("rslock cluster")
+        }
+        None => rslock::LockManager::new(vec![url.to_string()]),
+    };
+    lm.set_retry(u32::MAX, retry);
+    lm
+}
+
+/// [`rslock_op`] with a manager of its own.
+pub(crate) fn rslock_op_with(lm: Arc<rslock::LockManager>, resource: &'static str) -> Op {
     Box::new(move || {
         let lm = lm.clone();
         Box::pin(async move {
@@ -76,7 +95,7 @@ fn rslock_op(url: &str, resource: &'static str) -> Op {
     })
 }
 
-async fn our_op(backend: RedisBackend, name: &str) -> Op {
+pub(crate) async fn our_op(backend: RedisBackend, name: &str) -> Op {
     let s = Session::builder(backend)
         .namespace("bench")
         .ttl(TTL)

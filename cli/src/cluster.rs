@@ -42,14 +42,18 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
     let url = args.endpoints.as_deref().ok_or_else(|| {
         Error::invalid_config(
             "--endpoints",
-            "no cluster: pass --endpoints etcd://HOST:PORT, zk://HOST:PORT or redis://HOST:PORT, or set FENCELOCK_ENDPOINTS",
+            "no cluster: pass --endpoints etcd://HOST:PORT, zk://HOST:PORT, redis://HOST:PORT (or redis+sentinel://, redis+cluster://), or set FENCELOCK_ENDPOINTS",
         )
     })?;
     let tls = tls(args)?;
     let parsed = Url::parse(url)?;
     let credentials = credentials(args, parsed.user_info)?;
     if let Some(c) = &credentials {
-        if c.user.is_empty() && !matches!(parsed.url, Url::Redis { .. } | Url::RedisSentinel { .. })
+        if c.user.is_empty()
+            && !matches!(
+                parsed.url,
+                Url::Redis { .. } | Url::RedisSentinel { .. } | Url::RedisCluster { .. }
+            )
         {
             return Err(Error::invalid_config(
                 "--user",
@@ -118,25 +122,30 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             addr,
             db,
             tls: rediss,
-        } => redis(args, credentials, tls, rediss, &addr, None, db).await,
+        } => redis(args, credentials, tls, rediss, &addr, Redis::Server, db).await,
         Url::RedisSentinel {
             sentinels,
             master,
             db,
             tls: rediss,
         } => {
-            redis(
-                args,
-                credentials,
-                tls,
-                rediss,
-                &sentinels,
-                Some(&master),
-                db,
-            )
-            .await
+            let kind = Redis::Sentinel(&master);
+            redis(args, credentials, tls, rediss, &sentinels, kind, db).await
+        }
+        Url::RedisCluster { nodes, tls: rediss } => {
+            redis(args, credentials, tls, rediss, &nodes, Redis::Cluster, None).await
         }
     }
+}
+
+/// Which Redis deployment a URL names.
+enum Redis<'a> {
+    /// One server.
+    Server,
+    /// The primary the sentinels name for this master name.
+    Sentinel(&'a str),
+    /// A Redis Cluster.
+    Cluster,
 }
 
 /// Connects and starts a session.
@@ -150,20 +159,21 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         .await
 }
 
-/// A Redis backend: one server (`hosts` is `HOST:PORT`), or, with a `master` name, the
-/// primary that the sentinels at `hosts` name.
+/// A Redis backend: one server (`hosts` is `HOST:PORT`), the primary that the sentinels at
+/// `hosts` name, or the cluster of the nodes at `hosts`.
 async fn redis(
     args: &ClusterArgs,
     credentials: Option<Credentials>,
     tls: Option<TlsConfig>,
     rediss: bool,
     hosts: &str,
-    master: Option<&str>,
+    kind: Redis<'_>,
     db: Option<String>,
 ) -> fencelock::Result<(Arc<dyn Backend>, String)> {
-    let (sentinel, hosts) = match master {
-        Some(m) => ("+sentinel", format!("{hosts}/{m}")),
-        None => ("", hosts.to_string()),
+    let (sentinel, hosts) = match kind {
+        Redis::Sentinel(m) => ("+sentinel", format!("{hosts}/{m}")),
+        Redis::Cluster => ("+cluster", hosts.to_string()),
+        Redis::Server => ("", hosts.to_string()),
     };
     let auth = match &credentials {
         Some(c) => format!("{}:{}@", percent(&c.user), percent(&c.password)),

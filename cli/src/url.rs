@@ -60,6 +60,9 @@ pub(crate) enum Url {
         db: Option<String>,
         tls: bool,
     },
+    /// `redis+cluster://n1:6379,n2:6379`: a Redis Cluster, found from these nodes
+    /// (`rediss+cluster://` over TLS).
+    RedisCluster { nodes: String, tls: bool },
 }
 
 fn bad(url: &str, reason: &'static str) -> Error {
@@ -153,9 +156,21 @@ impl Url {
                     tls: scheme == "rediss+sentinel",
                 })
             }
+            "redis+cluster" | "rediss+cluster" => {
+                if path.is_some_and(|p| p != "0") {
+                    return Err(bad(
+                        url,
+                        "a Redis Cluster has database 0 only: redis+cluster://HOST:PORT[,HOST:PORT...]",
+                    ));
+                }
+                Ok(Url::RedisCluster {
+                    nodes: hosts.join(","),
+                    tls: scheme == "rediss+cluster",
+                })
+            }
             _ => Err(bad(
                 url,
-                "unknown scheme (etcd://, zk://, redis://, rediss://, redis+sentinel://; TLS otherwise with --cacert)",
+                "unknown scheme (etcd://, zk://, redis://, rediss://, redis+sentinel://, redis+cluster://; TLS otherwise with --cacert)",
             )),
         }
     }
@@ -303,6 +318,13 @@ mod tests {
             }
         );
         assert_eq!(
+            Url::parse("redis+cluster://a:1,b:2/").unwrap().url,
+            Url::RedisCluster {
+                nodes: "a:1,b:2".into(),
+                tls: false
+            }
+        );
+        assert_eq!(
             Url::parse("rediss+sentinel://a/main").unwrap().url,
             Url::RedisSentinel {
                 sentinels: "a".into(),
@@ -315,6 +337,8 @@ mod tests {
             "a:2379",
             "redis+sentinel://a:1",
             "redis+sentinel://a:1/m/x",
+            "redis+cluster://a:1/2",
+            "redis+cluster://a:1,,b:2",
             "redis://a:1,b:2",
             "redis://a:1/x",
             "memcached://a:1",

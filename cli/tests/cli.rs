@@ -611,6 +611,54 @@ async fn redis_sentinel_url() {
     assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
 }
 
+/// A `redis+cluster://` URL: two processes exclude each other on a real cluster, and a
+/// cluster URL with a database is a configuration error (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_url() {
+    use fencelock_integration::servers::redis as harness;
+    use fencelock_integration::servers::redis_cluster::RedisCluster;
+    if !harness::available() {
+        return;
+    }
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let url = cluster.url();
+    let ns = unique_namespace("cli_cluster");
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        r#"echo "start $FENCELOCK_TOKEN" >> log; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
+    let mut runs: Vec<Run> = (0..2)
+        .map(|i| {
+            Run::start(
+                &url,
+                &ns,
+                dir.path(),
+                &format!("p{i}"),
+                &["lock", "x", "--", "sh", "-c", script],
+            )
+        })
+        .collect();
+    for r in &mut runs {
+        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 4, "{log}");
+    for pair in lines.chunks(2) {
+        assert!(
+            pair[0].starts_with("start") && pair[1].starts_with("end"),
+            "{log}"
+        );
+    }
+    let mut r = Run::start(
+        &format!("{url}/3"),
+        &ns,
+        dir.path(),
+        "db",
+        &["lock", "x", "--", "true"],
+    );
+    assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
+}
+
 /// Sentinels with a password of their own: FENCELOCK_SENTINEL_PASSWORD, removed from the
 /// command's environment; without it a configuration error (78).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,7 @@ use fencelock_integration::adversity::primitive::Primitive;
 use fencelock_integration::adversity::{plan, run, RunConfig, Scenario};
 use fencelock_integration::servers::available;
 use fencelock_integration::servers::redis::RedisPair;
+use fencelock_integration::servers::redis_cluster::RedisCluster;
 use fencelock_integration::servers::redis_sentinel::{Failover, SentinelGroup};
 use fencelock_integration::target::Kind;
 use std::time::Duration;
@@ -178,6 +179,59 @@ async fn adversity_redis_sentinel() {
     print_table(
         "redis behind Sentinel (a primary, two replicas, three sentinels; grants and heartbeats \
          acknowledged by replicas)",
+        &lines,
+    );
+    assert!(failed.is_empty(), "violations: {failed:#?}");
+}
+
+/// The scenarios on a Redis Cluster (three primaries, a replica each; a node failed over after
+/// a second without answering): the workload's lock is on one shard, whose primary the leader
+/// faults kill or pause (the cluster promotes its replica); the other faults take a node away,
+/// or a holder. (A cut-off client needs every node behind a proxy: not here.)
+fn cluster_mode_plan() -> Vec<(Primitive, Scenario)> {
+    let mut v: Vec<_> = [
+        Scenario::KillLeader,
+        Scenario::PauseLeader,
+        Scenario::KillFollower,
+        Scenario::PauseHolder,
+    ]
+    .into_iter()
+    .map(|s| (Primitive::Mutex, s))
+    .collect();
+    for p in [Primitive::ReadWrite, Primitive::Semaphore(3)] {
+        v.push((p, Scenario::KillLeader));
+    }
+    v
+}
+
+/// On a Redis Cluster, whose replication is asynchronous: a failover of the workload's shard
+/// (its primary killed or paused) may lose the last grants; every other row must be free of
+/// violations, and every row's workload must go on after its fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adversity_redis_cluster_mode() {
+    if !available(Kind::Redis) {
+        return;
+    }
+    let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
+    let only = std::env::var("FENCELOCK_SCENARIO").ok();
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for (primitive, scenario) in cluster_mode_plan() {
+        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+            continue;
+        }
+        // A fresh cluster per scenario: a failover leaves the roles swapped.
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .expect("start the cluster");
+        let s = run(scenario, primitive, &cluster, &cfg).await;
+        let may_lose = matches!(scenario, Scenario::KillLeader | Scenario::PauseLeader);
+        failed.extend(verdict(&s, may_lose));
+        lines.push(s.line());
+    }
+    print_table(
+        "redis cluster (three primaries, a replica each, asynchronous replication; the \
+         workload's shard fails over when its primary is killed or paused)",
         &lines,
     );
     assert!(failed.is_empty(), "violations: {failed:#?}");

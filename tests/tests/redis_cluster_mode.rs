@@ -305,3 +305,45 @@ async fn a_primary_fails_over() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// A session depends on the shards of its locks alone: another shard's primary killed (its
+/// failover takes longer than the TTL) loses neither a session holding a lock elsewhere nor
+/// one holding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_shard_fails_over() {
+    if !fencelock_integration::servers::redis::available() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(
+        fencelock_integration::servers::redis_cluster::RedisCluster::start,
+    )
+    .await
+    .unwrap();
+    let backend = cluster.backend().await;
+    let start = || {
+        Session::builder(backend.clone())
+            .namespace("elsewhere")
+            .ttl(Duration::from_secs(2))
+            .start()
+    };
+    let (holder, idle) = (start().await.unwrap(), start().await.unwrap());
+    let held = holder.mutex("jobs").unwrap().lock().await.unwrap();
+    let prefix = fencelock_redis::layout::cluster_prefix("elsewhere/jobs/x").unwrap();
+    let ours = cluster.primary_of(cluster.slot_of(&format!("{prefix}:t")));
+    let other = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != ours)
+        .unwrap();
+    tokio::task::block_in_place(|| {
+        use fencelock_integration::servers::Cluster;
+        cluster.kill(other);
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(holder.state(), SessionState::Live);
+    assert_eq!(idle.state(), SessionState::Live);
+    assert!(held.is_held());
+    held.release().await.unwrap();
+    holder.close().await.unwrap();
+    idle.close().await.unwrap();
+}

@@ -82,6 +82,23 @@ pub(crate) async fn primaries(con: &mut RedisConnection) -> redis::RedisResult<V
         .collect())
 }
 
+/// A `PING` to one node: on a cluster, a primary at random, tried up to three times (a
+/// `PING` sent as is goes to every primary, and fails while any one is down).
+pub(crate) async fn ping_one(con: &mut RedisConnection) -> redis::RedisResult<()> {
+    let Inner::Cluster(c) = &mut con.0 else {
+        return redis::cmd("PING").query_async(con).await;
+    };
+    let mut last = None;
+    for _ in 0..3 {
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        match c.route_command(redis::cmd("PING"), routing).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no node answered").into()))
+}
+
 /// Sends `cmd` to the node at `host:port` of the cluster `con` connects to.
 pub(crate) async fn on_node<T: redis::FromRedisValue>(
     con: &mut RedisConnection,

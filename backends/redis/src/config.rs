@@ -101,6 +101,11 @@ impl RedisConfig {
     /// primary, each within the [`timeout`](Self::timeout): it may take about twice as long. With [`wait_for_replicas`](Self::wait_for_replicas) a
     /// failover by a killed or paused primary loses no grant; `SENTINEL FAILOVER` only with
     /// every replica counted (see the README's Redis section).
+    ///
+    /// **Redis Cluster**: `redis+cluster://[user[:password]@]host[:port][,host[:port]…]`
+    /// (`rediss+cluster://` for TLS; a node without a port is on 6379; at most 64, the client
+    /// finds the others): see the crate's docs for how locks are spread over the shards.
+    /// [`wait_for_replicas`](Self::wait_for_replicas) is refused with it.
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),

@@ -17,9 +17,10 @@
 //! FNV-1a) of the queue's path (`{namespace}/{name}`, a semaphore's `{name}/leases`) modulo
 //! [`GROUPS`]. A queue, its entries, its token counter `fencelock{G}:t`, and the session keys
 //! and owned sets of the sessions that have entries in it are in one slot, so each operation is
-//! still one script on one node. A session has a key in each group it has used (created by
-//! its first enqueue there) and in its home group (the hash of its id, made when it opens): its
-//! heartbeat is one script per group, at most [`GROUPS`] + 1 whatever the number of locks.
+//! still one script on one node. A session has a key in each group where it holds (or waits
+//! for) something, made by its first enqueue there and let expire once it holds nothing there:
+//! its heartbeat is one script per such group (at most [`GROUPS`] whatever the number of
+//! locks; a `PING` when there is none), and it depends on the shards of those groups alone.
 //! The token counter is the group's: tokens grow per lock (and across the locks that share
 //! its group), not across groups. Channels are the same as on one server (`PUBLISH` reaches
 //! every node of a cluster).
@@ -110,11 +111,6 @@ impl Groups {
             parent
         };
         Some(self.of_path(path))
-    }
-
-    /// A session's home group, where its key is made when it opens.
-    pub(crate) fn home(self, sid: &str) -> Group {
-        self.of_path(sid)
     }
 }
 

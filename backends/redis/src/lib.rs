@@ -46,7 +46,25 @@
 //! TLS if asked, or a primary managed by **Sentinel**: `redis+sentinel://s1:26379,s2:26379/
 //! MASTER` asks the sentinels where the primary is, and asks again when a request fails the
 //! way a failover makes it fail (and once a second, at heartbeats); see [`RedisConfig::new`].
-//! **Not Redis Cluster** (the scripts touch keys of several queues).
+//!
+//! **Redis Cluster**: `redis+cluster://n1:6379,n2:6379,…` (`rediss+cluster://` for TLS). The
+//! queues are spread over the shards by a hash of their path into [`layout::GROUPS`] groups,
+//! each a hash tag: a queue, its entries, its token counter and its sessions' keys are in one
+//! slot, so every operation is still one script on one node. A session has a key in each
+//! group where it holds or waits for something, and its heartbeat is one script per such
+//! group (at most [`layout::GROUPS`], whatever the number of locks): it depends on the shards
+//! of its locks alone. Fencing tokens grow per lock (one
+//! counter per group), not across groups. A multi-lock's `try_lock` is one atomic script when
+//! all its locks share a group; across groups it takes them group by group and releases what
+//! it took if a later group is taken. Redirections (`MOVED`, `ASK`) are followed; while a slot
+//! migrates, a script that meets a key not (or no longer) on the node stops with `TRYAGAIN`
+//! before reading it (each key is touched together with the group's counter first), and is
+//! retried until the move ends: a half-moved queue is never read. `PUBLISH` reaches every
+//! node: a session subscribes on one node of the URL (the next one if it fails). Run the
+//! nodes with `cluster-require-full-coverage no`: by default the whole cluster refuses
+//! requests while any shard has no primary, suspending every session during each failover.
+//! `wait_for_replicas` is refused on a cluster (its replication is asynchronous: a failover of
+//! a shard can lose its last grants, as after an asynchronous failover above).
 //!
 //! Expiry is the Redis server's: it expires a session key by its own wall clock, so a server
 //! clock that jumps forward expires sessions early (a double grant, which fencing catches);
@@ -60,6 +78,7 @@
 //!
 //! The token is one counter (`fencelock:t`) for every namespace — two namespaces can name the
 //! same queue (`/svc` + `x`, and the empty namespace + `svc/x`), whose order must be one —
+//! (on a cluster, one per group: a lock's tokens grow, and those of the locks of its group)
 //! incremented in the same script that creates the entry, so every later grant gets a larger
 //! token —
 //! **as long as the server never loses an acknowledged write**:
@@ -135,8 +154,9 @@ pub const MAX_MULTI_LOCK: usize = 256;
 /// The smallest session TTL accepted (1 s).
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 
-/// The Redis backend: one multiplexed connection (re-established after a failure) shared by
-/// its sessions; each session adds a pub/sub connection while it waits. Cheap to clone.
+/// The Redis backend: one multiplexed connection (re-established after a failure; on a
+/// cluster, one per node) shared by its sessions; each session adds a pub/sub connection while
+/// it waits. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisBackend {
     primary: Arc<primary::Primary>,

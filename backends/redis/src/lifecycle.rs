@@ -86,21 +86,25 @@ impl RedisSession {
             headed: StdMutex::default(),
             gate: RwLock::new(()),
         };
-        // Its key in its home group: every heartbeat confirms it, even while the session
-        // has no entry anywhere.
-        let home = groups.home(&session.sid);
+        if groups == Groups::Cluster {
+            // On a cluster a session has keys only in the groups of its entries (made by its
+            // first create in each): it depends on those shards alone.
+            session.ping().await?;
+            return Ok(session);
+        }
+        let single = Group::single();
         let reply = session
             .create_call(
                 "open session",
                 &scripts::OPEN,
-                &home,
+                &single,
                 vec![arg(&session.sid), arg(ms(ttl))],
             )
             .await?;
         if int(&reply) != Some(1) {
             return Err(unexpected("open session"));
         }
-        session.owned().saw(&home, Some(0), None);
+        session.owned().saw(&single, Some(0), None);
         Ok(session)
     }
 
@@ -166,6 +170,13 @@ impl RedisSession {
             }
             None => self.call("keep-alive", script, group, args).await,
         }
+    }
+
+    /// A `PING` (on a cluster, to any node): a heartbeat of a session that has no key.
+    async fn ping(&self) -> Result<()> {
+        crate::cluster::ping_one(&mut self.primary.con())
+            .await
+            .map_err(|e| self.primary.failed("keep-alive", e))
     }
 
     /// The group of the entry named `name` (one of fencelock's names: its queue's group).
@@ -303,13 +314,21 @@ impl RedisSession {
 pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     session.primary.check();
     // One script per group the session has a key in (one on a server; on a cluster at most
-    // GROUPS + 1, whatever the number of locks), all at once.
-    let groups: Vec<(Group, bool, i64)> = session
-        .owned()
-        .groups
-        .iter()
-        .map(|(g, s)| (g.clone(), s.confirmed, s.version))
-        .collect();
+    // GROUPS, whatever the number of locks), all at once. On a cluster, the groups where it
+    // holds nothing any more are let go (their keys expire); with none left, a PING.
+    let groups: Vec<(Group, bool, i64)> = {
+        let mut o = session.owned();
+        if session.groups == Groups::Cluster {
+            o.forget_unused(|name| session.groups.of_entry(name));
+        }
+        o.groups
+            .iter()
+            .map(|(g, s)| (g.clone(), s.confirmed, s.version))
+            .collect()
+    };
+    if groups.is_empty() {
+        return session.ping().await;
+    }
     let beats = groups.iter().map(|(group, confirmed, known)| async move {
         let reply = session
             .heartbeat_call(

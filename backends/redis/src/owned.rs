@@ -59,6 +59,15 @@ impl Owned {
         !self.groups.entry(group.clone()).or_default().confirmed
     }
 
+    /// Forgets the groups where the session has no entry it holds or is creating (`group_of`
+    /// names an entry's group): their keys expire by themselves, and the session stops
+    /// depending on their shards. The session's next create there makes its key again.
+    pub(crate) fn forget_unused(&mut self, group_of: impl Fn(&str) -> Option<Group>) {
+        let used: std::collections::HashSet<Group> =
+            self.names.keys().filter_map(|n| group_of(n)).collect();
+        self.groups.retain(|g, _| used.contains(g));
+    }
+
     pub(crate) fn track(&mut self, name: &str) {
         *self.names.entry(name.to_string()).or_default() += 1;
     }

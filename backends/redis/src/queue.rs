@@ -21,7 +21,16 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     let name = key_value_entry_key(req.queue, &session.sid, req.kind, req.attempt);
     let group = session.groups.of_queue(req.queue);
     let _changing = session.gate.read().await;
-    let entering = session.owned().entering(&group);
+    // Tracked with its group counted in, at once: a heartbeat in between would let the
+    // group go while this create makes the session's key there.
+    // Counted once per attempt: a retry may find what the first try created.
+    let entering = {
+        let mut o = session.owned();
+        if !req.retry {
+            o.track(&name);
+        }
+        o.entering(&group)
+    };
     let args = vec![
         arg(&session.sid),
         arg(queue_path(req.queue)),
@@ -34,10 +43,6 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         arg(session.known(&group)),
         arg(if entering { "1" } else { "0" }),
     ];
-    // Counted once per attempt: a retry may find what the first try created.
-    if !req.retry {
-        session.owned().track(&name);
-    }
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
         .await
@@ -117,28 +122,33 @@ async fn enqueue_group(
         return Ok(Some(Vec::new()));
     };
     let _changing = session.gate.read().await;
-    let entering = session.owned().entering(group);
+    let names: Vec<String> = reqs
+        .iter()
+        .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
+        .collect();
+    // As in `enqueue`: tracked with the group counted in, at once.
+    let entering = {
+        let mut o = session.owned();
+        if !first.retry {
+            for name in &names {
+                o.track(name);
+            }
+        }
+        o.entering(group)
+    };
     let mut args = vec![
         arg(&session.sid),
         arg(ms(session.ttl)),
         arg(session.known(group)),
         arg(if entering { "1" } else { "0" }),
     ];
-    let mut names = Vec::with_capacity(reqs.len());
-    for r in reqs {
-        let name = key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt);
+    for (r, name) in reqs.iter().zip(&names) {
         args.extend([
             arg(queue_path(r.queue)),
-            arg(&name),
+            arg(name),
             arg(kind_code(r.kind)),
             r.value.to_vec(),
         ]);
-        names.push(name);
-    }
-    if !first.retry {
-        for name in &names {
-            session.owned().track(name);
-        }
     }
     let untrack = |names: &[String]| {
         let mut o = session.owned();

@@ -335,6 +335,9 @@ fn spawn(
         .args(["--cluster-node-timeout", "1000"])
         // Replicas in sync at once (a replica that never synced is never promoted).
         .args(["--repl-diskless-sync-delay", "0"])
+        // The other shards go on serving while one fails over (by default the whole
+        // cluster answers CLUSTERDOWN until every slot has a primary again).
+        .args(["--cluster-require-full-coverage", "no"])
         .args(["--cluster-port", &bus.to_string()]);
     }
     ManagedChild::spawn(format!("redis-{port}"), cmd, &dir.path().join("redis.log"))

@@ -22,6 +22,10 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// The nodes killed and not restarted.
     down: Mutex<Vec<usize>>,
+    /// The nodes paused (SIGSTOP) and not resumed: asked nothing (they would not answer).
+    paused: Mutex<Vec<usize>>,
+    /// The slot of the workload's queue, once [`Cluster::leader`] found it.
+    workload: Mutex<Option<u16>>,
 }
 
 impl RedisCluster {
@@ -46,6 +50,8 @@ impl RedisCluster {
         let cluster = RedisCluster {
             nodes,
             down: Mutex::new(Vec::new()),
+            paused: Mutex::new(Vec::new()),
+            workload: Mutex::new(None),
         };
         cluster.wait_ok();
         cluster
@@ -69,9 +75,13 @@ impl RedisCluster {
             .unwrap_or_else(|e| panic!("cannot connect to the cluster {}: {e:?}", self.url()))
     }
 
+    /// The nodes that run and answer (neither killed nor paused).
     fn running(&self) -> Vec<usize> {
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-        (0..NODES).filter(|i| !down.contains(i)).collect()
+        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        (0..NODES)
+            .filter(|i| !down.contains(i) && !paused.contains(i))
+            .collect()
     }
 
     /// Waits (bounded, blocking) until every running node says `cluster_state:ok` and knows
@@ -103,12 +113,14 @@ impl RedisCluster {
         }
     }
 
-    /// The index of the node that serves `slot` as primary, as a running node sees it.
+    /// The index of the node that serves `slot` as primary, as a running node sees it (a
+    /// primary marked failed, until its replica takes the slot over).
     pub fn primary_of(&self, slot: u16) -> usize {
         let nodes = self.nodes_table();
+        let mut failed = None;
         for line in nodes.lines() {
             let f: Vec<&str> = line.split(' ').collect();
-            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+            if f.len() < 9 || !f[2].contains("master") {
                 continue;
             }
             let serves = f[8..].iter().any(|r| match r.split_once('-') {
@@ -118,13 +130,13 @@ impl RedisCluster {
                 }
                 None => r.parse::<u16>().is_ok_and(|s| s == slot),
             });
-            if serves {
-                if let Some(i) = self.index_of(f[1]) {
-                    return i;
-                }
+            match (serves, self.index_of(f[1])) {
+                (true, Some(i)) if !f[2].contains("fail") => return i,
+                (true, Some(i)) => failed = Some(i),
+                _ => {}
             }
         }
-        panic!("no primary serves slot {slot}: {nodes}");
+        failed.unwrap_or_else(|| panic!("no primary serves slot {slot}: {nodes}"))
     }
 
     /// The primaries, as a running node sees them.
@@ -221,21 +233,31 @@ impl RedisCluster {
         self.nodes.iter().position(|n| n.port() == port)
     }
 
-    /// The primary that serves the most of fencelock's queues (the workload's lock, in a
-    /// fresh cluster): the one whose loss matters.
-    fn busiest_primary(&self) -> usize {
-        let primaries = self.primaries();
-        primaries
-            .iter()
-            .copied()
-            .max_by_key(|&i| {
-                self.nodes[i]
+    /// The primary that serves the workload's queue: the one whose loss matters. Found the
+    /// first time as the primary with the most of fencelock's queues (in a fresh cluster, the
+    /// workload's), then followed by its slot (to the replica that takes it over).
+    fn workload_primary(&self) -> usize {
+        let mut workload = self.workload.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = *workload {
+            return self.primary_of(slot);
+        }
+        let running = self.running();
+        let (primary, queues) = self
+            .primaries()
+            .into_iter()
+            .filter(|i| running.contains(i))
+            .map(|i| {
+                let keys = self.nodes[i]
                     .cli(&["--scan", "--pattern", "fencelock{*}:q:*"])
-                    .unwrap_or_default()
-                    .lines()
-                    .count()
+                    .unwrap_or_default();
+                (i, keys.lines().map(str::to_string).collect::<Vec<_>>())
             })
-            .expect("a primary")
+            .max_by_key(|(_, keys)| keys.len())
+            .expect("a primary");
+        if let Some(queue) = queues.first() {
+            *workload = Some(self.slot_of(queue));
+        }
+        primary
     }
 
     /// Waits (bounded) until node `i` is no primary that serves slots any more, and the cluster
@@ -275,7 +297,7 @@ impl super::Cluster for RedisCluster {
 
     /// The primary that serves the workload's queues.
     async fn leader(&self) -> usize {
-        tokio::task::block_in_place(|| self.busiest_primary())
+        tokio::task::block_in_place(|| self.workload_primary())
     }
 
     async fn caught_up(&self) {
@@ -311,11 +333,13 @@ impl super::Cluster for RedisCluster {
     }
 
     fn pause(&self, i: usize) {
+        self.paused.lock().unwrap().push(i);
         self.nodes[i].pause();
     }
 
     fn resume(&self, i: usize) {
         self.nodes[i].resume();
+        self.paused.lock().unwrap().retain(|p| *p != i);
     }
 
     async fn dump(&self, namespace: &str) -> String {
