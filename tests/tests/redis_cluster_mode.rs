@@ -347,3 +347,61 @@ async fn another_shard_fails_over() {
     holder.close().await.unwrap();
     idle.close().await.unwrap();
 }
+
+/// A TLS-only cluster (client port, cluster bus and replication) with an ACL user: locks on
+/// every shard over `rediss+cluster://`; a wrong setting is a permanent, typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_over_tls() {
+    use fencelock_integration::pki::TestPki;
+    use fencelock_redis::TlsConfig;
+    if !fencelock_integration::servers::redis::available() {
+        return;
+    }
+    let pki = TestPki::generate();
+    let cluster = tokio::task::block_in_place(|| {
+        fencelock_integration::servers::redis_cluster::RedisCluster::start_tls(&pki)
+    });
+    let url = cluster.url();
+    let backend = RedisConfig::new(&url)
+        .tls(pki.client_tls())
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let s = Session::builder(backend)
+        .namespace("tls")
+        .start()
+        .await
+        .unwrap();
+    let mut primaries = HashSet::new();
+    for i in 0..30 {
+        let name = format!("lock-{i}");
+        let prefix = fencelock_redis::layout::cluster_prefix(&format!("tls/{name}/x")).unwrap();
+        primaries.insert(cluster.primary_of(cluster.slot_of(&format!("{prefix}:t"))));
+        let g = s.mutex(&name).unwrap().lock().await.unwrap();
+        g.release().await.unwrap();
+    }
+    assert_eq!(primaries.len(), 3, "every shard used");
+    s.close().await.unwrap();
+
+    let plain = url.replacen("rediss+cluster://", "redis+cluster://", 1);
+    let cases: Vec<(&str, RedisConfig)> = vec![
+        ("plaintext to TLS nodes", RedisConfig::new(&plain)),
+        (
+            "a foreign CA",
+            RedisConfig::new(&url).tls(TlsConfig::from_ca_file(pki.rogue_ca()).unwrap()),
+        ),
+        (
+            "a wrong password",
+            RedisConfig::new(url.replacen("app-pw", "nope", 1)).tls(pki.client_tls()),
+        ),
+    ];
+    for (what, config) in cases {
+        let started = std::time::Instant::now();
+        let r = config.timeout(Duration::from_secs(2)).connect().await;
+        let e = r.expect_err(what);
+        assert!(!e.is_temporary(), "{what}: {e:?}");
+        assert!(!format!("{e} {e:?}").contains("app-pw"), "{what}: {e:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+        println!("{what}: {e}");
+    }
+}

@@ -38,7 +38,16 @@ pub(crate) async fn connect_cluster(
     cluster: &redis::cluster::ClusterClient,
     probe: &redis::Client,
 ) -> Result<redis::cluster_async::ClusterConnection> {
-    checked(config, probe, cluster.get_async_connection()).await
+    match checked(config, probe, cluster.get_async_connection()).await {
+        Ok(con) => Ok(con),
+        // The cluster client reports every failure of its first connections as I/O (a refused
+        // password among them): a connect to one node tells a permanent cause apart.
+        Err(e) if e.is_temporary() => match connect(config, probe).await {
+            Err(node) if !node.is_temporary() => Err(node),
+            _ => Err(e),
+        },
+        Err(e) => Err(e),
+    }
 }
 
 /// The connection that `open` makes, checked within the timeout (see [`connect`]), with a

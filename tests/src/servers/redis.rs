@@ -106,6 +106,21 @@ impl RedisServer {
     /// Like [`start_tls`](Self::start_tls), and, with `primary`, a replica of the TLS-only
     /// server on that port (replicating over TLS, trusting `pki`'s CA). Blocking.
     pub fn start_tls_with(pki: &TestPki, mutual: bool, primary: Option<u16>) -> RedisServer {
+        Self::start_tls_node(pki, mutual, primary, None)
+    }
+
+    /// Starts a node of a Redis Cluster that speaks TLS only, on the cluster bus too, with
+    /// the ACL user of [`start_tls`](Self::start_tls). Blocking.
+    pub fn start_cluster_node_tls(pki: &TestPki) -> RedisServer {
+        Self::start_tls_node(pki, false, None, Some(crate::free_port()))
+    }
+
+    fn start_tls_node(
+        pki: &TestPki,
+        mutual: bool,
+        primary: Option<u16>,
+        cluster: Option<u16>,
+    ) -> RedisServer {
         let (server, client) = (pki.server(), pki.client());
         let tls = CliTls {
             server: ServerTls {
@@ -118,14 +133,14 @@ impl RedisServer {
         };
         let dir = super::data_dir("fencelock-redis-").expect("temp dir");
         let port = crate::free_port();
-        let child = spawn(port, &dir, Durability::None, primary, Some(&tls), None);
+        let child = spawn(port, &dir, Durability::None, primary, Some(&tls), cluster);
         let server = RedisServer {
             child: Mutex::new(child),
             port,
             dir,
             durability: Durability::None,
             tls: Some(tls),
-            cluster: None,
+            cluster,
         };
         server.wait_ready();
         // On replicas too: ACL users are each server's own, not replicated.
@@ -323,6 +338,9 @@ fn spawn(
     };
     if let Some(p) = primary {
         cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
+    }
+    if let (Some(_), Some(_)) = (cluster, tls) {
+        cmd.args(["--tls-cluster", "yes"]);
     }
     if let Some(bus) = cluster {
         // A node that misses pings for a second is failed over (the tests' faults).

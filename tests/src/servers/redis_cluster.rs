@@ -26,40 +26,61 @@ pub struct RedisCluster {
     paused: Mutex<Vec<usize>>,
     /// The slot of the workload's queue, once [`Cluster::leader`] found it.
     workload: Mutex<Option<u16>>,
+    /// TLS only, the ACL user `app` (password `app-pw`) on every node.
+    tls: bool,
 }
 
 impl RedisCluster {
     /// Starts six nodes, makes them a cluster (three primaries with 5,461 slots each, a
     /// replica each), and waits (bounded) until every node says the cluster is ok. Blocking.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..NODES)
-            .map(|_| RedisServer::start_cluster_node())
-            .collect();
-        let mut create = std::process::Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for n in &nodes {
-            create.arg(n.addr());
-        }
-        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = create.output().expect("redis-cli --cluster create");
+        Self::make(
+            (0..NODES)
+                .map(|_| RedisServer::start_cluster_node())
+                .collect(),
+            false,
+        )
+    }
+
+    /// Like [`start`](Self::start), TLS only (client port, cluster bus and replication) with
+    /// the server certificate of `pki`, and an ACL user `app` (password `app-pw`) on every
+    /// node. Blocking.
+    pub fn start_tls(pki: &crate::pki::TestPki) -> RedisCluster {
+        Self::make(
+            (0..NODES)
+                .map(|_| RedisServer::start_cluster_node_tls(pki))
+                .collect(),
+            true,
+        )
+    }
+
+    fn make(nodes: Vec<RedisServer>, tls: bool) -> RedisCluster {
+        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        create.extend(nodes.iter().map(|n| n.addr()));
+        create.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        let out = nodes[0].cli(&args).expect("redis-cli --cluster create");
         assert!(
-            out.status.success(),
-            "redis-cli --cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
+            out.contains("All 16384 slots covered"),
+            "redis-cli --cluster create: {out}"
         );
         let cluster = RedisCluster {
             nodes,
             down: Mutex::new(Vec::new()),
             paused: Mutex::new(Vec::new()),
             workload: Mutex::new(None),
+            tls,
         };
         cluster.wait_ok();
         cluster
     }
 
-    /// `redis+cluster://` with every node.
+    /// `redis+cluster://` with every node (`rediss+cluster://app:app-pw@…` over TLS).
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.addr()).collect();
+        if self.tls {
+            return format!("rediss+cluster://app:app-pw@{}", nodes.join(","));
+        }
         format!("redis+cluster://{}", nodes.join(","))
     }
 
