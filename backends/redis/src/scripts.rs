@@ -22,9 +22,14 @@ local C = 'fencelock'
 -- more) fails that two-key command with TRYAGAIN, and the script stops (retried) instead of
 -- reading the key as missing (a live holder's entry taken for dead, a queue for empty). A
 -- single-key command would not: on the importing node it reads a key not moved yet as absent.
+-- Once per key and script: a script runs alone, so a key found here stays here until it ends.
 local GUARD = string.find(P, '{', 1, true) ~= nil
+local guarded = {}
 local function guard(key)
-  if GUARD then redis.call('TOUCH', key, KEYS[1]) end
+  if GUARD and not guarded[key] then
+    redis.call('TOUCH', key, KEYS[1])
+    guarded[key] = true
+  end
   return key
 end
 local function skey(sid) return guard(P .. ':s:' .. sid) end
@@ -176,12 +181,18 @@ if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
 end
 local late = behind(sid, ARGV[3])
 redis.call('PEXPIRE', okey(sid), ttl)
+-- Each entry's keys unguarded (a guard per entry would cost as much as the heartbeat): only
+-- expiries are extended, and on a cluster an entry not found is left in the owned set (its
+-- release takes it out), so a half-moved slot can only delay an extension. (On a node that
+-- lost a key to a migration the first such access stops the script, to be retried.)
 for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
-  local e = redis.call('HMGET', ekey(name), 's', 'q')
+  local e = redis.call('HMGET', P .. ':e:' .. name, 's', 'q')
   if e[1] == sid then
-    redis.call('PEXPIRE', ekey(name), ttl)
-    extend(qkey(e[2]), ttl)
-  else
+    redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
+    local q = P .. ':q:' .. e[2]
+    local left = redis.call('PTTL', q)
+    if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', q, ttl) end
+  elseif e[1] or not GUARD then
     redis.call('SREM', okey(sid), name)
   end
 end
