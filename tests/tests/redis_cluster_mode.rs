@@ -243,6 +243,25 @@ async fn cluster_settings() {
         r => panic!("nothing listening: {r:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A cluster URL to a server without cluster mode, and a server URL to a cluster's node.
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let server = tokio::task::spawn_blocking(fencelock_integration::servers::redis::shared)
+        .await
+        .unwrap()
+        .expect("redis");
+    for (url, why) in [
+        (format!("redis+cluster://{}", server.addr()), "not a node"),
+        (format!("redis://{}", f.cluster.node(0).addr()), "a node"),
+    ] {
+        let r = RedisBackend::connect(&url).await;
+        match r {
+            Err(Error::InvalidConfig(e)) => println!("{url}: {e}"),
+            r => panic!("{url} ({why}): {r:?}"),
+        }
+    }
 }
 
 /// A primary killed: its replica takes over, the holder's session is suspended and then live

@@ -13,11 +13,24 @@ use crate::error::{self, NAME};
 use crate::layout;
 
 /// Connects `client` as `config` says and checks, within its timeout, that the server answers
-/// and lets us publish on fencelock's channels.
+/// and lets us publish on fencelock's channels, and that it is no node of a Redis Cluster (a
+/// `redis://` URL to one would meet `MOVED` for most locks).
 pub(crate) async fn connect(
     config: &RedisConfig,
     client: &redis::Client,
 ) -> Result<ConnectionManager> {
+    let mut con = connect_node(config, client).await?;
+    if cluster_enabled(config, &mut con).await == Some(true) {
+        return Err(Error::invalid_config(
+            redact(&config.url),
+            "the server is a node of a Redis Cluster: connect with redis+cluster://",
+        ));
+    }
+    Ok(con)
+}
+
+/// [`connect`] without the cluster check.
+async fn connect_node(config: &RedisConfig, client: &redis::Client) -> Result<ConnectionManager> {
     let manager = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))
@@ -31,6 +44,20 @@ pub(crate) async fn connect(
     .await
 }
 
+/// Whether the server runs with `cluster-enabled yes` (`INFO cluster`); `None` if it does not
+/// say (a user without the permission).
+async fn cluster_enabled(config: &RedisConfig, con: &mut ConnectionManager) -> Option<bool> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("cluster");
+    let info = tokio::time::timeout(config.timeout, cmd.query_async::<String>(con))
+        .await
+        .ok()?
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cluster_enabled:"))
+        .map(|v| v == "1")
+}
+
 /// Connects to the Redis Cluster of `cluster` as [`connect`] does to a server; `probe` is a
 /// client of one of its nodes, to tell a wrong setting from a cluster that is down.
 pub(crate) async fn connect_cluster(
@@ -38,15 +65,23 @@ pub(crate) async fn connect_cluster(
     cluster: &redis::cluster::ClusterClient,
     probe: &redis::Client,
 ) -> Result<redis::cluster_async::ClusterConnection> {
-    match checked(config, probe, cluster.get_async_connection()).await {
-        Ok(con) => Ok(con),
-        // The cluster client reports every failure of its first connections as I/O (a refused
-        // password among them): a connect to one node tells a permanent cause apart.
-        Err(e) if e.is_temporary() => match connect(config, probe).await {
-            Err(node) if !node.is_temporary() => Err(node),
-            _ => Err(e),
+    let failed = match checked(config, probe, cluster.get_async_connection()).await {
+        Ok(con) => return Ok(con),
+        Err(e) => e,
+    };
+    // The cluster client reports every failure of its first connections as I/O (a refused
+    // password among them), and a server without cluster mode as a bare error: a connect to
+    // one node tells a permanent cause apart.
+    match connect_node(config, probe).await {
+        Err(node) if !node.is_temporary() => Err(node),
+        Err(_) => Err(failed),
+        Ok(mut con) => match cluster_enabled(config, &mut con).await {
+            Some(false) => Err(Error::invalid_config(
+                redact(&config.url),
+                "the server is not a node of a Redis Cluster: connect with redis://",
+            )),
+            _ => Err(failed),
         },
-        Err(e) => Err(e),
     }
 }
 
