@@ -242,8 +242,12 @@ impl RedisConfig {
             .map(|u| self.client(u))
             .collect::<Result<Vec<_>>>()?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(self.timeout)
-            .response_timeout(self.timeout)
+            // Each attempt, and each connect, within a second at most: a hung node (whose
+            // slots fail over to its replica meanwhile) holds a request, or the client's slot
+            // refresh, for that long, not for the whole timeout (with 5 s, a paused primary
+            // stalled its shard for 6 s in the adversity suite; with 1 s, 2.5 s).
+            .connection_timeout(self.timeout.min(CLUSTER_ATTEMPT))
+            .response_timeout(self.timeout.min(CLUSTER_ATTEMPT))
             // A request fails within the timeout (the core retries it, with its own backoff):
             // redis-rs would otherwise retry for many seconds, from 1.28 s apart.
             .overall_response_timeout(Some(self.timeout))
@@ -333,6 +337,10 @@ impl RedisConfig {
         RedisBackend::connect_with(self).await
     }
 }
+
+/// The longest one attempt of a request to a cluster's node waits (see [`RedisConfig::timeout`]
+/// for the whole request).
+const CLUSTER_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// What a [`RedisConfig`] connects to.
 pub(crate) enum Target {

@@ -76,7 +76,7 @@ impl RedisSession {
         // lost its increments.
         let groups = primary.groups();
         let session = RedisSession {
-            notifier: Notifier::new(primary.clone(), config.timeout),
+            notifier: Notifier::new(primary.clone(), config.timeout, ttl),
             groups,
             primary,
             acked,

@@ -23,13 +23,18 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 use crate::error::{map, temporary};
 use crate::primary::Primary;
 
-/// How often an idle pub/sub connection is checked with a `PING`.
+/// How often an idle pub/sub connection is checked with a `PING` (more often for short TTLs:
+/// at most every half TTL).
 const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// The session's pub/sub hub.
 pub(crate) struct Notifier {
     primary: Arc<Primary>,
     timeout: Duration,
+    /// How often the connection is pinged, and how long a `PING` may take before the
+    /// connection counts as dead (its server hung: every message sent meanwhile is lost).
+    ping_every: Duration,
+    pong_within: Duration,
     conn: AsyncMutex<Option<Conn>>,
     regs: Arc<StdMutex<Regs>>,
     next_id: AtomicU64,
@@ -54,6 +59,9 @@ type Subscribed = Arc<AsyncMutex<HashMap<String, bool>>>;
 struct Conn {
     /// The generation of the primary it is connected to: replaced once the primary moved.
     generation: u64,
+    /// The client it was made with (on a cluster, one node's: the next one is tried after it
+    /// fails).
+    client: redis::Client,
     sink: PubSubSink,
     subscribed: Subscribed,
     alive: Arc<AtomicBool>,
@@ -157,10 +165,13 @@ impl Drop for Registration {
 }
 
 impl Notifier {
-    pub(crate) fn new(primary: Arc<Primary>, timeout: Duration) -> Self {
+    /// The hub of a session of TTL `ttl`, waiting `timeout` for the server at most.
+    pub(crate) fn new(primary: Arc<Primary>, timeout: Duration, ttl: Duration) -> Self {
         Notifier {
             primary,
             timeout,
+            ping_every: PING_EVERY.min(ttl / 2),
+            pong_within: timeout.min(ttl / 3),
             conn: AsyncMutex::new(None),
             regs: Arc::default(),
             next_id: AtomicU64::new(0),
@@ -223,10 +234,12 @@ impl Notifier {
                 Ok(Ok(())) => *confirmed = true,
                 Ok(Err(e)) => {
                     conn.alive.store(false, Ordering::SeqCst);
+                    self.primary.node_failed(&conn.client);
                     return Err(map("subscribe", e));
                 }
                 Err(_) => {
                     conn.alive.store(false, Ordering::SeqCst);
+                    self.primary.node_failed(&conn.client);
                     return Err(temporary("subscribe", "timed out"));
                 }
             }
@@ -252,20 +265,23 @@ impl Notifier {
         let alive = Arc::new(AtomicBool::new(true));
         let subscribed: Subscribed = Arc::default();
         let (regs, flag) = (self.regs.clone(), alive.clone());
-        let (mut pinger, timeout) = (sink.clone(), self.timeout);
+        let (mut pinger, pong_within) = (sink.clone(), self.pong_within);
+        let (primary, node) = (self.primary.clone(), client.clone());
+        let ping_every = self.ping_every;
         let reader = tokio::spawn(async move {
-            // A connection that died without a reset (a crashed host, a dropped NAT entry)
-            // delivers nothing and reports nothing: a ping every PING_EVERY finds it.
-            let mut tick = tokio::time::interval(PING_EVERY);
+            // A connection that died without a reset (a crashed host, a dropped NAT entry) or
+            // whose server hangs delivers nothing and reports nothing: a ping finds it.
+            let mut tick = tokio::time::interval(ping_every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let msg = tokio::select! {
                     msg = stream.next() => msg,
                     _ = tick.tick() => {
-                        let pong = tokio::time::timeout(timeout, pinger.ping::<redis::Value>()).await;
+                        let pong = tokio::time::timeout(pong_within, pinger.ping::<redis::Value>()).await;
                         if matches!(pong, Ok(Ok(_))) {
                             continue;
                         }
+                        primary.node_failed(&node);
                         None
                     }
                 };
@@ -297,7 +313,7 @@ impl Notifier {
         let (unsubscribe, mut gone) = mpsc::unbounded_channel::<String>();
         let unsubscriber = tokio::spawn({
             let (regs, subscribed, flag) = (self.regs.clone(), subscribed.clone(), alive.clone());
-            let mut sink = sink.clone();
+            let (mut sink, timeout) = (sink.clone(), self.timeout);
             async move {
                 while let Some(channel) = gone.recv().await {
                     let mut subs = subscribed.lock().await;
@@ -323,6 +339,7 @@ impl Notifier {
         *self.unsubscribe.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsubscribe);
         Ok(Conn {
             generation,
+            client,
             sink,
             subscribed,
             alive,
