@@ -133,6 +133,8 @@ impl RedisConfig {
     /// How long a connect and each request wait for the server (default [`DEFAULT_TIMEOUT`];
     /// at most [`MAX_TIMEOUT`]). A connect that fails may take up to half a second more: a
     /// probe of the server, which tells a wrong TLS setting from a server that is down, ends.
+    /// On a Redis Cluster each attempt of a request (and each connect to a node) waits at most
+    /// a second of it, so that a hung node is given up for its replica sooner.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

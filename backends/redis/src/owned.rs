@@ -81,3 +81,31 @@ impl Owned {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_come_and_go_with_their_entries() {
+        let (a, b) = (Group::hashed("ns/a"), Group::hashed("ns/b"));
+        let group_of = |name: &str| Some(Group::hashed(name.rsplit_once('/')?.0));
+        let mut o = Owned::default();
+        o.track("ns/a/s1");
+        assert!(o.entering(&a), "first create in a: make the key");
+        o.saw(&a, Some(1), Some(0));
+        assert!(!o.entering(&a), "confirmed");
+        o.track("ns/b/s1");
+        assert!(o.entering(&b));
+        // b's create in flight: kept by its tracked name, still unconfirmed.
+        o.forget_unused(group_of);
+        assert_eq!(o.groups.len(), 2);
+        o.untrack("ns/a/s1");
+        o.forget_unused(group_of);
+        assert!(!o.groups.contains_key(&a), "nothing held in a: let go");
+        assert!(o.entering(&a), "a later create there makes the key again");
+        assert_eq!(o.known(&b), 0);
+        o.saw(&b, Some(3), Some(1));
+        assert!(o.groups[&b].diverged && o.known(&b) == 3);
+    }
+}
