@@ -112,6 +112,41 @@ pub(crate) async fn our_op(backend: RedisBackend, name: &str) -> Op {
     })
 }
 
+/// Measures and prints the contended row of `n` sessions (one per backend of `backends`): ours
+/// and rslock's (on `url`, a server or a cluster) side by side in alternating pairs of slices,
+/// then the bare loop; returns the pair and the bare loop's figures.
+pub(crate) async fn contended_row(
+    n: usize,
+    seconds: f64,
+    backends: Vec<RedisBackend>,
+    url: &str,
+) -> (super::Pair, Contended) {
+    let (mut ours, mut bare, mut rs) = (Vec::new(), Vec::new(), Vec::new());
+    for b in backends {
+        ours.push(our_op(b.clone(), "contended").await);
+        bare.push(bare_op(
+            b.connection(),
+            "bench:bare-contended",
+            Duration::from_millis(1),
+        ));
+        rs.push(rslock_op(url, "bench:rslock-contended"));
+    }
+    let pair = super::throughput_pair(ours, rs, seconds).await;
+    let (per, secs, _) = run_slice(bare, (seconds / 2.0).max(0.5)).await;
+    let bare = Contended::of(&per, secs);
+    crate::emit!(
+        "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.0} ({:.2}) | {} |",
+        pair.a.rate,
+        pair.a.fairness,
+        pair.b.rate,
+        pair.b.fairness,
+        bare.rate,
+        bare.fairness,
+        super::spread(&pair.ratios(), "x")
+    );
+    (pair, bare)
+}
+
 /// Prints the Redis rows; skips them if `redis-server` is not installed.
 pub async fn redis_rows(args: &Args) {
     if harness::missing().is_some() {
@@ -178,32 +213,11 @@ pub async fn redis_rows(args: &Args) {
     crate::emit!("| sessions | fencelock Mutex | rslock, retry 1 ms | bare SET NX PX, retry 1 ms | ours vs rslock: median of the pairs (least–greatest) |");
     crate::emit!("|---:|---:|---:|---:|---:|");
     for &n in &args.sessions {
-        let mut ours = Vec::new();
-        let mut bare = Vec::new();
-        let mut rs = Vec::new();
+        let mut backends = Vec::new();
         for _ in 0..n {
-            let b = server.backend().await;
-            ours.push(our_op(b.clone(), "contended").await);
-            bare.push(bare_op(
-                b.connection(),
-                "bench:bare-contended",
-                Duration::from_millis(1),
-            ));
-            rs.push(rslock_op(&url, "bench:rslock-contended"));
+            backends.push(server.backend().await);
         }
-        let pair = super::throughput_pair(ours, rs, args.seconds).await;
-        let (per, secs, _) = run_slice(bare, (args.seconds / 2.0).max(0.5)).await;
-        let bare = Contended::of(&per, secs);
-        crate::emit!(
-            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.0} ({:.2}) | {} |",
-            pair.a.rate,
-            pair.a.fairness,
-            pair.b.rate,
-            pair.b.fairness,
-            bare.rate,
-            bare.fairness,
-            super::spread(&pair.ratios(), "x")
-        );
+        let (pair, bare) = contended_row(n, args.seconds, backends, &url).await;
         let rates = [pair.a.rate, bare.rate, pair.b.rate];
         super::summary(
             "Redis",

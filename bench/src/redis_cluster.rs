@@ -20,7 +20,7 @@ use futures::{stream, StreamExt};
 
 use super::alloc::allocated;
 use super::redis::{bare_op, our_op, rslock_with};
-use super::{run_slice, time_interleaved, Args, Contended};
+use super::{time_interleaved, Args};
 
 /// Sessions (and rslock managers) sharing the held locks: one per process, a few processes.
 const HOLDERS: usize = 4;
@@ -263,31 +263,11 @@ pub async fn redis_cluster_rows(args: &Args) {
     crate::emit!("| sessions | fencelock Mutex | rslock, retry 1 ms | bare SET NX PX, retry 1 ms | ours vs rslock: median of the pairs (least–greatest) |");
     crate::emit!("|---:|---:|---:|---:|---:|");
     for &n in &args.sessions {
-        let (mut ours, mut bare, mut rs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut backends = Vec::new();
         for _ in 0..n {
-            let b = cluster.backend().await;
-            ours.push(our_op(b.clone(), "contended").await);
-            bare.push(bare_op(
-                b.connection(),
-                "bench:bare-contended",
-                Duration::from_millis(1),
-            ));
-            let lm = Arc::new(rslock_with(&cluster.url(), Duration::from_millis(1)));
-            rs.push(super::redis::rslock_op_with(lm, "bench:rslock-contended"));
+            backends.push(cluster.backend().await);
         }
-        let pair = super::throughput_pair(ours, rs, args.seconds).await;
-        let (per, secs, _) = run_slice(bare, (args.seconds / 2.0).max(0.5)).await;
-        let bare = Contended::of(&per, secs);
-        crate::emit!(
-            "| {n} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.0} ({:.2}) | {} |",
-            pair.a.rate,
-            pair.a.fairness,
-            pair.b.rate,
-            pair.b.fairness,
-            bare.rate,
-            bare.fairness,
-            super::spread(&pair.ratios(), "x")
-        );
+        super::redis::contended_row(n, args.seconds, backends, &cluster.url()).await;
     }
 
     let n = args.cluster_held;

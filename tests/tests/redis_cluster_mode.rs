@@ -7,16 +7,28 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use fencelock::{Error, Session, SessionState};
-use fencelock_integration::servers::redis_cluster::RedisClusterFactory;
+use fencelock_integration::servers::redis_cluster::{RedisCluster, RedisClusterFactory};
 use fencelock_redis::{RedisBackend, RedisConfig};
 
 fencelock::conformance_tests!(RedisClusterFactory::shared());
 
 /// The cluster slot of the queue of lock `name` in namespace `ns` (its group's counter key).
-fn slot_of(f: &RedisClusterFactory, ns: &str, name: &str) -> u16 {
+fn slot_of(cluster: &RedisCluster, ns: &str, name: &str) -> u16 {
     // Any entry name of the queue has the queue's group.
     let prefix = fencelock_redis::layout::cluster_prefix(&format!("{ns}/{name}/x")).unwrap();
-    f.cluster.slot_of(&format!("{prefix}:t"))
+    cluster.slot_of(&format!("{prefix}:t"))
+}
+
+/// A cluster of its own (for a test that takes a node away), and a backend on it.
+async fn own_cluster() -> Option<(RedisCluster, RedisBackend)> {
+    if !fencelock_integration::servers::redis::available() {
+        return None;
+    }
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let backend = cluster.backend().await;
+    Some((cluster, backend))
 }
 
 /// A session holds locks on every shard: each lock's keys are on the primary that serves its
@@ -40,7 +52,7 @@ async fn locks_spread_over_the_shards() {
     }
     let mut per_primary: BTreeMap<usize, usize> = BTreeMap::new();
     for n in &names {
-        let slot = slot_of(&f, &ns, n);
+        let slot = slot_of(&f.cluster, &ns, n);
         *per_primary
             .entry(tokio::task::block_in_place(|| f.cluster.primary_of(slot)))
             .or_default() += 1;
@@ -91,7 +103,7 @@ async fn multi_lock_across_shards() {
     // Names on different primaries.
     let names: Vec<String> = (0..40).map(|i| format!("acct-{i}")).collect();
     let primary =
-        |n: &str| tokio::task::block_in_place(|| f.cluster.primary_of(slot_of(&f, &ns, n)));
+        |n: &str| tokio::task::block_in_place(|| f.cluster.primary_of(slot_of(&f.cluster, &ns, n)));
     let x = &names[0];
     let y = names
         .iter()
@@ -160,7 +172,7 @@ async fn a_slot_moves_while_its_lock_is_held() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let slot = slot_of(&f, &ns, "moving");
+    let slot = slot_of(&f.cluster, &ns, "moving");
     let cluster = f.cluster.clone();
     let session = a.clone();
     let rt = tokio::runtime::Handle::current();
@@ -264,21 +276,14 @@ async fn cluster_settings() {
     }
 }
 
-/// A primary killed: its replica takes over, the holder's session is suspended and then live
-/// again (the replica had its key: the lock was taken well before), keeping its lock, and a
-/// waiter is granted after the release.
+/// A primary killed: its replica takes over, the sessions stay live (the replica had their
+/// keys: the lock was taken well before; heartbeats reach it), the holder keeps its lock, and
+/// a waiter is granted after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_fails_over() {
-    if !fencelock_integration::servers::redis::available() {
+    let Some((cluster, backend)) = own_cluster().await else {
         return;
-    }
-    // A cluster of its own: this one loses a node.
-    let cluster = tokio::task::spawn_blocking(
-        fencelock_integration::servers::redis_cluster::RedisCluster::start,
-    )
-    .await
-    .unwrap();
-    let backend = cluster.backend().await;
+    };
     let start = || {
         Session::builder(backend.clone())
             .namespace("failover")
@@ -293,9 +298,7 @@ async fn a_primary_fails_over() {
     };
     // Replicated before the fault (asynchronous replication: give it a moment).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let prefix = fencelock_redis::layout::cluster_prefix("failover/jobs/x").unwrap();
-    let slot = cluster.slot_of(&format!("{prefix}:t"));
-    let primary = cluster.primary_of(slot);
+    let primary = cluster.primary_of(slot_of(&cluster, "failover", "jobs"));
     tokio::task::block_in_place(|| {
         use fencelock_integration::servers::Cluster;
         cluster.kill(primary);
@@ -330,15 +333,9 @@ async fn a_primary_fails_over() {
 /// one holding nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_shard_fails_over() {
-    if !fencelock_integration::servers::redis::available() {
+    let Some((cluster, backend)) = own_cluster().await else {
         return;
-    }
-    let cluster = tokio::task::spawn_blocking(
-        fencelock_integration::servers::redis_cluster::RedisCluster::start,
-    )
-    .await
-    .unwrap();
-    let backend = cluster.backend().await;
+    };
     let start = || {
         Session::builder(backend.clone())
             .namespace("elsewhere")
@@ -347,8 +344,7 @@ async fn another_shard_fails_over() {
     };
     let (holder, idle) = (start().await.unwrap(), start().await.unwrap());
     let held = holder.mutex("jobs").unwrap().lock().await.unwrap();
-    let prefix = fencelock_redis::layout::cluster_prefix("elsewhere/jobs/x").unwrap();
-    let ours = cluster.primary_of(cluster.slot_of(&format!("{prefix}:t")));
+    let ours = cluster.primary_of(slot_of(&cluster, "elsewhere", "jobs"));
     let other = cluster
         .primaries()
         .into_iter()
@@ -377,9 +373,7 @@ async fn cluster_over_tls() {
         return;
     }
     let pki = TestPki::generate();
-    let cluster = tokio::task::block_in_place(|| {
-        fencelock_integration::servers::redis_cluster::RedisCluster::start_tls(&pki)
-    });
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start_tls(&pki));
     let url = cluster.url();
     let backend = RedisConfig::new(&url)
         .tls(pki.client_tls())
@@ -394,8 +388,7 @@ async fn cluster_over_tls() {
     let mut primaries = HashSet::new();
     for i in 0..30 {
         let name = format!("lock-{i}");
-        let prefix = fencelock_redis::layout::cluster_prefix(&format!("tls/{name}/x")).unwrap();
-        primaries.insert(cluster.primary_of(cluster.slot_of(&format!("{prefix}:t"))));
+        primaries.insert(cluster.primary_of(slot_of(&cluster, "tls", &name)));
         let g = s.mutex(&name).unwrap().lock().await.unwrap();
         g.release().await.unwrap();
     }
