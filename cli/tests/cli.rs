@@ -558,6 +558,36 @@ fn completion_scripts() {
     }
 }
 
+/// Two `fencelock lock` processes on the cluster at `url` run their commands one after the
+/// other (each logs its start and end into `dir`'s log).
+async fn two_processes_exclude(url: &str, ns: &str, dir: &Path) {
+    let script =
+        r#"echo "start $FENCELOCK_TOKEN" >> log; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
+    let mut runs: Vec<Run> = (0..2)
+        .map(|i| {
+            Run::start(
+                url,
+                ns,
+                dir,
+                &format!("p{i}"),
+                &["lock", "x", "--", "sh", "-c", script],
+            )
+        })
+        .collect();
+    for r in &mut runs {
+        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    }
+    let log = std::fs::read_to_string(dir.join("log")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 4, "{log}");
+    for pair in lines.chunks(2) {
+        assert!(
+            pair[0].starts_with("start") && pair[1].starts_with("end"),
+            "{log}"
+        );
+    }
+}
+
 /// Redis behind Sentinel (`redis+sentinel://…/MASTER`): processes exclude each other on the
 /// primary the sentinels name, and a master name no sentinel knows is a configuration error
 /// (78).
@@ -572,33 +602,7 @@ async fn redis_sentinel_url() {
     let url = group.url();
     let ns = unique_namespace("cli_sentinel");
     let dir = tempfile::tempdir().unwrap();
-    let script =
-        r#"echo "start $FENCELOCK_TOKEN" >> log; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
-    let mut runs: Vec<Run> = (0..2)
-        .map(|i| {
-            Run::start(
-                &url,
-                &ns,
-                dir.path(),
-                &format!("p{i}"),
-                &["lock", "x", "--", "sh", "-c", script],
-            )
-        })
-        .collect();
-    for r in &mut runs {
-        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
-    }
-    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
-    let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 4, "{log}");
-    assert!(
-        lines[0].starts_with("start") && lines[1].starts_with("end"),
-        "{log}"
-    );
-    assert!(
-        lines[2].starts_with("start") && lines[3].starts_with("end"),
-        "{log}"
-    );
+    two_processes_exclude(&url, &ns, dir.path()).await;
 
     let unknown = url.replace("/fl", "/nosuch");
     let mut r = Run::start(
@@ -624,31 +628,7 @@ async fn redis_cluster_url() {
     let url = cluster.url();
     let ns = unique_namespace("cli_cluster");
     let dir = tempfile::tempdir().unwrap();
-    let script =
-        r#"echo "start $FENCELOCK_TOKEN" >> log; sleep 0.2; echo "end $FENCELOCK_TOKEN" >> log"#;
-    let mut runs: Vec<Run> = (0..2)
-        .map(|i| {
-            Run::start(
-                &url,
-                &ns,
-                dir.path(),
-                &format!("p{i}"),
-                &["lock", "x", "--", "sh", "-c", script],
-            )
-        })
-        .collect();
-    for r in &mut runs {
-        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
-    }
-    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
-    let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 4, "{log}");
-    for pair in lines.chunks(2) {
-        assert!(
-            pair[0].starts_with("start") && pair[1].starts_with("end"),
-            "{log}"
-        );
-    }
+    two_processes_exclude(&url, &ns, dir.path()).await;
     let mut r = Run::start(
         &format!("{url}/3"),
         &ns,

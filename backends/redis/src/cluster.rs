@@ -52,13 +52,7 @@ impl ClusterUrl {
 
     /// The URL of the node at `host`, with the credentials of this URL.
     pub(crate) fn node_url(&self, host: &str) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        let auth = self
-            .userinfo
-            .as_ref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        format!("{scheme}://{auth}{host}")
+        crate::hosts::server_url(self.tls, self.userinfo.as_deref(), host, None)
     }
 }
 

@@ -42,3 +42,12 @@ pub(crate) fn parse(
     }
     Ok((userinfo, out))
 }
+
+/// `redis://` (`rediss://` with `tls`) to `host`, with `userinfo` (still percent-encoded) and a
+/// database if given.
+pub(crate) fn server_url(tls: bool, userinfo: Option<&str>, host: &str, db: Option<u32>) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let db = db.map(|d| format!("/{d}")).unwrap_or_default();
+    format!("{scheme}://{auth}{host}{db}")
+}

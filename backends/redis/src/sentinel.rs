@@ -86,20 +86,12 @@ impl SentinelUrl {
     /// The URL of a server at `host` (a placeholder until the sentinels name the primary),
     /// with the credentials and database of this URL.
     pub(crate) fn server_url(&self, host: &str) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        let auth = self
-            .userinfo
-            .as_ref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        let db = self.db.map(|d| format!("/{d}")).unwrap_or_default();
-        format!("{scheme}://{auth}{host}{db}")
+        crate::hosts::server_url(self.tls, self.userinfo.as_deref(), host, self.db)
     }
 
     /// The URL of the sentinel at `host` (no credentials: they are the servers').
     pub(crate) fn sentinel_url(&self, host: &str) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        format!("{scheme}://{host}")
+        crate::hosts::server_url(self.tls, None, host, None)
     }
 }
 
