@@ -308,3 +308,59 @@ async fn subscriptions_end_with_their_waits() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// A late or repeated release message (on a cluster every node relays a `PUBLISH`, and a
+/// mutex's entry has the same name each time its session queues) that names the waiter as the
+/// new head with another token grants nothing: the waiter reads the queue again and waits on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_head_message_grants_nothing() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("stale_head");
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.as_str())
+            .start()
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.mutex("m").unwrap().lock().await })
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut con = f.redis().connection();
+    // An earlier entry of the waiter's name, with token 1: not the one that waits now.
+    let stale = format!("gone {ns}/m/{} 1", b.id());
+    for _ in 0..3 {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(format!("fencelock:c:{}", held.key()))
+            .arg(&stale)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "granted while held: {:?}",
+        waiter.await
+    );
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

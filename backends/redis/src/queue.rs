@@ -232,7 +232,7 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
                 // would be behind ours). The core's next read confirms it, unless the
                 // release named our entry, live, as the queue's new head.
                 if r? {
-                    if reg.head().as_deref() == Some(own.key.as_str()) {
+                    if reg.head().as_ref() == Some(&(own.key.clone(), own.token.get())) {
                         session.headed(own);
                     }
                     return Ok(());

@@ -46,8 +46,11 @@ local function live(name)
 end
 -- Deletes entry `name` of queue `path`, and wakes whoever waits on it (the one entry behind it,
 -- its owner) and, if it headed the queue, the queue's observers. If it headed the queue and the
--- entry now at the head is live, the message names that entry ('gone NAME'): its waiter is
--- granted without reading the queue again (nothing can come ahead of it later).
+-- entry now at the head is live, the message names that entry and its token ('gone NAME
+-- TOKEN'): its waiter is granted without reading the queue again (nothing can come ahead of it
+-- later). The token, because names repeat (a session's entry in a mutex's queue has the same
+-- name each time) and a message can arrive late (on a cluster, every node relays it): only
+-- the entry it names, not a later one of the same name, may skip the read.
 local function drop(path, name)
   local q = qkey(path)
   local was_head = redis.call('ZRANK', q, name) == 0
@@ -56,7 +59,8 @@ local function drop(path, name)
   local note = 'gone'
   if was_head then
     local head = redis.call('ZRANGE', q, 0, 0)[1]
-    if head and live(head) then note = 'gone ' .. head end
+    local e = head and live(head)
+    if e then note = 'gone ' .. head .. ' ' .. e[2] end
   end
   redis.call('PUBLISH', C .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end

@@ -94,9 +94,9 @@ struct Signal {
     broken: AtomicBool,
     /// Whether a `gone` message (the entry was deleted) arrived since the last wait.
     gone: AtomicBool,
-    /// The live entry that the deletion left at the head of the queue, if its message named
-    /// one (`gone NAME`).
-    head: StdMutex<Option<String>>,
+    /// The live entry that the deletion left at the head of the queue, and its token, if its
+    /// message named one (`gone NAME TOKEN`).
+    head: StdMutex<Option<(String, u64)>>,
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -126,9 +126,10 @@ impl Registration {
         Ok(self.signal.gone.swap(false, Ordering::SeqCst))
     }
 
-    /// The entry that the deletion [`notified`](Self::notified) reported left, live, at the
-    /// head of its queue, if the message named one.
-    pub(crate) fn head(&self) -> Option<String> {
+    /// The entry (name, token) that the deletion [`notified`](Self::notified) reported left,
+    /// live, at the head of its queue, if the message named one. (A message may be late, or
+    /// come twice: only an entry with that very token may rely on it.)
+    pub(crate) fn head(&self) -> Option<(String, u64)> {
         self.signal
             .head
             .lock()
@@ -292,12 +293,14 @@ impl Notifier {
                     let gone = payload == b"gone" || payload.starts_with(b"gone ");
                     let head = payload
                         .strip_prefix(b"gone ")
-                        .and_then(|h| std::str::from_utf8(h).ok());
+                        .and_then(|h| std::str::from_utf8(h).ok())
+                        .and_then(|h| h.rsplit_once(' '))
+                        .and_then(|(name, token)| Some((name, token.parse::<u64>().ok()?)));
                     for (_, signal) in list {
                         if gone {
-                            if let Some(h) = head {
+                            if let Some((name, token)) = head {
                                 *signal.head.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(h.to_string());
+                                    Some((name.to_string(), token));
                             }
                             signal.gone.store(true, Ordering::SeqCst);
                         }
