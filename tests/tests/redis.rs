@@ -309,9 +309,10 @@ async fn subscriptions_end_with_their_waits() {
     b.close().await.unwrap();
 }
 
-/// A late or repeated release message (on a cluster every node relays a `PUBLISH`, and a
-/// mutex's entry has the same name each time its session queues) that names the waiter as the
-/// new head with another token grants nothing: the waiter reads the queue again and waits on.
+/// A late release message (on a cluster a `PUBLISH` reaches the subscriber's node over the
+/// cluster bus, after the script's reply, and a mutex's entry has the same name each time its
+/// session queues) that names the waiter as the new head with another token grants nothing:
+/// the waiter reads the queue again and waits on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_head_message_grants_nothing() {
     let Some(f) = RedisFactory::shared().await else {

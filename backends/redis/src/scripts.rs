@@ -49,8 +49,9 @@ end
 -- entry now at the head is live, the message names that entry and its token ('gone NAME
 -- TOKEN'): its waiter is granted without reading the queue again (nothing can come ahead of it
 -- later). The token, because names repeat (a session's entry in a mutex's queue has the same
--- name each time) and a message can arrive late (on a cluster, every node relays it): only
--- the entry it names, not a later one of the same name, may skip the read.
+-- name each time) and a message can arrive late (on a cluster it reaches the subscriber's node
+-- over the cluster bus, after the script's reply, and may find a later wait registered on the
+-- same channel): only the entry it names, not a later one of the same name, may skip the read.
 local function drop(path, name)
   local q = qkey(path)
   local was_head = redis.call('ZRANK', q, name) == 0
