@@ -2,7 +2,7 @@
 //! that must ask every one of them).
 
 use fencelock::{Error, Result};
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use crate::con::{Inner, RedisConnection};
 use crate::config::redact;
@@ -56,22 +56,25 @@ impl ClusterUrl {
     }
 }
 
-/// The `host:port` of every primary of the cluster that is not marked failed, from `CLUSTER
-/// NODES` (asked of any node).
-pub(crate) async fn primaries(con: &mut RedisConnection) -> redis::RedisResult<Vec<(String, u16)>> {
+/// A slot of every primary of the cluster that is not marked failed (the first it serves), from
+/// `CLUSTER NODES` (asked of any node): a request routed by it goes to that primary through the
+/// client's slot map, which makes the connection if it has none yet (routing by address
+/// would fail then).
+pub(crate) async fn primaries(con: &mut RedisConnection) -> redis::RedisResult<Vec<u16>> {
     let text: String = redis::cmd("CLUSTER").arg("NODES").query_async(con).await?;
     Ok(text
         .lines()
         .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let addr = fields.nth(1)?;
-            let flags = fields.next()?;
+            let fields: Vec<&str> = line.split(' ').collect();
+            let flags = fields.get(2)?;
             let primary = flags.split(',').any(|f| f == "master")
                 && !flags.split(',').any(|f| f == "fail" || f == "noaddr");
-            // `host:port@cport[,hostname]`
-            let (host, port) = addr.split('@').next()?.rsplit_once(':')?;
-            let port = port.parse().ok()?;
-            (primary && !host.is_empty()).then(|| (host.to_string(), port))
+            // Slots from the ninth field: `0-5460`, `5461`, or `[…]` (a slot migrating).
+            let first = fields.get(8..)?.iter().find_map(|r| {
+                let start = r.split('-').next()?;
+                start.parse::<u16>().ok()
+            })?;
+            primary.then_some(first)
         })
         .collect())
 }
@@ -93,18 +96,18 @@ pub(crate) async fn ping_one(con: &mut RedisConnection) -> redis::RedisResult<()
     Err(last.unwrap_or_else(|| (redis::ErrorKind::Io, "no node answered").into()))
 }
 
-/// Sends `cmd` to the node at `host:port` of the cluster `con` connects to.
+/// Sends `cmd` to the primary that serves `slot` of the cluster `con` connects to.
 pub(crate) async fn on_node<T: redis::FromRedisValue>(
     con: &mut RedisConnection,
-    (host, port): &(String, u16),
+    slot: u16,
     cmd: redis::Cmd,
 ) -> redis::RedisResult<T> {
     match &mut con.0 {
         Inner::Cluster(c) => {
-            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            });
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )));
             let value = c.route_command(cmd, routing).await?;
             redis::from_redis_value(value).map_err(Into::into)
         }

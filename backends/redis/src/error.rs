@@ -40,7 +40,8 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             }
         }
         ErrorKind::InvalidClientConfig => return Error::invalid_config("", e.to_string()),
-        ErrorKind::Io => true,
+        // A cluster's node the client has no connection to yet (it reconnects).
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain

@@ -80,7 +80,7 @@ pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<
     let glob = entries_glob(session.groups, namespace);
     // On a cluster, every primary holds some groups' keys.
     let nodes = match session.groups {
-        Groups::Single => vec![(String::new(), 0)],
+        Groups::Single => vec![0],
         Groups::Cluster => cluster::primaries(&mut con)
             .await
             .map_err(|e| session.primary.failed("list", e))?,
@@ -97,9 +97,10 @@ pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<
                 .arg(1000);
             // Raw bytes: a foreign key that is not UTF-8 under our prefix is skipped, rather
             // than failing the whole listing (fencelock's own names are UTF-8).
-            let (next, keys): (u64, Vec<Vec<u8>>) = cluster::on_node(&mut con, node, scan)
-                .await
-                .map_err(|e| session.primary.failed("list", e))?;
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                cluster::on_node(&mut con, *node, scan)
+                    .await
+                    .map_err(|e| session.primary.failed("list", e))?;
             names.extend(keys.into_iter().filter_map(|k| {
                 let k = String::from_utf8(k).ok()?;
                 // `fencelock:e:{name}`, or `fencelock{G}:e:{name}` on a cluster.
