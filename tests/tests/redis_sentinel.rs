@@ -19,11 +19,6 @@ const TTL: Duration = Duration::from_secs(6);
 /// new primary (Redis 7 waits `repl-diskless-sync-delay`, 5 s, before it starts one), and no
 /// write is acknowledged by a replica meanwhile: heartbeats fail for that long.
 const COMMAND_TTL: Duration = Duration::from_secs(15);
-
-/// The TTL of the sessions through a killed primary: the failover (2.2–2.4 s) and the other
-/// replica's resynchronisation with the promoted one, during which heartbeats wait for an
-/// acknowledgement, outlasted a 6 s TTL once on a loaded machine (CI run 63).
-const KILL_TTL: Duration = Duration::from_secs(10);
 const WITHIN: Duration = Duration::from_secs(30);
 
 async fn group(failover: Failover) -> Option<SentinelGroup> {
@@ -68,13 +63,13 @@ fn has_session(g: &SentinelGroup, i: usize, s: &Session) -> bool {
 }
 
 /// Fails the primary over as `how` says while a session holds a lock and another waits for
-/// it ([`KILL_TTL`] for a killed primary, [`COMMAND_TTL`] through `SENTINEL FAILOVER`): the holder keeps its lock, its session is Live again on the new primary, the waiter is
+/// it (TTL 6 s for a killed primary, [`COMMAND_TTL`] through `SENTINEL FAILOVER`): the holder keeps its lock, its session is Live again on the new primary, the waiter is
 /// granted after the release with a larger token, and new sessions open there.
 async fn follows(how: Failover) {
     let Some(g) = group(how).await else { return };
     let backend = replicated(&g.url()).await;
     let ttl = match how {
-        Failover::Kill => KILL_TTL,
+        Failover::Kill => TTL,
         Failover::Command => COMMAND_TTL,
     };
     let (a, b) = (
