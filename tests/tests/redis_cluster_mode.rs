@@ -31,6 +31,18 @@ async fn own_cluster() -> Option<(RedisCluster, RedisBackend)> {
     Some((cluster, backend))
 }
 
+/// Waits (bounded) until the mutex `name` has a waiter.
+async fn until_queued(s: &Session, name: &str) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.mutex(name).unwrap().waiters().await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A session holds locks on every shard: each lock's keys are on the primary that serves its
 /// group's slot, each lock's tokens grow, and the one session stays live across heartbeats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,21 +169,7 @@ async fn a_slot_moves_while_its_lock_is_held() {
         tokio::spawn(async move { b.mutex("moving").unwrap().lock().await })
     };
     // The waiter is queued before the move.
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while a
-        .mutex("moving")
-        .unwrap()
-        .waiters()
-        .await
-        .unwrap()
-        .is_empty()
-    {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&a, "moving").await;
     let slot = slot_of(&f.cluster, &ns, "moving");
     let cluster = f.cluster.clone();
     let session = a.clone();
@@ -296,11 +294,15 @@ async fn a_primary_fails_over() {
         let b = b.clone();
         tokio::spawn(async move { b.mutex("jobs").unwrap().lock().await })
     };
-    // Replicated before the fault (asynchronous replication: give it a moment).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_queued(&a, "jobs").await;
     let primary = cluster.primary_of(slot_of(&cluster, "failover", "jobs"));
     tokio::task::block_in_place(|| {
         use fencelock_integration::servers::Cluster;
+        // Replicated before the fault: the waiter's entry and both sessions' keys (what a
+        // failover may lose without `wait_for_replicas`, by design, is not this test's point).
+        // A heartbeat that extends a key between this and the kill may be lost: the key's
+        // earlier expiry, replicated, outlasts the failover by far.
+        cluster.wait_replicated(primary);
         cluster.kill(primary);
     });
     // Two TTLs after the failover: heartbeats reach the promoted replica, which has the

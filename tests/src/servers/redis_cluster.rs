@@ -160,6 +160,40 @@ impl RedisCluster {
         failed.unwrap_or_else(|| panic!("no primary serves slot {slot}: {nodes}"))
     }
 
+    /// Waits (bounded, blocking) until every replica of primary `i` has what `i` had when
+    /// called (its replication offset): "replicated before the fault" as a fact, not a hope
+    /// (replication is asynchronous, and a loaded machine can delay it past any fixed sleep).
+    pub fn wait_replicated(&self, i: usize) {
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.parse().ok())
+        };
+        let info = self.nodes[i].cli(&["INFO", "replication"]).unwrap();
+        let target = field(&info, "master_repl_offset:")
+            .unwrap_or_else(|| panic!("no replication offset on node {i}: {info}"));
+        let start = Instant::now();
+        loop {
+            let info = self.nodes[i].cli(&["INFO", "replication"]).unwrap();
+            // `slaveN:ip=…,port=…,state=online,offset=N,lag=…`, one line per replica.
+            let offsets: Vec<u64> = info
+                .lines()
+                .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                .filter_map(|l| {
+                    l.split(',')
+                        .find_map(|kv| kv.strip_prefix("offset=")?.parse().ok())
+                })
+                .collect();
+            if !offsets.is_empty() && offsets.iter().all(|&o| o >= target) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "node {i}'s replicas did not reach offset {target} within 30 s: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The primaries, as a running node sees them.
     pub fn primaries(&self) -> Vec<usize> {
         self.nodes_table()
