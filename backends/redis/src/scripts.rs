@@ -54,20 +54,25 @@ end
 -- same channel): only the entry it names, not a later one of the same name, may skip the read.
 local function drop(path, name)
   local q = qkey(path)
-  local was_head = redis.call('ZRANK', q, name) == 0
+  -- The first two members: whether it heads the queue, and which entry heads it next.
+  local first = redis.call('ZRANGE', q, 0, 1)
+  local was_head = first[1] == name
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
   local note = 'gone'
   if was_head then
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    local head = first[2]
     local e = head and live(head)
     if e then note = 'gone ' .. head .. ' ' .. e[2] end
   end
   redis.call('PUBLISH', C .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
 end
--- The version of what session `sid` owns.
-local function version(sid) return tonumber(redis.call('HGET', skey(sid), 'v') or '0') end
+-- The version of what session `sid` owns in this group, or false if it has no key here.
+local function version(sid)
+  local v = redis.call('HGET', skey(sid), 'v')
+  return v and tonumber(v)
+end
 -- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it.
 local function extend(key, ttl)
   local left = redis.call('PTTL', key)
@@ -101,57 +106,61 @@ local function ahead(path, below, want, nearest)
   end
   return out
 end
--- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token and
--- whether it was created. Every change of what a session owns bumps its version (`v` of its key),
--- which the client follows: a version below the one the client has seen tells it that a
--- failover lost changes. One token counter for every namespace: two namespaces can name the
--- same queue (`/svc` + `x`, `` + `svc/x`), and its order must be one.
+-- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token,
+-- whether it was created, and the session's version after it (false if unchanged). Every
+-- change of what a session owns bumps its version (`v` of its key), which the client follows:
+-- a version below the one the client has seen tells it that a failover lost changes. One
+-- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
+-- `` + `svc/x`), and its order must be one. (A retry that finds its entry spends a token
+-- unused: tokens grow, not by one.)
 local function create(sid, path, name, kind, value, ttl)
   local q, e = qkey(path), ekey(name)
-  local token = redis.call('ZSCORE', q, name)
-  if token then
+  local token = redis.call('INCR', KEYS[1])
+  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
+  if token >= 9007199254740992 then
+    error({err = 'ERR fencelock token counter exhausted (2^53)'})
+  end
+  -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
+  local t = string.format('%d', token)
+  if redis.call('ZADD', q, 'NX', t, name) == 0 then
     if redis.call('HGET', e, 's') == sid then
       -- Found again (a retry). Touched, so that a WAIT that follows covers it; in the owned
       -- set again, in case the first try stopped before it got there (a slot migrating).
       redis.call('PEXPIRE', e, ttl)
       redis.call('SADD', okey(sid), name)
-      return tonumber(token), 0
+      return tonumber(redis.call('ZSCORE', q, name)), 0, false
     end
     -- A member without its hash (evicted, or half deleted by hand): replaced.
-    redis.call('ZREM', q, name)
-  end
-  token = redis.call('INCR', KEYS[1])
-  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
-  if token >= 9007199254740992 then
-    error({err = 'ERR fencelock token counter exhausted (2^53)'})
+    redis.call('ZADD', q, t, name)
   end
   local now = redis.call('TIME')
   local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
-  local t = string.format('%d', token)
-  redis.call('ZADD', q, t, name)
   redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
   redis.call('PEXPIRE', e, ttl)
-  redis.call('SADD', okey(sid), name)
-  redis.call('HINCRBY', skey(sid), 'v', 1)
-  extend(okey(sid), ttl)
+  local o = okey(sid)
+  redis.call('SADD', o, name)
+  -- Set, not extended: every script gives a session's keys the session's one TTL.
+  redis.call('PEXPIRE', o, ttl)
+  local v = redis.call('HINCRBY', skey(sid), 'v', 1)
   extend(q, ttl)
-  if redis.call('ZRANK', q, name) == 0 then redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
-  return token, 1
+  return token, 1, v
 end
--- Whether session `sid` has its key in this group; with `open` = '1' (its first use of the
--- group: the client has no confirmed key here) made if missing.
+-- Tells the observers of queue `path` that a new entry heads it.
+local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
+-- Session `sid`'s version in this group, or false if it has no key here; with `open` = '1'
+-- (its first use of the group: the client has no confirmed key here) the key is made if
+-- missing.
 local function enter(sid, open, ttl)
-  if redis.call('EXISTS', skey(sid)) == 1 then return true end
-  if open ~= '1' then return false end
+  local v = version(sid)
+  if v or open ~= '1' then return v end
   redis.call('HSET', skey(sid), 'v', 0)
   redis.call('PEXPIRE', skey(sid), ttl)
-  return true
+  return 0
 end
--- 1 if session `sid`'s version is below `known` (the highest the client has seen): the server
--- lost changes of it.
-local function behind(sid, known)
-  if version(sid) < tonumber(known) then return 1 end
+-- 1 if version `v` is below `known` (the highest the client has seen): the server lost
+-- changes of the session.
+local function behind(v, known)
+  if v < tonumber(known) then return 1 end
   return 0
 end
 "#;
@@ -184,7 +193,8 @@ if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
   if ARGV[4] == '1' then return {-1} end
   return {-2}
 end
-local late = behind(sid, ARGV[3])
+local v = version(sid)
+local late = behind(v, ARGV[3])
 redis.call('PEXPIRE', okey(sid), ttl)
 -- Each entry's keys unguarded (a guard per entry would cost as much as the heartbeat): only
 -- expiries are extended, and on a cluster an entry not found is left in the owned set (its
@@ -201,7 +211,7 @@ for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
     redis.call('SREM', okey(sid), name)
   end
 end
-return {version(sid), late}
+return {v, late}
 "#,
     )
 });
@@ -255,11 +265,21 @@ pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
 local sid, path, name = ARGV[1], ARGV[2], ARGV[3]
 -- The keys it writes, looked at before it writes any (see `guard`).
 okey(sid); qkey(path); ekey(name)
-if not enter(sid, ARGV[10], ARGV[6]) then return {-1} end
-local late = behind(sid, ARGV[9])
-local token, created = create(sid, path, name, ARGV[4], ARGV[5], tonumber(ARGV[6]))
-local out = ahead(path, token, ARGV[7], tonumber(ARGV[8]))
-return {token, created, out, version(sid), late}
+local v = enter(sid, ARGV[10], ARGV[6])
+if not v then return {-1} end
+local late = behind(v, ARGV[9])
+local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], tonumber(ARGV[6]))
+local want, nearest = ARGV[7], tonumber(ARGV[8])
+local out = ahead(path, token, want, nearest)
+if created == 1 then
+  -- Heads the queue: no live entry of any kind ahead (the dead ones met were dropped), as
+  -- `ahead` shows when it looked for every kind; else asked.
+  local head
+  if want == '' and nearest > 0 then head = #out == 0
+  else head = redis.call('ZRANK', qkey(path), name) == 0 end
+  if head then announce(path) end
+end
+return {token, created, out, after or v, late}
 "#,
     )
 });
@@ -273,8 +293,9 @@ pub(crate) static ENQUEUE_ALL: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local sid, ttl = ARGV[1], tonumber(ARGV[2])
 okey(sid)
-if not enter(sid, ARGV[4], ARGV[2]) then return {-1} end
-local late = behind(sid, ARGV[3])
+local v = enter(sid, ARGV[4], ARGV[2])
+if not v then return {-1} end
+local late = behind(v, ARGV[3])
 for i = 5, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
@@ -286,10 +307,13 @@ for i = 5, #ARGV, 4 do
 end
 local tokens = {}
 for i = 5, #ARGV, 4 do
-  local token = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
+  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
   tokens[#tokens + 1] = token
+  v = after or v
+  -- Each queue was empty of live entries but ours: the entry heads it.
+  if created == 1 then announce(ARGV[i]) end
 end
-return {1, tokens, version(sid), late}
+return {1, tokens, v, late}
 "#,
     )
 });
@@ -348,19 +372,19 @@ pub(crate) static ABANDON: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local path, name, sid = ARGV[1], ARGV[2], ARGV[3]
-local alive = redis.call('EXISTS', skey(sid)) == 1
+local v = version(sid)
 local late = 0
-if alive then late = behind(sid, ARGV[4]) end
+if v then late = behind(v, ARGV[4]) end
 local owner = redis.call('HGET', ekey(name), 's')
 if owner == sid then
   drop(redis.call('HGET', ekey(name), 'q'), name)
   redis.call('SREM', okey(sid), name)
-  if alive then redis.call('HINCRBY', skey(sid), 'v', 1) end
+  if v then v = redis.call('HINCRBY', skey(sid), 'v', 1) end
 elseif not owner then
   redis.call('ZREM', qkey(path), name)
 end
-if not alive then return {-1} end
-return {version(sid), late}
+if not v then return {-1} end
+return {v, late}
 "#,
     )
 });
@@ -375,10 +399,10 @@ local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
 if not e[1] or tonumber(e[1]) ~= tonumber(ARGV[2]) then return {0} end
 drop(e[2], ARGV[1])
 redis.call('SREM', okey(e[3]), ARGV[1])
-if redis.call('EXISTS', skey(e[3])) == 0 then return {1, -1, 0} end
-local late = behind(e[3], ARGV[3])
-redis.call('HINCRBY', skey(e[3]), 'v', 1)
-return {1, version(e[3]), late}
+local v = version(e[3])
+if not v then return {1, -1, 0} end
+local late = behind(v, ARGV[3])
+return {1, redis.call('HINCRBY', skey(e[3]), 'v', 1), late}
 "#,
     )
 });
