@@ -419,3 +419,56 @@ async fn cluster_over_tls() {
         println!("{what}: {e}");
     }
 }
+
+/// A guarded write on a cluster: with a key in the lock's slot (`colocated_key`), applied
+/// while the lock is held and refused once it is released; a key in another slot is refused
+/// as invalid (typed, permanent), nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_set_on_a_cluster() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let backend = f.redis().clone();
+    let ns = fencelock::conformance::unique_namespace("guarded");
+    let s = Session::builder(backend.clone())
+        .namespace(ns.as_str())
+        .ttl(Duration::from_secs(5))
+        .start()
+        .await
+        .unwrap();
+    let mut con = backend.connection();
+    let get = |key: String| {
+        let mut con = backend.connection();
+        async move {
+            redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<String>>(&mut con)
+                .await
+                .unwrap()
+        }
+    };
+    let g = s.mutex("res").unwrap().lock().await.unwrap();
+    let key = backend.colocated_key(&g, &format!("app/{ns}/value"));
+    assert!(key.starts_with('{'), "{key}");
+    assert_eq!(backend.colocated_key(&g, &key), key, "tagged once");
+    let written = fencelock_redis::guarded_set(&mut con, &g, &key, b"one").await;
+    assert!(written.unwrap(), "held: written");
+    assert_eq!(get(key.clone()).await.as_deref(), Some("one"));
+
+    // A key in another slot than the entry's: typed, nothing written.
+    let plain = format!("app/{ns}/plain");
+    match fencelock_redis::guarded_set(&mut con, &g, &plain, b"x").await {
+        Err(Error::InvalidName(e)) => println!("{e}"),
+        r => panic!("a key in another slot: {r:?}"),
+    }
+    assert_eq!(get(plain).await, None);
+
+    assert!(fencelock_redis::guarded_set(&mut con, &g, &key, b"two")
+        .await
+        .unwrap());
+    g.release().await.unwrap();
+    let after = fencelock_redis::guarded_set(&mut con, &g, &key, b"three").await;
+    assert!(!after.unwrap(), "released: refused");
+    assert_eq!(get(key).await.as_deref(), Some("two"));
+    s.close().await.unwrap();
+}

@@ -208,6 +208,25 @@ impl RedisBackend {
     pub fn connection(&self) -> RedisConnection {
         self.primary.con()
     }
+
+    /// `key` where [`guarded_set`] can check `grant` with it: on a Redis Cluster, in the slot
+    /// of the grant's entry (the entry's hash tag, `{G}`, before the key, unless its first
+    /// hash tag is that already); on one server or behind Sentinel, `key` as it is. Code that
+    /// builds its guarded keys with this runs unchanged on every deployment.
+    ///
+    /// ```no_run
+    /// # async fn run(session: fencelock::Session, backend: fencelock_redis::RedisBackend) -> fencelock::Result<()> {
+    /// let guard = session.mutex("config/publisher")?.lock().await?;
+    /// let key = backend.colocated_key(&guard, "config/current");
+    /// let written = fencelock_redis::guarded_set(&mut backend.connection(), &guard, &key, b"v42").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn colocated_key(&self, grant: &impl fencelock::Holding, key: &str) -> String {
+        match self.primary.groups() {
+            layout::Groups::Cluster => guarded::colocated(grant.key(), key),
+            layout::Groups::Single => key.to_string(),
+        }
+    }
 }
 
 #[async_trait]
