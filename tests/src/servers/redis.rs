@@ -529,18 +529,87 @@ impl RedisFactory {
     }
 }
 
-/// What an operator runs to delete an entry by hand: the entry's hash, its place in the
-/// queue, and the messages that wake whoever waits on it.
+/// What an operator runs to delete an entry by hand: the entry's hash (`KEYS[1]`, under its
+/// layout's prefix), its place in the queue, and the messages that wake whoever waits on it.
 const ADMIN_DELETE: &str = r#"
-local e = 'fencelock:e:' .. ARGV[1]
-local path = redis.call('HGET', e, 'q')
+local P = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 3)
+local path = redis.call('HGET', KEYS[1], 'q')
 if not path then return 0 end
-redis.call('ZREM', 'fencelock:q:' .. path, ARGV[1])
-redis.call('DEL', e)
+redis.call('ZREM', P .. ':q:' .. path, ARGV[1])
+redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', 'fencelock:c:' .. ARGV[1], 'gone')
 redis.call('PUBLISH', 'fencelock:h:' .. path, 'gone')
 return 1
 "#;
+
+/// The conformance factories' reach under the layout, on one server (`prefix` gives
+/// `fencelock` for every name) or a cluster (`fencelock{G}`, the name's group).
+pub(crate) struct Layout<'a> {
+    pub(crate) backend: &'a RedisBackend,
+    pub(crate) prefix: fn(&str) -> String,
+}
+
+impl Layout<'_> {
+    /// Deletes entry `key` as an operator would ([`ADMIN_DELETE`]).
+    pub(crate) async fn delete_as_admin(&self, key: &str) -> Result<()> {
+        let mut con = self.backend.connection();
+        redis::Script::new(ADMIN_DELETE)
+            .key(format!("{}:e:{key}", (self.prefix)(key)))
+            .arg(key)
+            .invoke_async::<i64>(&mut con)
+            .await
+            .map(drop)
+            .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
+    }
+
+    /// Entry hashes of the live session under names no fencelock name gives (an empty
+    /// segment; no queue above it), with the session's key in their groups (on a cluster a
+    /// session has keys only in the groups it used; a live one is left as it is), and a key
+    /// under the entries' prefix that is no hash (left out of the listing, so not counted),
+    /// all expiring in a minute.
+    pub(crate) async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
+        let map =
+            |e: redis::RedisError| fencelock::Error::backend("redis", "foreign write", false, e);
+        let mut con = self.backend.connection();
+        let counted = [
+            format!("{namespace}/jobs//{session}"),
+            format!("{namespace}/loose"),
+        ];
+        for name in &counted {
+            let prefix = (self.prefix)(name);
+            let key = format!("{prefix}:e:{name}");
+            let skey = format!("{prefix}:s:{session}");
+            redis::pipe()
+                .hset_multiple(
+                    &key,
+                    &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
+                )
+                .pexpire(&key, 60_000)
+                .cmd("HSETNX")
+                .arg(&skey)
+                .arg("v")
+                .arg(0)
+                .cmd("PEXPIRE")
+                .arg(&skey)
+                .arg(60_000)
+                .arg("NX")
+                .query_async::<()>(&mut con)
+                .await
+                .map_err(map)?;
+        }
+        let plain = format!("{namespace}/plain/string");
+        redis::pipe()
+            .set_ex(
+                format!("{}:e:{plain}", (self.prefix)(&plain)),
+                "foreign",
+                60,
+            )
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(map)?;
+        Ok(counted.len())
+    }
+}
 
 #[async_trait::async_trait]
 impl Factory for RedisFactory {
@@ -553,47 +622,19 @@ impl Factory for RedisFactory {
     }
 
     async fn delete_as_admin(&self, key: &str) -> Result<()> {
-        let mut con = self.backend.connection();
-        redis::Script::new(ADMIN_DELETE)
-            .arg(key)
-            .invoke_async::<i64>(&mut con)
-            .await
-            .map(drop)
-            .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
+        self.layout().delete_as_admin(key).await
     }
 
-    /// Entry hashes of the live session under names no fencelock name gives (an empty
-    /// segment; no queue above it), and a key under the entries' prefix that is no hash
-    /// (left out of the listing, so not counted), all expiring in a minute.
     async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
-        let map =
-            |e: redis::RedisError| fencelock::Error::backend("redis", "foreign write", false, e);
-        let mut con = self.backend.connection();
-        let counted = [
-            format!("{namespace}/jobs//{session}"),
-            format!("{namespace}/loose"),
-        ];
-        for name in &counted {
-            let key = format!("fencelock:e:{name}");
-            redis::pipe()
-                .hset_multiple(
-                    &key,
-                    &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
-                )
-                .pexpire(&key, 60_000)
-                .query_async::<()>(&mut con)
-                .await
-                .map_err(map)?;
+        self.layout().write_foreign_keys(namespace, session).await
+    }
+}
+
+impl RedisFactory {
+    fn layout(&self) -> Layout<'_> {
+        Layout {
+            backend: &self.backend,
+            prefix: |_| fencelock_redis::layout::KEY_PREFIX.to_string(),
         }
-        redis::pipe()
-            .set_ex(
-                format!("fencelock:e:{namespace}/plain/string"),
-                "foreign",
-                60,
-            )
-            .query_async::<()>(&mut con)
-            .await
-            .map_err(map)?;
-        Ok(counted.len())
     }
 }

@@ -443,19 +443,6 @@ impl RedisClusterFactory {
     }
 }
 
-/// What an operator runs to delete an entry by hand on a cluster: as on one server, with the
-/// keys of the entry's group (`KEYS[1]`: the entry's hash).
-const ADMIN_DELETE: &str = r#"
-local P = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 3)
-local path = redis.call('HGET', KEYS[1], 'q')
-if not path then return 0 end
-redis.call('ZREM', P .. ':q:' .. path, ARGV[1])
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', 'fencelock:c:' .. ARGV[1], 'gone')
-redis.call('PUBLISH', 'fencelock:h:' .. path, 'gone')
-return 1
-"#;
-
 #[async_trait::async_trait]
 impl Factory for RedisClusterFactory {
     fn backend(&self) -> Arc<dyn Backend> {
@@ -467,61 +454,20 @@ impl Factory for RedisClusterFactory {
     }
 
     async fn delete_as_admin(&self, key: &str) -> Result<()> {
-        let prefix = fencelock_redis::layout::cluster_prefix(key).expect("an entry's name");
-        let mut con = self.backend.connection();
-        redis::Script::new(ADMIN_DELETE)
-            .key(format!("{prefix}:e:{key}"))
-            .arg(key)
-            .invoke_async::<i64>(&mut con)
-            .await
-            .map(drop)
-            .map_err(|e| fencelock::Error::backend("redis", "admin delete", false, e))
+        self.layout().delete_as_admin(key).await
     }
 
-    /// As on one server ([`super::redis::RedisFactory`]), in the groups of those names, with
-    /// the session's key there (a session has keys only in the groups it used).
     async fn write_foreign_keys(&self, namespace: &str, session: &str) -> Result<usize> {
-        let map =
-            |e: redis::RedisError| fencelock::Error::backend("redis", "foreign write", false, e);
-        let mut con = self.backend.connection();
-        let counted = [
-            format!("{namespace}/jobs//{session}"),
-            format!("{namespace}/loose"),
-        ];
-        for name in &counted {
-            let prefix = fencelock_redis::layout::cluster_prefix(name).expect("a name");
-            let key = format!("{prefix}:e:{name}");
-            redis::pipe()
-                .hset_multiple(
-                    &key,
-                    &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
-                )
-                .pexpire(&key, 60_000)
-                .query_async::<()>(&mut con)
-                .await
-                .map_err(map)?;
-            let skey = format!("{prefix}:s:{session}");
-            // Made only if missing (a live session's key in that group is left as it is).
-            redis::pipe()
-                .cmd("HSETNX")
-                .arg(&skey)
-                .arg("v")
-                .arg(0)
-                .cmd("PEXPIRE")
-                .arg(&skey)
-                .arg(60_000)
-                .arg("NX")
-                .query_async::<()>(&mut con)
-                .await
-                .map_err(map)?;
+        self.layout().write_foreign_keys(namespace, session).await
+    }
+}
+
+impl RedisClusterFactory {
+    /// The keys of a name are in its group's slot.
+    fn layout(&self) -> super::redis::Layout<'_> {
+        super::redis::Layout {
+            backend: &self.backend,
+            prefix: |name| fencelock_redis::layout::cluster_prefix(name).expect("an entry's name"),
         }
-        let plain = format!("{namespace}/plain/string");
-        let prefix = fencelock_redis::layout::cluster_prefix(&plain).expect("a name");
-        redis::pipe()
-            .set_ex(format!("{prefix}:e:{plain}"), "foreign", 60)
-            .query_async::<()>(&mut con)
-            .await
-            .map_err(map)?;
-        Ok(counted.len())
     }
 }

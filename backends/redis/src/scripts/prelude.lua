@@ -1,0 +1,152 @@
+-- The helpers every fencelock script starts with (see scripts.rs): its keys, the guard of a
+-- migrating slot, and the queue operations the scripts share.
+-- The group's prefix: KEYS[1] is its counter, `{prefix}:t`. Channels are not keys: the same in
+-- every group.
+local P = string.sub(KEYS[1], 1, -3)
+local C = 'fencelock'
+-- On a cluster (a hash tag in the prefix), every key is touched together with KEYS[1] before
+-- it is used: while the group's slot migrates, a key that is not on this node yet (or any
+-- more) fails that two-key command with TRYAGAIN, and the script stops (retried) instead of
+-- reading the key as missing (a live holder's entry taken for dead, a queue for empty). A
+-- single-key command would not: on the importing node it reads a key not moved yet as absent.
+-- Once per key and script: a script runs alone, so a key found here stays here until it ends.
+local GUARD = string.find(P, '{', 1, true) ~= nil
+local guarded = {}
+local function guard(key)
+  if GUARD and not guarded[key] then
+    redis.call('TOUCH', key, KEYS[1])
+    guarded[key] = true
+  end
+  return key
+end
+local function skey(sid) return guard(P .. ':s:' .. sid) end
+local function okey(sid) return guard(P .. ':o:' .. sid) end
+local function qkey(path) return guard(P .. ':q:' .. path) end
+local function ekey(name) return guard(P .. ':e:' .. name) end
+-- An entry's {session, token, kind, queue} if it is live (its hash is there, and so is its
+-- session's key), else nil.
+local function live(name)
+  local e = redis.call('HMGET', ekey(name), 's', 't', 'k', 'q')
+  if not e[1] then return nil end
+  if redis.call('EXISTS', skey(e[1])) == 0 then return nil end
+  return e
+end
+-- Deletes entry `name` of queue `path`, and wakes whoever waits on it (the one entry behind it,
+-- its owner) and, if it headed the queue, the queue's observers. If it headed the queue and the
+-- entry now at the head is live, the message names that entry and its token ('gone NAME
+-- TOKEN'): its waiter is granted without reading the queue again (nothing can come ahead of it
+-- later). The token, because names repeat (a session's entry in a mutex's queue has the same
+-- name each time) and a message can arrive late (on a cluster it reaches the subscriber's node
+-- over the cluster bus, after the script's reply, and may find a later wait registered on the
+-- same channel): only the entry it names, not a later one of the same name, may skip the read.
+local function drop(path, name)
+  local q = qkey(path)
+  -- The first two members: whether it heads the queue, and which entry heads it next.
+  local first = redis.call('ZRANGE', q, 0, 1)
+  local was_head = first[1] == name
+  redis.call('ZREM', q, name)
+  redis.call('DEL', ekey(name))
+  local note = 'gone'
+  if was_head then
+    local head = first[2]
+    local e = head and live(head)
+    if e then note = 'gone ' .. head .. ' ' .. e[2] end
+  end
+  redis.call('PUBLISH', C .. ':c:' .. name, note)
+  if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
+end
+-- The version of what session `sid` owns in this group, or false if it has no key here.
+local function version(sid)
+  local v = redis.call('HGET', skey(sid), 'v')
+  return v and tonumber(v)
+end
+-- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it.
+local function extend(key, ttl)
+  local left = redis.call('PTTL', key)
+  if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', key, ttl) end
+end
+-- The `nearest` live entries of queue `path` before token `below` (only of kind `want`, unless
+-- it is ''), nearest first, as {name, token, kind, ...}. Dead entries met on the way are dropped.
+-- Reads only as far as it must: its cost depends on `nearest`, not on the queue's length.
+local function ahead(path, below, want, nearest)
+  local q = qkey(path)
+  local out, found = {}, 0
+  -- '%d', not `..`: Lua writes a number as '%.14g', which rounds tokens from 10^14 up.
+  local cursor = '(' .. string.format('%d', below)
+  while found < nearest do
+    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', 0, 16)
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      local name = batch[i]
+      cursor = '(' .. batch[i + 1]
+      local e = live(name)
+      if not e then
+        drop(path, name)
+      elseif want == '' or e[3] == want then
+        out[#out + 1] = name
+        out[#out + 1] = tonumber(e[2])
+        out[#out + 1] = e[3]
+        found = found + 1
+        if found >= nearest then break end
+      end
+    end
+  end
+  return out
+end
+-- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token,
+-- whether it was created, and the session's version after it (false if unchanged). Every
+-- change of what a session owns bumps its version (`v` of its key), which the client follows:
+-- a version below the one the client has seen tells it that a failover lost changes. One
+-- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
+-- `` + `svc/x`), and its order must be one. (A retry that finds its entry spends a token
+-- unused: tokens grow, not by one.)
+local function create(sid, path, name, kind, value, ttl)
+  local q, e = qkey(path), ekey(name)
+  local token = redis.call('INCR', KEYS[1])
+  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
+  if token >= 9007199254740992 then
+    error({err = 'ERR fencelock token counter exhausted (2^53)'})
+  end
+  -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
+  local t = string.format('%d', token)
+  if redis.call('ZADD', q, 'NX', t, name) == 0 then
+    if redis.call('HGET', e, 's') == sid then
+      -- Found again (a retry). Touched, so that a WAIT that follows covers it; in the owned
+      -- set again, in case the first try stopped before it got there (a slot migrating).
+      redis.call('PEXPIRE', e, ttl)
+      redis.call('SADD', okey(sid), name)
+      return tonumber(redis.call('ZSCORE', q, name)), 0, false
+    end
+    -- A member without its hash (evicted, or half deleted by hand): replaced.
+    redis.call('ZADD', q, t, name)
+  end
+  local now = redis.call('TIME')
+  local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
+  redis.call('PEXPIRE', e, ttl)
+  local o = okey(sid)
+  redis.call('SADD', o, name)
+  -- Set, not extended: every script gives a session's keys the session's one TTL.
+  redis.call('PEXPIRE', o, ttl)
+  local v = redis.call('HINCRBY', skey(sid), 'v', 1)
+  extend(q, ttl)
+  return token, 1, v
+end
+-- Tells the observers of queue `path` that a new entry heads it.
+local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
+-- Session `sid`'s version in this group, or false if it has no key here; with `open` = '1'
+-- (its first use of the group: the client has no confirmed key here) the key is made if
+-- missing.
+local function enter(sid, open, ttl)
+  local v = version(sid)
+  if v or open ~= '1' then return v end
+  redis.call('HSET', skey(sid), 'v', 0)
+  redis.call('PEXPIRE', skey(sid), ttl)
+  return 0
+end
+-- 1 if version `v` is below `known` (the highest the client has seen): the server lost
+-- changes of the session.
+local function behind(v, known)
+  if v < tonumber(known) then return 1 end
+  return 0
+end
