@@ -53,30 +53,64 @@ fn kinds(violations: &[String]) -> String {
         .join(", ")
 }
 
+/// A suite's rows as they run: the scenarios `FENCELOCK_SCENARIO` selects (every one by
+/// default), each row's line, and what fails the test.
+struct Suite {
+    cfg: RunConfig,
+    only: Option<String>,
+    lines: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl Suite {
+    /// `None` where Redis is not installed (outside CI).
+    fn new() -> Option<Suite> {
+        available(Kind::Redis).then(|| Suite {
+            cfg: RunConfig::ci(env!("CARGO_BIN_EXE_holder")),
+            only: std::env::var("FENCELOCK_SCENARIO").ok(),
+            lines: Vec::new(),
+            failed: Vec::new(),
+        })
+    }
+
+    /// Whether `scenario` is to run.
+    fn wants(&self, scenario: Scenario) -> bool {
+        self.only.as_deref().is_none_or(|o| o == scenario.name())
+    }
+
+    /// Records a row (see [`verdict`]).
+    fn record(&mut self, s: &Summary, may_lose: bool) {
+        self.failed.extend(verdict(s, may_lose));
+        self.lines.push(s.line());
+    }
+
+    /// Prints the table under `title`; fails if a row did.
+    fn finish(self, title: &str) {
+        println!("\n{title}:\n{}", Summary::header());
+        for l in &self.lines {
+            println!("{l}");
+        }
+        assert!(self.failed.is_empty(), "violations: {:#?}", self.failed);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adversity_redis_pair() {
-    if !available(Kind::Redis) {
+    let Some(mut suite) = Suite::new() else {
         return;
-    }
-    let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
-    let only = std::env::var("FENCELOCK_SCENARIO").ok();
-    let mut lines = Vec::new();
-    let mut failed = Vec::new();
+    };
     for (primitive, scenario) in plan() {
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+        if !suite.wants(scenario) {
             continue;
         }
         // A fresh pair per scenario: a failover leaves the roles swapped and data lost.
         let pair = RedisPair::start(LAG).await;
-        let s = run(scenario, primitive, &pair, &cfg).await;
-        failed.extend(verdict(&s, fails_over(scenario)));
-        lines.push(s.line());
+        let s = run(scenario, primitive, &pair, &suite.cfg).await;
+        suite.record(&s, fails_over(scenario));
     }
-    print_table(
-        &format!("redis (primary + asynchronous replica, failover by REPLICAOF NO ONE after {LAG:?} of lag)"),
-        &lines,
-    );
-    assert!(failed.is_empty(), "violations: {failed:#?}");
+    suite.finish(&format!(
+        "redis (primary + asynchronous replica, failover by REPLICAOF NO ONE after {LAG:?} of lag)"
+    ));
 }
 
 /// Prints `s`'s row (and its violations by kind) and returns what fails the test: any
@@ -100,14 +134,6 @@ fn verdict(s: &Summary, may_lose: bool) -> Option<String> {
         Some(format!("{}: {:?}", s.scenario, progress))
     } else {
         None
-    }
-}
-
-/// Prints a suite's table under `title`.
-fn print_table(title: &str, lines: &[String]) {
-    println!("\n{title}:\n{}", Summary::header());
-    for l in lines {
-        println!("{l}");
     }
 }
 
@@ -156,32 +182,25 @@ fn may_lose_grants(failover: Failover, acks: usize) -> bool {
 /// and every row's workload must go on after its fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adversity_redis_sentinel() {
-    if !available(Kind::Redis) {
+    let Some(mut suite) = Suite::new() else {
         return;
-    }
-    let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
-    let only = std::env::var("FENCELOCK_SCENARIO").ok();
-    let mut lines = Vec::new();
-    let mut failed = Vec::new();
+    };
     for (failover, acks, primitive, scenario) in sentinel_plan() {
-        let row = sentinel_row(failover, acks, scenario);
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+        if !suite.wants(scenario) {
             continue;
         }
         let group = tokio::task::spawn_blocking(move || SentinelGroup::start(failover, acks))
             .await
             .expect("start the Sentinel group");
-        let mut s = run(scenario, primitive, &group, &cfg).await;
+        let mut s = run(scenario, primitive, &group, &suite.cfg).await;
+        let row = sentinel_row(failover, acks, scenario);
         s.scenario = s.scenario.replacen(scenario.name(), &row, 1);
-        failed.extend(verdict(&s, may_lose_grants(failover, acks)));
-        lines.push(s.line());
+        suite.record(&s, may_lose_grants(failover, acks));
     }
-    print_table(
+    suite.finish(
         "redis behind Sentinel (a primary, two replicas, three sentinels; grants and heartbeats \
          acknowledged by replicas)",
-        &lines,
     );
-    assert!(failed.is_empty(), "violations: {failed:#?}");
 }
 
 /// The scenarios on a Redis Cluster (three primaries, a replica each; a node failed over after
@@ -209,30 +228,23 @@ fn cluster_mode_plan() -> Vec<(Primitive, Scenario)> {
 /// violations, and every row's workload must go on after its fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adversity_redis_cluster_mode() {
-    if !available(Kind::Redis) {
+    let Some(mut suite) = Suite::new() else {
         return;
-    }
-    let cfg = RunConfig::ci(env!("CARGO_BIN_EXE_holder"));
-    let only = std::env::var("FENCELOCK_SCENARIO").ok();
-    let mut lines = Vec::new();
-    let mut failed = Vec::new();
+    };
     for (primitive, scenario) in cluster_mode_plan() {
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+        if !suite.wants(scenario) {
             continue;
         }
         // A fresh cluster per scenario: a failover leaves the roles swapped.
         let cluster = tokio::task::spawn_blocking(RedisCluster::start)
             .await
             .expect("start the cluster");
-        let s = run(scenario, primitive, &cluster, &cfg).await;
+        let s = run(scenario, primitive, &cluster, &suite.cfg).await;
         let may_lose = matches!(scenario, Scenario::KillLeader | Scenario::PauseLeader);
-        failed.extend(verdict(&s, may_lose));
-        lines.push(s.line());
+        suite.record(&s, may_lose);
     }
-    print_table(
+    suite.finish(
         "redis cluster (three primaries, a replica each, asynchronous replication; the \
          workload's shard fails over when its primary is killed or paused)",
-        &lines,
     );
-    assert!(failed.is_empty(), "violations: {failed:#?}");
 }
