@@ -11,8 +11,9 @@
 //! ```
 //!
 //! The state lives at `{namespace}/state/{election}` (etcd key, Redis key; Redis checks the
-//! leadership in a script, `fencelock_redis::guarded_set`) or `/{namespace}-state/{election}`
-//! (ZooKeeper node). Each tick the leader writes
+//! leadership in a script, `fencelock_redis::guarded_set`; on a Redis Cluster the key is
+//! prefixed with the election's hash tag, `{G}`, to be in its slot) or
+//! `/{namespace}-state/{election}` (ZooKeeper node). Each tick the leader writes
 //! `{name} epoch {epoch} #{n}` and prints `PUBLISHED …`, or `REFUSED …` when the store refuses
 //! (then it campaigns again). Without a cluster it prints what it would do and exits.
 
@@ -49,7 +50,7 @@ struct Args {
 enum Store {
     Etcd(Box<etcd_client::Client>, String),
     ZooKeeper(zk::Client, String),
-    Redis(fencelock_redis::RedisConnection, String),
+    Redis(fencelock_redis::RedisBackend, String),
 }
 
 impl Store {
@@ -63,7 +64,7 @@ impl Store {
         if let Some(url) = &args.backend.redis {
             let backend = fencelock_redis::RedisBackend::connect(url.as_str()).await?;
             let key = format!("{}/state/{}", args.namespace, args.election);
-            return Ok(Store::Redis(backend.connection(), key));
+            return Ok(Store::Redis(backend, key));
         }
         let servers = args.backend.zookeeper.as_deref().unwrap_or_default();
         let client = zk::Client::connect(servers).await?;
@@ -108,11 +109,12 @@ impl Store {
                     Err(e) => Err(e.into()),
                 }
             }
-            Store::Redis(con, key) => {
-                Ok(
-                    fencelock_redis::guarded_set(&mut con.clone(), leader, key, value.as_bytes())
-                        .await?,
-                )
+            Store::Redis(backend, key) => {
+                // On a Redis Cluster, in the slot of the leadership's entry (the key as it
+                // is on one server).
+                let key = backend.colocated_key(leader, key);
+                let mut con = backend.connection();
+                Ok(fencelock_redis::guarded_set(&mut con, leader, &key, value.as_bytes()).await?)
             }
         }
     }

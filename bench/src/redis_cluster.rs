@@ -80,6 +80,75 @@ struct Held {
     idle_calls: f64,
 }
 
+/// What taking `n` locks (`HOLDERS` holders, `IN_FLIGHT` at a time each) costs, measured the
+/// same way for ours and rslock's: `take(holder, i)` takes lock `i` of `holder`.
+struct Taken<T> {
+    /// Per holder, what it took.
+    held: Vec<Vec<T>>,
+    rate: f64,
+    client_bytes: Option<f64>,
+    server_bytes: f64,
+}
+
+async fn take_all<T, Fut>(
+    cluster: &Arc<RedisCluster>,
+    n: usize,
+    take: impl Fn(usize, usize) -> Fut + Sync,
+) -> Taken<T>
+where
+    T: Send,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    let used = |c: Arc<RedisCluster>| async move {
+        tokio::task::spawn_blocking(move || info_sum(&c, "memory", "used_memory"))
+            .await
+            .unwrap()
+    };
+    let server_before = used(cluster.clone()).await;
+    let before = allocated();
+    let start = Instant::now();
+    let per = n / HOLDERS;
+    let take = &take;
+    let takes = (0..HOLDERS).map(|h| {
+        stream::iter(0..per)
+            .map(move |i| take(h, i))
+            .buffer_unordered(IN_FLIGHT)
+            .collect::<Vec<T>>()
+    });
+    let held = futures::future::join_all(takes).await;
+    let rate = (per * HOLDERS) as f64 / start.elapsed().as_secs_f64();
+    let client_bytes = allocated()
+        .zip(before)
+        .map(|(a, b)| (a - b) as f64 / (per * HOLDERS) as f64);
+    let server_after = used(cluster.clone()).await;
+    Taken {
+        held,
+        rate,
+        client_bytes,
+        server_bytes: (server_after as f64 - server_before as f64) / (per * HOLDERS) as f64,
+    }
+}
+
+/// Releases what each holder took with `release(holder, lock)`, `IN_FLIGHT` at a time each;
+/// returns the rate.
+async fn release_all<T, Fut>(held: Vec<Vec<T>>, release: impl Fn(usize, T) -> Fut + Sync) -> f64
+where
+    T: Send,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let n: usize = held.iter().map(Vec::len).sum();
+    let start = Instant::now();
+    let release = &release;
+    let releases = held.into_iter().enumerate().map(|(h, locks)| {
+        stream::iter(locks)
+            .map(move |l| release(h, l))
+            .buffer_unordered(IN_FLIGHT)
+            .collect::<Vec<()>>()
+    });
+    futures::future::join_all(releases).await;
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
 async fn held_ours(cluster: &Arc<RedisCluster>, n: usize) -> Held {
     let mut sessions = Vec::new();
     for _ in 0..HOLDERS {
@@ -93,40 +162,20 @@ async fn held_ours(cluster: &Arc<RedisCluster>, n: usize) -> Held {
                 .expect("session"),
         );
     }
+    let sessions = &sessions;
+    let taken = take_all(cluster, n, |h, i| async move {
+        sessions[h]
+            .mutex(&format!("held/{h}/{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .expect("lock")
+    })
+    .await;
     let c = cluster.clone();
-    let server_before = tokio::task::spawn_blocking(move || info_sum(&c, "memory", "used_memory"))
+    let calls_before = tokio::task::spawn_blocking(move || script_calls(&c))
         .await
         .unwrap();
-    let before = allocated();
-    let start = Instant::now();
-    let per = n / HOLDERS;
-    let takes = sessions.iter().enumerate().map(|(h, s)| async move {
-        stream::iter(0..per)
-            .map(|i| {
-                let s = s.clone();
-                async move {
-                    s.mutex(&format!("held/{h}/{i}"))
-                        .unwrap()
-                        .lock()
-                        .await
-                        .expect("lock")
-                }
-            })
-            .buffer_unordered(IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
-    });
-    let guards: Vec<Vec<fencelock::Guard>> = futures::future::join_all(takes).await;
-    let rate = (per * HOLDERS) as f64 / start.elapsed().as_secs_f64();
-    let client_bytes = allocated()
-        .zip(before)
-        .map(|(a, b)| (a - b) as f64 / (per * HOLDERS) as f64);
-    let c = cluster.clone();
-    let (server_after, calls_before) = tokio::task::spawn_blocking(move || {
-        (info_sum(&c, "memory", "used_memory"), script_calls(&c))
-    })
-    .await
-    .unwrap();
     let idle = Instant::now();
     tokio::time::sleep(HELD_TTL * 2).await;
     let c = cluster.clone();
@@ -138,23 +187,18 @@ async fn held_ours(cluster: &Arc<RedisCluster>, n: usize) -> Held {
         .iter()
         .filter(|s| s.state() == fencelock::SessionState::Live)
         .count();
-    let start = Instant::now();
-    let releases = guards.into_iter().map(|gs| {
-        stream::iter(gs)
-            .map(|g| async move { g.release().await.expect("release") })
-            .buffer_unordered(IN_FLIGHT)
-            .collect::<Vec<()>>()
-    });
-    futures::future::join_all(releases).await;
-    let release_rate = (per * HOLDERS) as f64 / start.elapsed().as_secs_f64();
+    let release_rate = release_all(taken.held, |_, g: fencelock::Guard| async move {
+        g.release().await.expect("release")
+    })
+    .await;
     for s in sessions {
         let _ = s.close().await;
     }
     Held {
-        rate,
+        rate: taken.rate,
         release_rate,
-        client_bytes,
-        server_bytes: (server_after as f64 - server_before as f64) / (per * HOLDERS) as f64,
+        client_bytes: taken.client_bytes,
+        server_bytes: taken.server_bytes,
         live: Some(live),
         idle_calls,
     }
@@ -164,50 +208,26 @@ async fn held_rslock(cluster: &Arc<RedisCluster>, n: usize) -> Held {
     let managers: Vec<rslock::LockManager> = (0..HOLDERS)
         .map(|_| rslock_with(&cluster.url(), Duration::from_millis(1)))
         .collect();
-    let c = cluster.clone();
-    let server_before = tokio::task::spawn_blocking(move || info_sum(&c, "memory", "used_memory"))
-        .await
-        .unwrap();
-    let before = allocated();
-    let start = Instant::now();
-    let per = n / HOLDERS;
-    let takes = managers.iter().enumerate().map(|(h, lm)| async move {
-        stream::iter(0..per)
-            .map(|i| async move {
-                lm.lock(
-                    format!("rslock-held/{h}/{i}").as_bytes(),
-                    Duration::from_secs(600),
-                )
-                .await
-                .expect("rslock")
-            })
-            .buffer_unordered(IN_FLIGHT)
-            .collect::<Vec<_>>()
+    let managers = &managers;
+    let taken = take_all(cluster, n, |h, i| async move {
+        managers[h]
+            .lock(
+                format!("rslock-held/{h}/{i}").as_bytes(),
+                Duration::from_secs(600),
+            )
             .await
-    });
-    let locks: Vec<Vec<rslock::Lock>> = futures::future::join_all(takes).await;
-    let rate = (per * HOLDERS) as f64 / start.elapsed().as_secs_f64();
-    let client_bytes = allocated()
-        .zip(before)
-        .map(|(a, b)| (a - b) as f64 / (per * HOLDERS) as f64);
-    let c = cluster.clone();
-    let server_after = tokio::task::spawn_blocking(move || info_sum(&c, "memory", "used_memory"))
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let releases = managers.iter().zip(locks).map(|(lm, ls)| {
-        stream::iter(ls)
-            .map(move |l| async move { lm.unlock(&l).await })
-            .buffer_unordered(IN_FLIGHT)
-            .collect::<Vec<()>>()
-    });
-    futures::future::join_all(releases).await;
-    let release_rate = (per * HOLDERS) as f64 / start.elapsed().as_secs_f64();
+            .expect("rslock")
+    })
+    .await;
+    let release_rate = release_all(taken.held, |h, l: rslock::Lock| async move {
+        managers[h].unlock(&l).await
+    })
+    .await;
     Held {
-        rate,
+        rate: taken.rate,
         release_rate,
-        client_bytes,
-        server_bytes: (server_after as f64 - server_before as f64) / (per * HOLDERS) as f64,
+        client_bytes: taken.client_bytes,
+        server_bytes: taken.server_bytes,
         live: None,
         idle_calls: 0.0,
     }

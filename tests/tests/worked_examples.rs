@@ -16,15 +16,18 @@ use fencelock::Session;
 use fencelock_examples::sql::Db;
 use fencelock_integration::example::Program;
 use fencelock_integration::servers::postgres::{self, PgServer};
-use fencelock_integration::servers::{etcd, redis, zookeeper, Cluster};
+use fencelock_integration::servers::{etcd, redis, redis_cluster, zookeeper, Cluster};
 use fencelock_integration::target::{Kind, Target};
 
 const WITHIN: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(2);
 
-/// The shared server of one backend (kept running while the returned guard lives), its target
-/// and the examples' flag for it.
-fn backend(kind: Kind) -> Option<(Box<dyn std::any::Any + Send + Sync>, Target, &'static str)> {
+/// A running server (kept running while its guard lives), its target and the examples' flag
+/// for it.
+type Found = Option<(Box<dyn std::any::Any + Send + Sync>, Target, &'static str)>;
+
+/// The shared server of one backend.
+fn backend(kind: Kind) -> Found {
     match kind {
         Kind::Etcd => {
             let c = etcd::shared()?;
@@ -283,8 +286,8 @@ async fn orders_zookeeper() {
 
 /// A leader paused past its TTL: the other instance leads and publishes; resumed, the old
 /// leader's guarded write is refused by the store, whose state stays the new leader's.
-async fn leader_state(kind: Kind) {
-    let Some((_server, t, flag)) = backend(kind) else {
+async fn leader_state(found: Found) {
+    let Some((_server, t, flag)) = found else {
         return;
     };
     let ns = unique_namespace("leader_state");
@@ -335,12 +338,12 @@ async fn leader_state(kind: Kind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_state_etcd() {
-    leader_state(Kind::Etcd).await;
+    leader_state(backend(Kind::Etcd)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_state_zookeeper() {
-    leader_state(Kind::ZooKeeper).await;
+    leader_state(backend(Kind::ZooKeeper)).await;
 }
 
 /// The metrics example prints a Prometheus scrape with fencelock's metrics.
@@ -377,5 +380,22 @@ async fn orders_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_state_redis() {
-    leader_state(Kind::Redis).await;
+    leader_state(backend(Kind::Redis)).await;
+}
+
+/// On a Redis Cluster the state's key takes the election's hash tag (`colocated_key`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_state_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(redis_cluster::shared)
+        .await
+        .unwrap();
+    leader_state(cluster.map(|c| {
+        let t = Target::new(Kind::Redis, c.url());
+        (
+            Box::new(c) as Box<dyn std::any::Any + Send + Sync>,
+            t,
+            "--redis",
+        )
+    }))
+    .await;
 }
