@@ -9,7 +9,7 @@ use redis::Script;
 use crate::error::map;
 use crate::layout::{Groups, KEY_PREFIX};
 
-/// `SET KEYS[1] ARGV[3]` only if entry KEYS[2] is live with token ARGV[1]: its hash is there
+/// `SET KEYS[1] ARGV[2]` only if entry KEYS[2] is live with token ARGV[1]: its hash is there
 /// and so is its session's key (under the entry key's prefix, `fencelock` or `fencelock{G}`).
 /// Both keys declared: on a cluster they must share a slot, or the server refuses the script
 /// (`CROSSSLOT`) before it runs.
