@@ -3,7 +3,8 @@
 //!
 //! - **Held locks**: one session takes `n` distinct locks, 64 acquisitions in flight, and holds
 //!   them: acquisitions per second, client memory per held lock (the benchmark's counting
-//!   allocator), and the server's watch count while they are held.
+//!   allocator), and the server's watch count while they are held. On etcd also what the
+//!   server allows with no recipe: keys put, then deleted plainly or guarded by a txn.
 //! - **Handoffs against the queue's length**: `w` waiters, each its own session, queued on one
 //!   lock; the holder releases and each waiter releases as soon as it is granted; the time from
 //!   one grant's release to the next grant (p50, p99 over the first handoffs, while the queue is
@@ -170,6 +171,67 @@ pub async fn held_etcd_client(endpoint: &str, n: usize, rep: usize) -> HeldRow {
         release_rate,
         bytes_per_lock: bytes,
         server_watches,
+    }
+}
+
+/// What etcd itself allows for the held-locks row, no lock recipe involved: `n` keys put under
+/// one lease (64 in flight), then deleted, either by a plain delete (`guarded` false: what
+/// etcd-client's `unlock` amounts to on the server) or by a txn that deletes the key only if it
+/// is still the same entry (a compare on its create revision: the shape of our release, which
+/// never deletes a newer entry under the same key).
+pub async fn held_etcd_raw(endpoint: &str, n: usize, rep: usize, guarded: bool) -> HeldRow {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let lease = client.lease_client().grant(300, None).await.unwrap().id();
+    let shape = if guarded { "guarded" } else { "plain" };
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("bench/raw-held/{shape}/{n}/r{rep}/{i}"))
+        .collect();
+    let keys: Vec<(String, i64)> = stream::iter(names)
+        .map(|name| {
+            let mut kv = client.kv_client();
+            async move {
+                let put = kv
+                    .put(name.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+                    .await
+                    .unwrap();
+                (name, put.header().expect("header").revision())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let start = Instant::now();
+    stream::iter(keys)
+        .map(|(key, created)| {
+            let mut kv = client.kv_client();
+            async move {
+                if guarded {
+                    let same = Compare::create_revision(key.as_str(), CompareOp::Equal, created);
+                    let txn = Txn::new()
+                        .when([same])
+                        .and_then([TxnOp::delete(key.as_str(), None)]);
+                    assert!(kv.txn(txn).await.unwrap().succeeded());
+                } else {
+                    kv.delete(key.as_str(), None).await.unwrap();
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<()>>()
+        .await;
+    let release_rate = n as f64 / start.elapsed().as_secs_f64();
+    let _ = client.lease_client().revoke(lease).await;
+    HeldRow {
+        implementation: format!("raw: put + {shape} delete"),
+        locks: n,
+        // Not a lock's acquisition: its rate is not shown.
+        rate: f64::NAN,
+        release_rate,
+        bytes_per_lock: None,
+        server_watches: None,
     }
 }
 
@@ -537,14 +599,21 @@ fn held_table(backend: &str, rows: &[Vec<HeldRow>]) {
         let mut bytes: Vec<f64> = reps.iter().filter_map(|r| r.bytes_per_lock).collect();
         let bytes = (!bytes.is_empty()).then(|| median_spread(&mut bytes).0);
         let watches = reps.iter().filter_map(|r| r.server_watches).max();
+        let rate_cell = if rate.is_nan() {
+            "—".to_string()
+        } else {
+            format!("{rate:.0} ({rate_min:.0}–{rate_max:.0})")
+        };
         crate::emit!(
-            "| {} | {} | {rate:.0} ({rate_min:.0}–{rate_max:.0}) | {release:.0} ({release_min:.0}–{release_max:.0}) | {} | {} |",
+            "| {} | {} | {rate_cell} | {release:.0} ({release_min:.0}–{release_max:.0}) | {} | {} |",
             first.implementation,
             first.locks,
             bytes.map_or("n/a".into(), |b| format!("{b:.0}")),
             watches.map_or("n/a".into(), |w| w.to_string()),
         );
-        super::report::point(&rate_id, &first.implementation, first.locks as f64, rate);
+        if !rate.is_nan() {
+            super::report::point(&rate_id, &first.implementation, first.locks as f64, rate);
+        }
         if let Some(b) = bytes {
             super::report::point(&mem_id, &first.implementation, first.locks as f64, b);
         }
@@ -607,7 +676,7 @@ async fn scale_rows<H, HF, O, OF>(
     peer_handoff: O,
 ) where
     H: Fn(usize, usize) -> HF,
-    HF: std::future::Future<Output = HeldRow>,
+    HF: std::future::Future<Output = Vec<HeldRow>>,
     O: Fn(usize, usize) -> OF,
     OF: std::future::Future<Output = HandoffRow>,
 {
@@ -625,13 +694,19 @@ async fn scale_rows<H, HF, O, OF>(
     let mut rows = Vec::new();
     for &n in held {
         // Side by side, repetition by repetition, on names new to the server each time.
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        // Ours, then each of the peers' rows (the recipe, and on etcd the raw requests).
+        let mut reps: Vec<Vec<HeldRow>> = Vec::new();
         for rep in 0..HELD_REPS {
-            ours.push(held_ours(kind, endpoint, zk_port, session().await, n, rep).await);
-            theirs.push(peer_held(n, rep).await);
+            let ours = held_ours(kind, endpoint, zk_port, session().await, n, rep).await;
+            let all = std::iter::once(ours).chain(peer_held(n, rep).await);
+            for (i, row) in all.enumerate() {
+                if reps.len() <= i {
+                    reps.push(Vec::new());
+                }
+                reps[i].push(row);
+            }
         }
-        rows.push(ours);
-        rows.push(theirs);
+        rows.extend(reps);
     }
     held_table(label, &rows);
     let mut rows = Vec::new();
@@ -665,7 +740,13 @@ pub async fn etcd_scale(held: &[usize], waiters: &[usize], ep: &str) {
         None,
         held,
         waiters,
-        |n, rep| held_etcd_client(ep, n, rep),
+        |n, rep| async move {
+            vec![
+                held_etcd_client(ep, n, rep).await,
+                held_etcd_raw(ep, n, rep, false).await,
+                held_etcd_raw(ep, n, rep, true).await,
+            ]
+        },
         |w, r| async move {
             handoff_etcd_client(ep, w, &format!("bench/peer-handoff-{w}-{r}")).await
         },
@@ -688,7 +769,7 @@ pub async fn zookeeper_scale(held: &[usize], waiters: &[usize], connect: &str, p
         Some(port),
         held,
         waiters,
-        |n, rep| held_zk_recipe(connect, port, n, rep),
+        |n, rep| async move { vec![held_zk_recipe(connect, port, n, rep).await] },
         |w, r| async move {
             handoff_zk_recipe(connect, w, &format!("/bench/peer-handoff-{w}-{r}")).await
         },

@@ -101,7 +101,14 @@ pub async fn zookeeper_rows(args: &Args) {
         crate::emit!("\n(ZooKeeper not installed: skipped)");
         return;
     }
-    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
+    // The held-locks rows keep every lock's parent node until the server reaps it: with
+    // 100,000 locks per repetition, more than the tests' heap.
+    let most_held = args.held.iter().copied().max().unwrap_or(0);
+    let options = harness::ZkOptions {
+        heap_mib: (most_held > 20_000).then_some(2048),
+        ..Default::default()
+    };
+    let server = tokio::task::spawn_blocking(move || ZkEnsemble::start_with(1, options))
         .await
         .expect("start ZooKeeper");
     let connect = server.connect_string();

@@ -52,7 +52,7 @@ async fn mutual_tls() {
             ca: pki.ca(),
             client_auth: true,
         }),
-        sasl_users: Vec::new(),
+        ..Default::default()
     })
     .await;
     let ep = zk.endpoint(0);
@@ -139,8 +139,8 @@ async fn sasl_digest_md5() {
         return;
     }
     let zk = ensemble(ZkOptions {
-        tls: None,
         sasl_users: vec![("app".into(), "app-pw".into())],
+        ..Default::default()
     })
     .await;
     let ep = zk.endpoint(0);

@@ -70,6 +70,10 @@ pub struct ZkOptions {
     pub tls: Option<ZkServerTls>,
     /// With users, every session must authenticate by SASL DIGEST-MD5 as one of them.
     pub sasl_users: Vec<(String, String)>,
+    /// The server's heap limit in MiB (default 256: enough for the tests). A server holding
+    /// hundreds of thousands of nodes needs more: at 256 it spends its time in full
+    /// collections and stops answering for longer than a session's TTL.
+    pub heap_mib: Option<u32>,
 }
 
 /// The jars ZooKeeper's Netty connection factory needs beyond what `zookeeper.jar` pulls in.
@@ -256,7 +260,12 @@ impl ZkEnsemble {
     fn spawn(&self, i: usize) -> Result<(), String> {
         let home = self.home(i);
         let jaas = (!self.options.sasl_users.is_empty()).then(|| home.join("jaas.conf"));
-        let mut cmd = server_command(&self.java, self.options.tls.is_some(), jaas.as_deref());
+        let mut cmd = server_command(
+            &self.java,
+            self.options.tls.is_some(),
+            jaas.as_deref(),
+            self.options.heap_mib.unwrap_or(256),
+        );
         cmd.arg(home.join("zoo.cfg"));
         let child = ManagedChild::spawn(
             format!("zookeeper {}", i + 1),
@@ -440,9 +449,9 @@ fn serves_as_leader(srvr: &Option<String>) -> bool {
 }
 
 /// The `java` command line of a ZooKeeper server from Debian's jars, up to the main class (the
-/// caller appends the config file): small heap, quick start, admin server off, log level from
+/// caller appends the config file): a heap of `heap_mib`, quick start, admin server off, log level from
 /// `ZK_TEST_LOG_LEVEL` (default `warn`).
-fn server_command(java: &Path, netty: bool, jaas: Option<&Path>) -> Command {
+fn server_command(java: &Path, netty: bool, jaas: Option<&Path>, heap_mib: u32) -> Command {
     let mut classpath = ZOOKEEPER_JAR.to_string();
     let extra: &[&str] = if netty { NETTY_JARS } else { &[] };
     for jar in extra.iter().chain([&SLF4J_SIMPLE_JAR]) {
@@ -453,8 +462,8 @@ fn server_command(java: &Path, netty: bool, jaas: Option<&Path>) -> Command {
     }
     let level = std::env::var("ZK_TEST_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
     let mut cmd = Command::new(java);
+    cmd.arg(format!("-Xmx{heap_mib}m"));
     cmd.args([
-        "-Xmx256m",
         "-XX:+UseSerialGC",
         "-XX:TieredStopAtLevel=1",
         "-Dzookeeper.admin.enableServer=false",
