@@ -369,9 +369,12 @@ where
             }
         },
         {
-            let holder = holder.clone();
+            // The lock's own queue, not `list_entries` (the whole namespace: after the held
+            // rows, up to a million parent nodes on ZooKeeper that the server has not reaped
+            // yet, whose listing held the holder's heartbeat behind it past the TTL).
+            let queued = holder.mutex(name).unwrap();
             async move {
-                while holder.list_entries().await.unwrap().len() < waiters + 1 {
+                while queued.waiters().await.unwrap().len() < waiters {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
