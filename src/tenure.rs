@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info_span, Instrument};
 
@@ -16,45 +15,8 @@ use crate::retry::{Backoff, Retry};
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared, Undo};
 use crate::{Error, FencingToken, Result, Session};
 
-/// Why a tenure ended, once known, and a wake-up for those awaiting it: the first reason
-/// recorded stands. One per held lock, so kept small: a `tokio::sync::watch` channel would do
-/// the same but costs ~340 bytes (its eight notifiers), a third of a held lock's memory.
-#[derive(Default)]
-struct Ended {
-    reason: StdMutex<Option<LostReason>>,
-    notify: Notify,
-}
-
-impl Ended {
-    fn get(&self) -> Option<LostReason> {
-        *self.reason.lock().unwrap()
-    }
-
-    /// Records `reason` unless an earlier one is recorded already; true if this one was.
-    fn first(&self, reason: LostReason) -> bool {
-        {
-            let mut r = self.reason.lock().unwrap();
-            if r.is_some() {
-                return false;
-            }
-            *r = Some(reason);
-        }
-        self.notify.notify_waiters();
-        true
-    }
-
-    /// The reason, once one is recorded.
-    async fn wait(&self) -> LostReason {
-        loop {
-            // Created before the check: `notify_waiters` wakes it even if not polled yet.
-            let notified = self.notify.notified();
-            if let Some(r) = self.get() {
-                return r;
-            }
-            notified.await;
-        }
-    }
-}
+mod ended;
+use ended::Ended;
 
 /// A granted entry. Keeps no task and no watch of its own: its entry is watched only while
 /// someone awaits [`lost`](Self::lost).
@@ -466,31 +428,3 @@ macro_rules! impl_holding {
     };
 }
 pub(crate) use impl_holding;
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn the_first_end_stands_and_wakes_every_waiter() {
-        let ended = Arc::new(Ended::default());
-        assert_eq!(ended.get(), None);
-        let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let e = ended.clone();
-                tokio::spawn(async move { e.wait().await })
-            })
-            .collect();
-        tokio::task::yield_now().await;
-        assert!(ended.first(LostReason::EntryDeleted));
-        assert!(!ended.first(LostReason::Released));
-        for w in waiters {
-            let r = tokio::time::timeout(Duration::from_secs(5), w).await;
-            assert_eq!(r.unwrap().unwrap(), LostReason::EntryDeleted);
-        }
-        // Awaited after the end: at once.
-        assert_eq!(ended.wait().await, LostReason::EntryDeleted);
-    }
-}
