@@ -365,3 +365,142 @@ async fn a_stale_head_message_grants_nothing() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// The scripts run as functions of fencelock's library where the server has functions (loaded
+/// by the first call that finds it missing, again after an operator's `FUNCTION FLUSH`), and by
+/// `EVALSHA` for a user who may not load or call functions: locks work either way, within a
+/// bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_run_as_functions_or_without_them() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| {
+        let s = RedisServer::start(Durability::None);
+        for args in [
+            &[
+                "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
+            ][..],
+            &[
+                "ACL",
+                "SETUSER",
+                "noload",
+                "on",
+                ">noload-pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-function",
+            ][..],
+            &[
+                "ACL",
+                "SETUSER",
+                "nofcall",
+                "on",
+                ">nofcall-pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-function",
+                "-fcall",
+            ][..],
+        ] {
+            assert_eq!(s.cli(args).unwrap().trim(), "OK", "{args:?}");
+        }
+        s
+    })
+    .await
+    .unwrap();
+    let addr = server.addr();
+    let libraries = |server: &RedisServer| {
+        let list = server
+            .cli(&["FUNCTION", "LIST", "LIBRARYNAME", "fencelock_*"])
+            .unwrap();
+        list.lines().filter(|l| *l == "library_name").count()
+    };
+    let bound = Duration::from_secs(20);
+    let lock_twice = |user: &'static str| {
+        let url = format!("redis://{user}:{user}-pw@{addr}");
+        async move {
+            tokio::time::timeout(bound, async {
+                let backend = RedisBackend::connect(url).await.unwrap();
+                let s = Session::builder(backend).start().await.unwrap();
+                let m = s.mutex("fn").unwrap();
+                for _ in 0..2 {
+                    m.lock().await.unwrap().release().await.unwrap();
+                }
+                s.close().await.unwrap();
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{user}: locks within the bound"));
+        }
+    };
+    lock_twice("noload").await;
+    lock_twice("nofcall").await;
+    assert_eq!(libraries(&server), 0, "nothing loaded without the right");
+    lock_twice("app").await;
+    assert_eq!(libraries(&server), 1, "loaded by the first call");
+
+    // Flushed while a lock is held: the release and what follows load it again.
+    let backend = RedisBackend::connect(format!("redis://app:app-pw@{addr}"))
+        .await
+        .unwrap();
+    let s = Session::builder(backend).start().await.unwrap();
+    let m = s.mutex("flushed").unwrap();
+    let g = m.lock().await.unwrap();
+    assert_eq!(server.cli(&["FUNCTION", "FLUSH"]).unwrap().trim(), "OK");
+    tokio::time::timeout(bound, async {
+        g.release().await.unwrap();
+        m.lock().await.unwrap().release().await.unwrap();
+    })
+    .await
+    .expect("released and locked again within the bound");
+    assert_eq!(libraries(&server), 1, "loaded again");
+    s.close().await.unwrap();
+}
+
+/// A server at its memory limit (`maxmemory`, no eviction) refuses new entries, but keeps the
+/// sessions it has: heartbeats and releases still run (the library's functions that add
+/// nothing may run at the limit, as scripts could), a held lock outlives several TTLs and is
+/// released; once memory is allowed again, locks are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_memory_limit_sessions_live_and_new_entries_are_refused() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let s = Session::builder(backend).ttl(ttl).start().await.unwrap();
+    let m = s.mutex("oom").unwrap();
+    let g = m.lock().await.unwrap();
+    let limit = |bytes: &str| {
+        assert_eq!(
+            server
+                .cli(&["CONFIG", "SET", "maxmemory", bytes])
+                .unwrap()
+                .trim(),
+            "OK"
+        )
+    };
+    limit("1");
+    let other = s.mutex("oom-other").unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(10), other.lock())
+        .await
+        .expect("an answer within the bound");
+    assert!(
+        matches!(&refused, Err(e) if !e.is_temporary()),
+        "a new entry at the limit: {refused:?}"
+    );
+    // Several TTLs of heartbeats at the limit: the session and its lock stay.
+    let lost = tokio::time::timeout(ttl * 5, s.lost()).await;
+    assert!(lost.is_err(), "the session ended at the limit: {lost:?}");
+    g.release().await.expect("a release at the limit");
+    limit("0");
+    m.lock().await.unwrap().release().await.unwrap();
+    s.close().await.unwrap();
+}

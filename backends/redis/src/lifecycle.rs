@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fencelock::backend::{Entry, QueueId};
 use fencelock::{Error, Result, SessionEnd};
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 use tokio::sync::RwLock;
 use uuid::Uuid;
 
@@ -18,7 +18,7 @@ use crate::owned::Owned;
 use crate::primary::Primary;
 use crate::replicas::Acks;
 use crate::reply::{arg, array, bytes, entry, int, ms, text, Args};
-use crate::scripts;
+use crate::scripts::{self, Op};
 use crate::watch::Notifier;
 
 /// How much later than the predecessor's session expiry a waiter re-checks it: Redis expires
@@ -108,28 +108,17 @@ impl RedisSession {
         Ok(session)
     }
 
-    pub(crate) fn invocation<'a>(
-        script: &'a Script,
-        group: &Group,
-        args: Args,
-    ) -> ScriptInvocation<'a> {
-        let mut inv = script.key(group.key());
-        for a in args {
-            inv.arg(a);
-        }
-        inv
-    }
-
     pub(crate) async fn call(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Op,
         group: &Group,
         args: Args,
     ) -> Result<Value> {
         let mut con = self.primary.con();
-        Self::invocation(script, group, args)
-            .invoke_async(&mut con)
+        self.primary
+            .runner
+            .run(&mut con, script, group.key(), &args)
             .await
             .map_err(|e| self.primary.failed(op, e))
     }
@@ -139,16 +128,12 @@ impl RedisSession {
     pub(crate) async fn create_call(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Op,
         group: &Group,
         args: Args,
     ) -> Result<Value> {
         match &self.acked {
-            Some(acks) => {
-                acks.creates
-                    .run(op, Self::invocation(script, group, args))
-                    .await
-            }
+            Some(acks) => acks.creates.run(op, script, group, &args).await,
             None => self.call(op, script, group, args).await,
         }
     }
@@ -158,14 +143,14 @@ impl RedisSession {
     /// heartbeat's send time, and must not outlast what the replica knows).
     pub(crate) async fn heartbeat_call(
         &self,
-        script: &Script,
+        script: &Op,
         group: &Group,
         args: Args,
     ) -> Result<Value> {
         match &self.acked {
             Some(acks) => {
                 acks.heartbeats
-                    .run("keep-alive", Self::invocation(script, group, args))
+                    .run("keep-alive", script, group, &args)
                     .await
             }
             None => self.call("keep-alive", script, group, args).await,

@@ -28,6 +28,7 @@ use crate::config::{redact, RedisConfig, Target};
 use crate::connect;
 use crate::error::NAME;
 use crate::layout::Groups;
+use crate::scripts::Runner;
 use crate::sentinel::{Located, Sentinels};
 
 /// The shortest time between two questions to the sentinels.
@@ -50,6 +51,8 @@ pub(crate) struct Primary {
     resolving: AtomicBool,
     /// When the last resolution started.
     last: StdMutex<Option<Instant>>,
+    /// How the server runs fencelock's scripts.
+    pub(crate) runner: Runner,
 }
 
 /// The primary in use.
@@ -88,6 +91,7 @@ impl Primary {
                         node: 0,
                     }),
                     resolving: AtomicBool::new(false),
+                    runner: Runner::default(),
                     last: StdMutex::new(None),
                 }));
             }
@@ -135,6 +139,7 @@ impl Primary {
                 node: 0,
             }),
             resolving: AtomicBool::new(false),
+            runner: Runner::default(),
             last: StdMutex::new(None),
         }))
     }

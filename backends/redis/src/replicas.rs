@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use fencelock::Result;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::temporary;
+use crate::layout::Group;
 use crate::primary::Primary;
+use crate::reply::Args;
+use crate::scripts::Op;
 
 /// What a backend with `wait_for_replicas` runs acknowledged, each on a connection of its own:
 /// creates, and heartbeats (so that a heartbeat never waits behind a create's `WAIT`).
@@ -85,11 +88,17 @@ impl Acked {
     pub(crate) async fn run(
         &self,
         op: &'static str,
-        script: ScriptInvocation<'_>,
+        script: &Op,
+        group: &Group,
+        args: &Args,
     ) -> Result<Value> {
         let mut con = self.connection(op).await?;
         let res = async {
-            let value: Value = script.invoke_async(&mut con).await?;
+            let value = self
+                .primary
+                .runner
+                .run(&mut con, script, group.key(), args)
+                .await?;
             let acked: usize = redis::cmd("WAIT")
                 .arg(self.replicas)
                 .arg(self.wait.as_millis().max(1) as u64)

@@ -1,20 +1,27 @@
 -- The helpers every fencelock script starts with (see scripts.rs): its keys, the guard of a
--- migrating slot, and the queue operations the scripts share.
--- The group's prefix: KEYS[1] is its counter, `{prefix}:t`. Channels are not keys: the same in
--- every group.
-local P = string.sub(KEYS[1], 1, -3)
+-- migrating slot, and the queue operations the scripts share. Loaded once as the head of
+-- fencelock's function library where the server has functions (Redis 7), else sent before each
+-- script's body: either way each call starts with `begin(KEYS)`.
+-- K: the call's one key, the group's token counter `{prefix}:t`; P: the group's prefix.
+-- Channels are not keys: the same in every group. Set by `begin` (a script runs alone: what
+-- one call sets, no other sees while it runs).
+local K, P, GUARD, guarded
 local C = 'fencelock'
--- On a cluster (a hash tag in the prefix), every key is touched together with KEYS[1] before
--- it is used: while the group's slot migrates, a key that is not on this node yet (or any
--- more) fails that two-key command with TRYAGAIN, and the script stops (retried) instead of
--- reading the key as missing (a live holder's entry taken for dead, a queue for empty). A
--- single-key command would not: on the importing node it reads a key not moved yet as absent.
--- Once per key and script: a script runs alone, so a key found here stays here until it ends.
-local GUARD = string.find(P, '{', 1, true) ~= nil
-local guarded = {}
+-- On a cluster (a hash tag in the prefix), every key is touched together with K before it is
+-- used: while the group's slot migrates, a key that is not on this node yet (or any more)
+-- fails that two-key command with TRYAGAIN, and the script stops (retried) instead of reading
+-- the key as missing (a live holder's entry taken for dead, a queue for empty). A single-key
+-- command would not: on the importing node it reads a key not moved yet as absent. Once per
+-- key and call: a script runs alone, so a key found here stays here until it ends.
+local function begin(keys)
+  K = keys[1]
+  P = string.sub(K, 1, -3)
+  GUARD = string.find(P, '{', 1, true) ~= nil
+  guarded = {}
+end
 local function guard(key)
   if GUARD and not guarded[key] then
-    redis.call('TOUCH', key, KEYS[1])
+    redis.call('TOUCH', key, K)
     guarded[key] = true
   end
   return key
@@ -60,19 +67,21 @@ local function version(sid)
   local v = redis.call('HGET', skey(sid), 'v')
   return v and tonumber(v)
 end
--- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it.
+-- Extends `key`'s expiry to at least `ttl` ms from now; never shortens it. Numbers the scripts
+-- pass on stay the strings the client sent: Lua writes a number back with sprintf('%.14g'),
+-- among the costliest steps of a script.
 local function extend(key, ttl)
   local left = redis.call('PTTL', key)
-  if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', key, ttl) end
+  if left == -1 or (left >= 0 and left < tonumber(ttl)) then redis.call('PEXPIRE', key, ttl) end
 end
--- The `nearest` live entries of queue `path` before token `below` (only of kind `want`, unless
--- it is ''), nearest first, as {name, token, kind, ...}. Dead entries met on the way are dropped.
--- Reads only as far as it must: its cost depends on `nearest`, not on the queue's length.
+-- The `nearest` live entries of queue `path` before token `below` (a token as text: the
+-- client's, or as `create` wrote it), only of kind `want` unless it is '', nearest first, as
+-- {name, token, kind, ...} (tokens as text). Dead entries met on the way are dropped. Reads only
+-- as far as it must: its cost depends on `nearest`, not on the queue's length.
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
   local out, found = {}, 0
-  -- '%d', not `..`: Lua writes a number as '%.14g', which rounds tokens from 10^14 up.
-  local cursor = '(' .. string.format('%d', below)
+  local cursor = '(' .. below
   while found < nearest do
     local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', 0, 16)
     if #batch == 0 then break end
@@ -84,7 +93,7 @@ local function ahead(path, below, want, nearest)
         drop(path, name)
       elseif want == '' or e[3] == want then
         out[#out + 1] = name
-        out[#out + 1] = tonumber(e[2])
+        out[#out + 1] = e[2]
         out[#out + 1] = e[3]
         found = found + 1
         if found >= nearest then break end
@@ -93,8 +102,9 @@ local function ahead(path, below, want, nearest)
   end
   return out
 end
--- Creates entry `name` of session `sid` in queue `path` unless it exists; returns its token,
--- whether it was created, and the session's version after it (false if unchanged). Every
+-- Creates entry `name` of session `sid` in queue `path` unless it exists (`ttl` in ms, as
+-- text); returns its token as text, whether it was created, and the session's version after
+-- it (false if unchanged). Every
 -- change of what a session owns bumps its version (`v` of its key), which the client follows:
 -- a version below the one the client has seen tells it that a failover lost changes. One
 -- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
@@ -102,7 +112,7 @@ end
 -- unused: tokens grow, not by one.)
 local function create(sid, path, name, kind, value, ttl)
   local q, e = qkey(path), ekey(name)
-  local token = redis.call('INCR', KEYS[1])
+  local token = redis.call('INCR', K)
   -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
   if token >= 9007199254740992 then
     error({err = 'ERR fencelock token counter exhausted (2^53)'})
@@ -115,14 +125,17 @@ local function create(sid, path, name, kind, value, ttl)
       -- set again, in case the first try stopped before it got there (a slot migrating).
       redis.call('PEXPIRE', e, ttl)
       redis.call('SADD', okey(sid), name)
-      return tonumber(redis.call('ZSCORE', q, name)), 0, false
+      -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
+      return redis.call('ZSCORE', q, name), 0, false
     end
     -- A member without its hash (evicted, or half deleted by hand): replaced.
     redis.call('ZADD', q, t, name)
   end
+  -- Milliseconds from TIME's seconds and microseconds, as text (no number conversions).
   local now = redis.call('TIME')
-  local created = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', string.format('%d', created), 'v', value)
+  local us = now[2]
+  local created = now[1] .. string.sub(string.rep('0', 6 - #us) .. us, 1, 3)
+  redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', created, 'v', value)
   redis.call('PEXPIRE', e, ttl)
   local o = okey(sid)
   redis.call('SADD', o, name)
@@ -130,7 +143,7 @@ local function create(sid, path, name, kind, value, ttl)
   redis.call('PEXPIRE', o, ttl)
   local v = redis.call('HINCRBY', skey(sid), 'v', 1)
   extend(q, ttl)
-  return token, 1, v
+  return t, 1, v
 end
 -- Tells the observers of queue `path` that a new entry heads it.
 local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
