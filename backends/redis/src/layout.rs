@@ -2,11 +2,10 @@
 //!
 //! | what | Redis key | type |
 //! |---|---|---|
-//! | session `{sid}` alive | `fencelock:s:{sid}` | hash: `v` the version of what it owns; `PX` = the session TTL |
-//! | the entries session `{sid}` owns | `fencelock:o:{sid}` | set of entry names, `PX` likewise |
+//! | session `{sid}` alive, and what it owns | `fencelock:s:{sid}` | hash: `v` the version of what it owns, and a field `1` per entry it owns (named by the entry); `PX` = the session TTL |
 //! | queue `{namespace}/{name}` (a mutex, an election: one queue, as on etcd; a semaphore's `{name}/leases`) | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token |
 //! | read-write lock `{namespace}/{name}` | `fencelock:q:{namespace}/{name}//rw` | sorted set, likewise |
-//! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms), `v` value |
+//! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms since the epoch, the creating client's clock), `v` value |
 //! | the token counter | `fencelock:t` | integer, never expires |
 //!
 //! Session ids are random (128 bits, hex). One token counter serves every namespace: two
@@ -15,9 +14,9 @@
 //! **On Redis Cluster** every key above carries a hash tag after the prefix,
 //! `fencelock{G}:…`, where `G` (0 to [`GROUPS`] − 1) is the queue's *group*: a hash (64-bit
 //! FNV-1a) of the queue's path (`{namespace}/{name}`, a semaphore's `{name}/leases`) modulo
-//! [`GROUPS`]. A queue, its entries, its token counter `fencelock{G}:t`, and the session keys
-//! and owned sets of the sessions that have entries in it are in one slot, so each operation is
-//! still one script on one node. A session has a key in each group where it holds (or waits
+//! [`GROUPS`]. A queue, its entries, its token counter `fencelock{G}:t`, and the keys of the
+//! sessions that have entries in it are in one slot, so each operation is still one script
+//! on one node. A session has a key in each group where it holds (or waits
 //! for) something, made by its first enqueue there and let expire once it holds nothing there:
 //! its heartbeat is one script per such group (at most [`GROUPS`] whatever the number of
 //! locks; a `PING` when there is none), and it depends on the shards of those groups alone.

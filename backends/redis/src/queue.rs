@@ -16,6 +16,14 @@ use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
 use crate::reply::{arg, array, entry, int, ms, peers};
 use crate::scripts;
 
+/// The time an entry is created at, as inspection shows it: this client's clock, in ms since
+/// the epoch (the server's `TIME` cost a script as much as any two of its other steps).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
 pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
     check_value(req.value)?;
     let name = key_value_entry_key(req.queue, &session.sid, req.kind, req.attempt);
@@ -42,6 +50,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         arg(req.ahead.nearest),
         arg(session.known(&group)),
         arg(if entering { "1" } else { "0" }),
+        arg(now_ms()),
     ];
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
@@ -141,6 +150,7 @@ async fn enqueue_group(
         arg(ms(session.ttl)),
         arg(session.known(group)),
         arg(if entering { "1" } else { "0" }),
+        arg(now_ms()),
     ];
     for (r, name) in reqs.iter().zip(&names) {
         args.extend([

@@ -54,7 +54,7 @@ pub(crate) static OPEN: LazyLock<Op> = LazyLock::new(|| {
         "open",
         r#"
 if redis.call('EXISTS', skey(ARGV[1])) == 1 then return 0 end
-redis.call('HSET', skey(ARGV[1]), 'v', 0)
+redis.call('HSET', skey(ARGV[1]), 'v', '0')
 redis.call('PEXPIRE', skey(ARGV[1]), ARGV[2])
 return 1
 "#,
@@ -77,20 +77,21 @@ if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
 end
 local v = version(sid)
 local late = behind(v, ARGV[3])
-redis.call('PEXPIRE', okey(sid), ttl)
 -- Each entry's keys unguarded (a guard per entry would cost as much as the heartbeat): only
--- expiries are extended, and on a cluster an entry not found is left in the owned set (its
--- release takes it out), so a half-moved slot can only delay an extension. (On a node that
--- lost a key to a migration the first such access stops the script, to be retried.)
-for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
-  local e = redis.call('HMGET', P .. ':e:' .. name, 's', 'q')
-  if e[1] == sid then
-    redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
-    local q = P .. ':q:' .. e[2]
-    local left = redis.call('PTTL', q)
-    if left == -1 or (left >= 0 and left < ttln) then redis.call('PEXPIRE', q, ttl) end
-  elseif e[1] or not GUARD then
-    redis.call('SREM', okey(sid), name)
+-- expiries are extended, and on a cluster an entry not found is left owned (its release
+-- takes it out), so a half-moved slot can only delay an extension. (On a node that lost a
+-- key to a migration the first such access stops the script, to be retried.)
+for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
+  if name ~= 'v' then
+    local e = redis.call('HMGET', P .. ':e:' .. name, 's', 'q')
+    if e[1] == sid then
+      redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
+      local q = P .. ':q:' .. e[2]
+      local left = redis.call('PTTL', q)
+      if left == -1 or (left >= 0 and left < ttln) then redis.call('PEXPIRE', q, ttl) end
+    elseif e[1] or not GUARD then
+      redis.call('HDEL', skey(sid), name)
+    end
   end
 end
 return {v, late}
@@ -110,11 +111,12 @@ local sid = ARGV[1]
 if redis.call('EXISTS', skey(sid)) == 0 then return -1 end
 local keep = {}
 for i = 3, #ARGV do keep[ARGV[i]] = true end
-for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
+keep['v'] = true
+for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
   if not keep[name] then
     local e = redis.call('HMGET', ekey(name), 's', 'q')
     if e[1] == sid then drop(e[2], name) end
-    redis.call('SREM', okey(sid), name)
+    redis.call('HDEL', skey(sid), name)
   end
 end
 local v = math.max(version(sid), tonumber(ARGV[2])) + 1
@@ -130,18 +132,21 @@ pub(crate) static CLOSE: LazyLock<Op> = LazyLock::new(|| {
         "close",
         r#"
 local sid = ARGV[1]
-for _, name in ipairs(redis.call('SMEMBERS', okey(sid))) do
-  local e = redis.call('HMGET', ekey(name), 's', 'q')
-  if e[1] == sid then drop(e[2], name) end
+for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
+  if name ~= 'v' then
+    local e = redis.call('HMGET', ekey(name), 's', 'q')
+    if e[1] == sid then drop(e[2], name) end
+  end
 end
-redis.call('DEL', okey(sid), skey(sid))
+redis.call('DEL', skey(sid))
 return 1
 "#,
     )
 });
 
 /// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
-/// the client knows, whether to make the session's key in this group if missing ('1').
+/// the client knows, whether to make the session's key in this group if missing ('1'), the
+/// client's time (ms since the epoch: the entry's creation time, as inspection shows it).
 /// Returns {-1} if the session is gone, else {token, created, {ahead…}, version, behind}.
 pub(crate) static ENQUEUE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
@@ -149,11 +154,11 @@ pub(crate) static ENQUEUE: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local sid, path, name = ARGV[1], ARGV[2], ARGV[3]
 -- The keys it writes, looked at before it writes any (see `guard`).
-okey(sid); qkey(path); ekey(name)
+skey(sid); qkey(path); ekey(name)
 local v = enter(sid, ARGV[10], ARGV[6])
 if not v then return {-1} end
 local late = behind(v, ARGV[9])
-local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6])
+local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
 local want, nearest = ARGV[7], tonumber(ARGV[8])
 local out = ahead(path, token, want, nearest)
 if created == 1 then
@@ -162,6 +167,13 @@ if created == 1 then
   local head
   if want == '' and nearest > 0 then head = #out == 0
   else head = redis.call('ZRANK', qkey(path), name) == 0 end
+  -- Alone in it (nothing live ahead, and nothing behind the newest token): its expiry is ours
+  -- alone to set. Else extended, never shortened: others' entries count on it.
+  if head and want == '' and nearest > 0 then
+    redis.call('PEXPIRE', qkey(path), ARGV[6])
+  else
+    extend(qkey(path), ARGV[6])
+  end
   if head then announce(path) end
 end
 return {token, created, out, after or v, late}
@@ -170,34 +182,38 @@ return {token, created, out, after or v, late}
 });
 
 /// ARGV: sid, ttl ms, the version the client knows, whether to make the session's key in this
-/// group if missing ('1'), then (queue path, entry name, kind, value) per queue (all of one
-/// group). Creates every entry only if each queue is empty of live entries but ours; returns
+/// group if missing ('1'), the client's time (ms since the epoch), then (queue path, entry
+/// name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
 /// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "enqueue_all",
         r#"
 local sid, ttl = ARGV[1], ARGV[2]
-okey(sid)
+skey(sid)
 local v = enter(sid, ARGV[4], ARGV[2])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
-for i = 5, #ARGV, 4 do
+for i = 6, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
-    local first = redis.call('ZRANGE', qkey(path), 0, 0)[1]
+    local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
     if not first or first == name then break end
     if live(first) then return {0} end
     drop(path, first)
   end
 end
 local tokens = {}
-for i = 5, #ARGV, 4 do
-  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl)
+for i = 6, #ARGV, 4 do
+  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl, v, ARGV[5])
   tokens[#tokens + 1] = token
   v = after or v
-  -- Each queue was empty of live entries but ours: the entry heads it.
-  if created == 1 then announce(ARGV[i]) end
+  -- Each queue was empty of live entries but ours: the entry heads it, alone (its expiry is
+  -- ours to set).
+  if created == 1 then
+    redis.call('PEXPIRE', qkey(ARGV[i]), ttl)
+    announce(ARGV[i])
+  end
 end
 return {1, tokens, v, late}
 "#,
@@ -268,8 +284,10 @@ if v then late = behind(v, ARGV[4]) end
 local owner = redis.call('HGET', ekey(name), 's')
 if owner == sid then
   drop(redis.call('HGET', ekey(name), 'q'), name)
-  redis.call('SREM', okey(sid), name)
-  if v then v = redis.call('HINCRBY', skey(sid), 'v', 1) end
+  if v then
+    redis.call('HDEL', skey(sid), name)
+    v = redis.call('HINCRBY', skey(sid), 'v', '1')
+  end
 elseif not owner then
   redis.call('ZREM', qkey(path), name)
 end
@@ -289,11 +307,10 @@ pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
 if not e[1] or e[1] ~= ARGV[2] then return {0} end
 drop(e[2], ARGV[1])
-redis.call('SREM', okey(e[3]), ARGV[1])
-local v = version(e[3])
-if not v then return {1, -1, 0} end
-local late = behind(v, ARGV[3])
-return {1, redis.call('HINCRBY', skey(e[3]), 'v', 1), late}
+-- Owned (a field of its session's key): the key is there, its version can be raised at once.
+if redis.call('HDEL', skey(e[3]), ARGV[1]) == 0 and not version(e[3]) then return {1, -1, 0} end
+local v = redis.call('HINCRBY', skey(e[3]), 'v', '1')
+return {1, v, behind(v - 1, ARGV[3])}
 "#,
     )
 });
@@ -324,7 +341,7 @@ pub(crate) static HEAD: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local path = ARGV[1]
 while true do
-  local first = redis.call('ZRANGE', qkey(path), 0, 0)[1]
+  local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
   if not first then return {} end
   local e = live(first)
   if e then
@@ -344,7 +361,7 @@ pub(crate) static INSPECT: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local path = ARGV[1]
 local out = {}
-for _, name in ipairs(redis.call('ZRANGE', qkey(path), 0, -1)) do
+for _, name in ipairs(redis.call('ZRANGE', qkey(path), '0', '-1')) do
   local e = live(name)
   if e then
     local f = redis.call('HMGET', ekey(name), 'c', 'v')

@@ -7,12 +7,6 @@
 -- one call sets, no other sees while it runs).
 local K, P, GUARD, guarded
 local C = 'fencelock'
--- On a cluster (a hash tag in the prefix), every key is touched together with K before it is
--- used: while the group's slot migrates, a key that is not on this node yet (or any more)
--- fails that two-key command with TRYAGAIN, and the script stops (retried) instead of reading
--- the key as missing (a live holder's entry taken for dead, a queue for empty). A single-key
--- command would not: on the importing node it reads a key not moved yet as absent. Once per
--- key and call: a script runs alone, so a key found here stays here until it ends.
 local function begin(keys)
   K = keys[1]
   P = string.sub(K, 1, -3)
@@ -27,7 +21,6 @@ local function guard(key)
   return key
 end
 local function skey(sid) return guard(P .. ':s:' .. sid) end
-local function okey(sid) return guard(P .. ':o:' .. sid) end
 local function qkey(path) return guard(P .. ':q:' .. path) end
 local function ekey(name) return guard(P .. ':e:' .. name) end
 -- An entry's {session, token, kind, queue} if it is live (its hash is there, and so is its
@@ -49,7 +42,7 @@ end
 local function drop(path, name)
   local q = qkey(path)
   -- The first two members: whether it heads the queue, and which entry heads it next.
-  local first = redis.call('ZRANGE', q, 0, 1)
+  local first = redis.call('ZRANGE', q, '0', '1')
   local was_head = first[1] == name
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
@@ -83,7 +76,7 @@ local function ahead(path, below, want, nearest)
   local out, found = {}, 0
   local cursor = '(' .. below
   while found < nearest do
-    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', 0, 16)
+    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', '0', '16')
     if #batch == 0 then break end
     for i = 1, #batch, 2 do
       local name = batch[i]
@@ -102,15 +95,18 @@ local function ahead(path, below, want, nearest)
   end
   return out
 end
--- Creates entry `name` of session `sid` in queue `path` unless it exists (`ttl` in ms, as
--- text); returns its token as text, whether it was created, and the session's version after
--- it (false if unchanged). Every
+-- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
+-- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
+-- queue's expiry); returns its token as text, whether it was created, and the
+-- session's version after it (false if unchanged). The session's key holds, besides its
+-- version `v`, a field per entry it owns in this group (named by the entry; entry names have
+-- a '/', so never 'v'): one key, whose TTL is the session's, for both. Every
 -- change of what a session owns bumps its version (`v` of its key), which the client follows:
 -- a version below the one the client has seen tells it that a failover lost changes. One
 -- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
 -- `` + `svc/x`), and its order must be one. (A retry that finds its entry spends a token
 -- unused: tokens grow, not by one.)
-local function create(sid, path, name, kind, value, ttl)
+local function create(sid, path, name, kind, value, ttl, v, created)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('INCR', K)
   -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
@@ -121,28 +117,20 @@ local function create(sid, path, name, kind, value, ttl)
   local t = string.format('%d', token)
   if redis.call('ZADD', q, 'NX', t, name) == 0 then
     if redis.call('HGET', e, 's') == sid then
-      -- Found again (a retry). Touched, so that a WAIT that follows covers it; in the owned
-      -- set again, in case the first try stopped before it got there (a slot migrating).
+      -- Found again (a retry). Touched, so that a WAIT that follows covers it; owned again,
+      -- in case the first try stopped before it got there (a slot migrating).
       redis.call('PEXPIRE', e, ttl)
-      redis.call('SADD', okey(sid), name)
+      redis.call('HSET', skey(sid), name, '1')
       -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
       return redis.call('ZSCORE', q, name), 0, false
     end
     -- A member without its hash (evicted, or half deleted by hand): replaced.
     redis.call('ZADD', q, t, name)
   end
-  -- Milliseconds from TIME's seconds and microseconds, as text (no number conversions).
-  local now = redis.call('TIME')
-  local us = now[2]
-  local created = now[1] .. string.sub(string.rep('0', 6 - #us) .. us, 1, 3)
   redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', created, 'v', value)
   redis.call('PEXPIRE', e, ttl)
-  local o = okey(sid)
-  redis.call('SADD', o, name)
-  -- Set, not extended: every script gives a session's keys the session's one TTL.
-  redis.call('PEXPIRE', o, ttl)
-  local v = redis.call('HINCRBY', skey(sid), 'v', 1)
-  extend(q, ttl)
+  v = v + 1
+  redis.call('HSET', skey(sid), name, '1', 'v', string.format('%d', v))
   return t, 1, v
 end
 -- Tells the observers of queue `path` that a new entry heads it.
@@ -153,7 +141,7 @@ local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') e
 local function enter(sid, open, ttl)
   local v = version(sid)
   if v or open ~= '1' then return v end
-  redis.call('HSET', skey(sid), 'v', 0)
+  redis.call('HSET', skey(sid), 'v', '0')
   redis.call('PEXPIRE', skey(sid), ttl)
   return 0
 end
