@@ -238,3 +238,38 @@ async fn chroot_roots_every_path() {
         "conflicting chroots: {r:?}"
     );
 }
+
+/// A listing of a namespace wider than the requests a listing keeps out at once (32) finds
+/// every entry, at every depth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_namespace_is_listed_whole() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let ns = unique_namespace("zk_wide");
+    let s = session(&f, &ns).await;
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        let name = if i % 2 == 0 {
+            format!("wide-{i}")
+        } else {
+            format!("deep/{i}/lock")
+        };
+        guards.push(
+            bounded(WAIT, "a lock", s.mutex(&name).unwrap().lock())
+                .await
+                .unwrap(),
+        );
+    }
+    let mut listed = bounded(WAIT, "the listing", s.list_entries())
+        .await
+        .unwrap();
+    let mut held: Vec<String> = guards.iter().map(|g| g.key().to_string()).collect();
+    listed.sort();
+    held.sort();
+    assert_eq!(listed, held);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    s.close().await.unwrap();
+}

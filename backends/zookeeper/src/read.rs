@@ -40,6 +40,9 @@ pub(crate) async fn inspect(session: &ZkSession, queue: &QueueId) -> Result<Vec<
         .await
 }
 
+/// How many `getChildren` a listing has out at once.
+const LIST_IN_FLIGHT: usize = 32;
+
 pub(crate) async fn list(session: &ZkSession, namespace: &str) -> Result<Vec<String>> {
     session
         .unless_moved("list", async {
@@ -50,8 +53,17 @@ pub(crate) async fn list(session: &ZkSession, namespace: &str) -> Result<Vec<Str
             let mut dirs = vec![root.clone()];
             while !dirs.is_empty() {
                 let client = session.client()?;
-                let lists =
-                    futures::future::join_all(dirs.iter().map(|d| client.list_children(d))).await;
+                // At most LIST_IN_FLIGHT requests out at once (a chunk at a time): the server answers a session's
+                // requests in order, and the heartbeat (a `sync` on this session) waits behind
+                // every one sent before it. Unbounded, a namespace of a million parent nodes
+                // held the heartbeat past the TTL and lost the session (seen in the bench).
+                let mut lists = Vec::with_capacity(dirs.len());
+                for chunk in dirs.chunks(LIST_IN_FLIGHT) {
+                    lists.extend(
+                        futures::future::join_all(chunk.iter().map(|d| client.list_children(d)))
+                            .await,
+                    );
+                }
                 let mut next = Vec::new();
                 for (dir, res) in dirs.iter().zip(lists) {
                     let children = match res {
