@@ -270,7 +270,8 @@ async fn until_subscribers(
 /// A wait's subscription ends with the wait: once a waiter is granted, or its `lock()` is
 /// dropped (over and over, at every point), nobody is left subscribed to the entry it waited
 /// on — entry names repeat, and a stale subscriber would be woken by the next entry of that
-/// name.
+/// name. After its first wait, a session's waits subscribe to nothing: they hear a release on
+/// the session's own channel (one subscriber, until the session closes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_end_with_their_waits() {
     let Some(f) = RedisFactory::shared().await else {
@@ -285,6 +286,7 @@ async fn subscriptions_end_with_their_waits() {
     let (a, b) = (open().await.unwrap(), open().await.unwrap());
     let mut con = f.redis().connection();
     let channel = format!("fencelock:c:{ns}/x/{}", a.id());
+    let own = format!("fencelock:w:{}", b.id());
 
     // Waits dropped at many points.
     let held = a.mutex("x").unwrap().lock().await.unwrap();
@@ -294,10 +296,21 @@ async fn subscriptions_end_with_their_waits() {
     }
     b.flush().await;
     until_subscribers(&mut con, &channel, 0, "after 200 cancelled waits").await;
+    until_subscribers(&mut con, &own, 1, "b's own channel after its waits").await;
 
-    // A wait that ends in a grant.
+    // A wait that ends in a grant: queued, heard on b's own channel, and by nobody on the
+    // entry it waits for.
     let waiter = tokio::spawn(async move { mb.lock().await.unwrap() });
-    until_subscribers(&mut con, &channel, 1, "b waiting").await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.mutex("x").unwrap().waiters().await.unwrap().is_empty() {
+        assert!(tokio::time::Instant::now() < until, "b never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        subscribers(&mut con, &channel).await,
+        0,
+        "b subscribed to a's entry"
+    );
     held.release().await.unwrap();
     let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
@@ -307,6 +320,7 @@ async fn subscriptions_end_with_their_waits() {
     guard.release().await.unwrap();
     a.close().await.unwrap();
     b.close().await.unwrap();
+    until_subscribers(&mut con, &own, 0, "b closed").await;
 }
 
 /// A late release message (on a cluster a `PUBLISH` reaches the subscriber's node over the
@@ -338,21 +352,82 @@ async fn a_stale_head_message_grants_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut con = f.redis().connection();
-    // An earlier entry of the waiter's name, with token 1: not the one that waits now.
-    let stale = format!("gone {ns}/m/{} 1", b.id());
-    for _ in 0..3 {
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(format!("fencelock:c:{}", held.key()))
-            .arg(&stale)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-    }
+    let con = f.redis().connection();
+    // An earlier entry of the waiter's name, with token 1: not the one that waits now. On the
+    // held entry's channel (which the session's first wait heard) and on the waiter's
+    // session's own channel (which its later waits hear).
+    let stale = [
+        (
+            format!("fencelock:c:{}", held.key()),
+            format!("gone {ns}/m/{} 1", b.id()),
+        ),
+        (
+            format!("fencelock:w:{}", b.id()),
+            format!("{ns}/m/{} 1 head", b.id()),
+        ),
+    ];
+    let publish_stale = |mut con: fencelock_redis::RedisConnection| {
+        let stale = stale.clone();
+        async move {
+            for _ in 0..3 {
+                for (channel, message) in &stale {
+                    let _: i64 = redis::cmd("PUBLISH")
+                        .arg(channel)
+                        .arg(message)
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    };
+    publish_stale(con.clone()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !waiter.is_finished(),
         "granted while held: {:?}",
+        waiter.await
+    );
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap();
+
+    // Again, now that the waiter's session hears its own channel: its second wait.
+    let a_again = {
+        let a = a.clone();
+        tokio::spawn(async move { a.mutex("m").unwrap().lock().await })
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
+        assert!(tokio::time::Instant::now() < until, "a never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    got.release().await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), a_again)
+        .await
+        .expect("a granted")
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.mutex("m").unwrap().lock().await })
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the waiter never queued again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    publish_stale(con).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "granted while held, on its second wait: {:?}",
         waiter.await
     );
     held.release().await.unwrap();

@@ -29,7 +29,10 @@
 //! `Session::queues` read alike on every backend.
 //!
 //! Pub/sub channels: `fencelock:c:{entry}` gets a message when the entry is deleted or its
-//! value changes (the one waiter behind it and the owner listen: no herd);
+//! value changes (the owner listens, and the one waiter behind it at the session's first wait:
+//! no herd); `fencelock:w:{sid}`, session `sid`'s own, names the session's entry right behind a
+//! deleted one (every later wait of the session listens there, with no subscription of its
+//! own);
 //! `fencelock:h:{namespace}/{name}` when the queue's head changes (observers listen).
 
 use fencelock::backend::{EntryKind, QueueId, QueueKind};
@@ -163,6 +166,15 @@ pub(crate) fn entries_glob(groups: Groups, namespace: &str) -> String {
 /// The channel that gets a message when entry `name` is deleted or its value changes.
 pub(crate) fn chan_entry(name: &str) -> String {
     format!("{KEY_PREFIX}:c:{name}")
+}
+
+/// The prefix of a session's own channel, `fencelock:w:{sid}`.
+pub(crate) const OWN_PREFIX: &str = "fencelock:w:";
+
+/// Session `sid`'s own channel: a deletion names there the entry of the session right behind
+/// the deleted one (`NAME TOKEN head|ahead`), so that a waiter needs no subscription of its own.
+pub(crate) fn chan_own(sid: &str) -> String {
+    format!("{OWN_PREFIX}{sid}")
 }
 
 /// The channel that gets a message when the head of `queue` changes.

@@ -118,6 +118,7 @@ mod guarded;
 mod hosts;
 pub mod layout;
 mod lifecycle;
+mod own_channel;
 mod owned;
 mod primary;
 mod queue;

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::config::RedisConfig;
 use crate::error::unexpected;
 use crate::layout::{kind_of, queue_path, Group, Groups};
+use crate::own_channel::OwnChannel;
 use crate::owned::Owned;
 use crate::primary::Primary;
 use crate::replicas::Acks;
@@ -39,6 +40,8 @@ pub(crate) struct RedisSession {
     /// The entries (name, token) that a release named, live, as their queue's new head when it
     /// ended their wait: the `still_ahead` that follows the wait answers without a read.
     pub(crate) headed: StdMutex<HashSet<(String, u64)>>,
+    /// The session's own channel, where a deletion names the entry right behind it.
+    pub(crate) own_channel: OwnChannel,
     /// Held, shared, by every change of what the session owns, from tracking it to its reply;
     /// a reconciliation takes it alone, so that it never deletes a create in flight.
     pub(crate) gate: RwLock<()>,
@@ -84,6 +87,7 @@ impl RedisSession {
             ttl,
             owned: StdMutex::default(),
             headed: StdMutex::default(),
+            own_channel: OwnChannel::default(),
             gate: RwLock::new(()),
         };
         if groups == Groups::Cluster {

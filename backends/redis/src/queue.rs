@@ -52,6 +52,8 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         arg(if entering { "1" } else { "0" }),
         arg(now_ms()),
     ];
+    // Before it is sent: a deletion after the create is published there from then on.
+    let epoch = session.own_channel.epoch(session.primary.generation());
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
         .await
@@ -80,7 +82,13 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     session
         .owned()
         .saw(&group, a.get(3).and_then(int), a.get(4).and_then(int));
-    Ok(Enqueued::new(entry(name, req.kind, token as u64), ahead))
+    let own = entry(name, req.kind, token as u64);
+    if !ahead.is_empty() {
+        session
+            .own_channel
+            .record(&own, epoch, a.get(5).and_then(int));
+    }
+    Ok(Enqueued::new(own, ahead))
 }
 
 pub(crate) async fn enqueue_all(
@@ -210,6 +218,22 @@ async fn enqueue_group(
 }
 
 pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
+    let generation = session.primary.generation();
+    if let Some((reg, left)) = session.own_channel.covering(own, generation) {
+        // The read that named `target` was sent while the session's own channel was heard,
+        // and it has been since: the target's deletion is published there. Its session's
+        // expiry is not: looked at (by the core's next read) when the read said it comes.
+        let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
+        if reg.news(&own.key, own.token.get(), until).await? == Some(true) {
+            session.headed(own);
+        }
+        return Ok(());
+    }
+    // Heard from now on: the reads that follow this wait are covered.
+    session
+        .own_channel
+        .ensure(&session.notifier, &session.sid, generation)
+        .await?;
     // Subscribed before the read: a deletion between the two is not missed.
     let group = session.entry_group(&own.key)?;
     let reg = session.notifier.register(chan_entry(&target.key)).await?;
@@ -265,6 +289,7 @@ pub(crate) async fn still_ahead(
     if session.took_head(own) {
         return Ok(Vec::new());
     }
+    let epoch = session.own_channel.epoch(session.primary.generation());
     let reply = session
         .call(
             "read queue",
@@ -282,10 +307,18 @@ pub(crate) async fn still_ahead(
     let a = array(&reply).ok_or_else(|| unexpected("read queue"))?;
     match a.first().and_then(int) {
         Some(0) => Err(RedisSession::vanished(own)),
-        Some(1) => a
-            .get(1)
-            .and_then(peers)
-            .ok_or_else(|| unexpected("read queue")),
+        Some(1) => {
+            let ahead = a
+                .get(1)
+                .and_then(peers)
+                .ok_or_else(|| unexpected("read queue"))?;
+            if !ahead.is_empty() {
+                session
+                    .own_channel
+                    .record(own, epoch, a.get(2).and_then(int));
+            }
+            Ok(ahead)
+        }
         _ => Err(unexpected("read queue")),
     }
 }
@@ -301,6 +334,9 @@ pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);
+    session
+        .own_channel
+        .forget(&entry.key, Some(entry.token.get()));
     let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
     let reply = session
@@ -337,6 +373,7 @@ pub(crate) async fn abandon(
     // Whatever token the attempt's entry had (the core abandons attempts whose entry it does
     // not know, which never waited: a backstop).
     session.forget_head(&name);
+    session.own_channel.forget(&name, None);
     let group = session.groups.of_queue(queue);
     let _changing = session.gate.read().await;
     let reply = session

@@ -147,7 +147,8 @@ return 1
 /// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
 /// the client knows, whether to make the session's key in this group if missing ('1'), the
 /// client's time (ms since the epoch: the entry's creation time, as inspection shows it).
-/// Returns {-1} if the session is gone, else {token, created, {ahead…}, version, behind}.
+/// Returns {-1} if the session is gone, else {token, created, {ahead…}, version, behind, the
+/// ms left to the nearest's session (-1 unless it asked for the nearest of any kind)}.
 pub(crate) static ENQUEUE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "enqueue",
@@ -160,7 +161,9 @@ if not v then return {-1} end
 local late = behind(v, ARGV[9])
 local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
 local want, nearest = ARGV[7], tonumber(ARGV[8])
-local out = ahead(path, token, want, nearest)
+local out, first = ahead(path, token, want, nearest)
+local wait = -1
+if want == '' and nearest == 1 then wait = left(first) end
 if created == 1 then
   -- Heads the queue: no live entry of any kind ahead (the dead ones met were dropped), as
   -- `ahead` shows when it looked for every kind; else asked.
@@ -176,7 +179,7 @@ if created == 1 then
   end
   if head then announce(path) end
 end
-return {token, created, out, after or v, late}
+return {token, created, out, after or v, late, wait}
 "#,
     )
 });
@@ -221,14 +224,18 @@ return {1, tokens, v, late}
 });
 
 /// ARGV: queue path, entry name, token, kind filter, nearest. Returns {0} if the entry is gone,
-/// else {1, {ahead…}}.
+/// else {1, {ahead…}, the ms left to the nearest's session (-1 unless it asked for the nearest
+/// of any kind)}.
 pub(crate) static STILL_AHEAD: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "still_ahead",
         r#"
 local e = live(ARGV[2])
 if not e or e[2] ~= ARGV[3] then return {0} end
-return {1, ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))}
+local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local wait = -1
+if ARGV[4] == '' and ARGV[5] == '1' then wait = left(first) end
+return {1, out, wait}
 "#,
     )
 });

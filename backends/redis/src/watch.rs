@@ -10,7 +10,7 @@
 //! a subscription left behind would make the next entry of that name wake a waiter that no
 //! longer waits — a herd of stale subscribers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -21,6 +21,7 @@ use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
+use crate::layout::OWN_PREFIX;
 use crate::primary::Primary;
 
 /// How often an idle pub/sub connection is checked with a `PING` (more often for short TTLs:
@@ -84,9 +85,14 @@ fn break_all(regs: &StdMutex<Regs>) {
     let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
     for (_, signal) in regs.by_channel.values().flatten() {
         signal.broken.store(true, Ordering::SeqCst);
+        // Both: a session's own channel has several waiters, each of a wait of its own.
+        signal.notify.notify_waiters();
         signal.notify.notify_one();
     }
 }
+
+/// How many messages a session's own channel keeps for waits that have not asked yet.
+const INBOX: usize = 256;
 
 #[derive(Default)]
 struct Signal {
@@ -97,6 +103,9 @@ struct Signal {
     /// The live entry that the deletion left at the head of the queue, and its token, if its
     /// message named one (`gone NAME TOKEN`).
     head: StdMutex<Option<(String, u64)>>,
+    /// On a session's own channel: the entries (name, token) a deletion ahead of them was
+    /// reported to, and whether it left them at the head, oldest first (at most [`INBOX`]).
+    inbox: StdMutex<VecDeque<(String, u64, bool)>>,
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -136,6 +145,70 @@ impl Registration {
             .unwrap_or_else(|e| e.into_inner())
             .take()
     }
+
+    /// On a session's own channel: waits for a message to entry `name` with token `token` (a
+    /// deletion ahead of it), and returns whether it left the entry at the head; `None` if
+    /// `until` passed first. Fails with a temporary error if the connection broke.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message stays in the inbox until a call takes it.
+    pub(crate) async fn news(
+        &self,
+        name: &str,
+        token: u64,
+        until: tokio::time::Instant,
+    ) -> Result<Option<bool>> {
+        loop {
+            // Enabled before the inbox is read: a message that arrives in between wakes it.
+            let notified = self.signal.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_broken() {
+                return Err(temporary("wait", "the pub/sub connection broke"));
+            }
+            {
+                let mut inbox = self.signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(i) = inbox.iter().position(|(n, t, _)| n == name && *t == token) {
+                    let head = inbox.remove(i).is_some_and(|(_, _, head)| head);
+                    return Ok(Some(head));
+                }
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => return Ok(None),
+            }
+        }
+    }
+
+    /// Forgets the messages to entry `name` up to token `upto` (any, if `None`): it is gone,
+    /// and late ones would only fill the inbox.
+    pub(crate) fn forget(&self, name: &str, upto: Option<u64>) {
+        self.signal
+            .inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, t, _)| n != name || upto.is_some_and(|u| *t > u));
+    }
+
+    /// Whether its connection broke (every message since is lost).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.signal.broken.load(Ordering::SeqCst)
+    }
+}
+
+/// A message of a session's own channel, `NAME TOKEN head` or `NAME TOKEN ahead`: the entry
+/// ahead of entry NAME (token TOKEN) was deleted, leaving NAME at the head of its queue or not.
+fn own_news(payload: &[u8]) -> Option<(String, u64, bool)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (rest, what) = text.rsplit_once(' ')?;
+    let (name, token) = rest.rsplit_once(' ')?;
+    let head = match what {
+        "head" => true,
+        "ahead" => false,
+        _ => return None,
+    };
+    Some((name.to_string(), token.parse().ok()?, head))
 }
 
 impl Drop for Registration {
@@ -288,7 +361,23 @@ impl Notifier {
                 };
                 let Some(msg) = msg else { break };
                 let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(list) = regs.by_channel.get(msg.get_channel_name()) {
+                let channel = msg.get_channel_name();
+                if channel.starts_with(OWN_PREFIX) {
+                    if let (Some(list), Some(news)) = (
+                        regs.by_channel.get(channel),
+                        own_news(msg.get_payload_bytes()),
+                    ) {
+                        for (_, signal) in list {
+                            let mut inbox = signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                            if inbox.len() >= INBOX {
+                                inbox.pop_front();
+                            }
+                            inbox.push_back(news.clone());
+                            drop(inbox);
+                            signal.notify.notify_waiters();
+                        }
+                    }
+                } else if let Some(list) = regs.by_channel.get(channel) {
                     let payload = msg.get_payload_bytes();
                     let gone = payload == b"gone" || payload.starts_with(b"gone ");
                     let head = payload

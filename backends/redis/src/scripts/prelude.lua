@@ -31,26 +31,34 @@ local function live(name)
   if redis.call('EXISTS', skey(e[1])) == 0 then return nil end
   return e
 end
--- Deletes entry `name` of queue `path`, and wakes whoever waits on it (the one entry behind it,
--- its owner) and, if it headed the queue, the queue's observers. If it headed the queue and the
--- entry now at the head is live, the message names that entry and its token ('gone NAME
--- TOKEN'): its waiter is granted without reading the queue again (nothing can come ahead of it
+-- Deletes entry `name` of queue `path`, and wakes whoever waits on it: its owner and the
+-- queue's observers (if it headed the queue) on their channels, and the entry right behind
+-- it on its session's own channel ('NAME TOKEN head', or '... ahead' if something is still
+-- ahead of it). If it headed the queue and the entry now at the head is live, its channel's
+-- message names that entry and its token too ('gone NAME TOKEN', for a waiter subscribed to
+-- it): its waiter is granted without reading the queue again (nothing can come ahead of it
 -- later). The token, because names repeat (a session's entry in a mutex's queue has the same
 -- name each time) and a message can arrive late (on a cluster it reaches the subscriber's node
--- over the cluster bus, after the script's reply, and may find a later wait registered on the
--- same channel): only the entry it names, not a later one of the same name, may skip the read.
+-- over the cluster bus, after the script's reply, and may find a later wait of the same name):
+-- only the entry it names, not a later one of the same name, may skip the read.
 local function drop(path, name)
   local q = qkey(path)
   -- The first two members: whether it heads the queue, and which entry heads it next.
   local first = redis.call('ZRANGE', q, '0', '1')
   local was_head = first[1] == name
+  local after = first[2]
+  if not was_head then
+    -- The entry right behind it (rare: a cancelled or timed-out wait, a dead entry).
+    local score = redis.call('ZSCORE', q, name)
+    after = score and redis.call('ZRANGEBYSCORE', q, '(' .. score, '+inf', 'LIMIT', '0', '1')[1]
+  end
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
   local note = 'gone'
-  if was_head then
-    local head = first[2]
-    local e = head and live(head)
-    if e then note = 'gone ' .. head .. ' ' .. e[2] end
+  local e = after and live(after)
+  if e then
+    if was_head then note = 'gone ' .. after .. ' ' .. e[2] end
+    redis.call('PUBLISH', C .. ':w:' .. e[1], after .. ' ' .. e[2] .. (was_head and ' head' or ' ahead'))
   end
   redis.call('PUBLISH', C .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
@@ -69,11 +77,12 @@ local function extend(key, ttl)
 end
 -- The `nearest` live entries of queue `path` before token `below` (a token as text: the
 -- client's, or as `create` wrote it), only of kind `want` unless it is '', nearest first, as
--- {name, token, kind, ...} (tokens as text). Dead entries met on the way are dropped. Reads only
--- as far as it must: its cost depends on `nearest`, not on the queue's length.
+-- {name, token, kind, ...} (tokens as text), and the session of the nearest. Dead entries met
+-- on the way are dropped. Reads only as far as it must: its cost depends on `nearest`, not on
+-- the queue's length.
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
-  local out, found = {}, 0
+  local out, found, first = {}, 0, nil
   local cursor = '(' .. below
   while found < nearest do
     local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', '0', '16')
@@ -88,12 +97,13 @@ local function ahead(path, below, want, nearest)
         out[#out + 1] = name
         out[#out + 1] = e[2]
         out[#out + 1] = e[3]
+        first = first or e[1]
         found = found + 1
         if found >= nearest then break end
       end
     end
   end
-  return out
+  return out, first
 end
 -- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
 -- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
@@ -132,6 +142,12 @@ local function create(sid, path, name, kind, value, ttl, v, created)
   v = v + 1
   redis.call('HSET', skey(sid), name, '1', 'v', string.format('%d', v))
   return t, 1, v
+end
+-- The remaining ms of session `sid`'s key (a waiter's next look at its predecessor: a session
+-- expires without a message), if `sid`; else -1.
+local function left(sid)
+  if not sid then return -1 end
+  return redis.call('PTTL', skey(sid))
 end
 -- Tells the observers of queue `path` that a new entry heads it.
 local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
