@@ -579,3 +579,62 @@ async fn at_the_memory_limit_sessions_live_and_new_entries_are_refused() {
     m.lock().await.unwrap().release().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// One session waiting on several locks at once: each release grants the one wait it names on
+/// the session's own channel, and the others wait on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_many_waits_each_granted_by_its_release() {
+    let Some(f) = RedisFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("many_waits");
+    let open = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.clone())
+            .start()
+    };
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let queued = |name: String| {
+        let a = a.clone();
+        async move {
+            let until = tokio::time::Instant::now() + Duration::from_secs(10);
+            while a.mutex(&name).unwrap().waiters().await.unwrap().is_empty() {
+                assert!(tokio::time::Instant::now() < until, "{name}: never queued");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let wait_for = |name: String| {
+        let b = b.clone();
+        tokio::spawn(async move { b.mutex(&name).unwrap().lock().await.unwrap() })
+    };
+    // b's first wait (which subscribes to its own channel) out of the way.
+    let g = a.mutex("warm").unwrap().lock().await.unwrap();
+    let w = wait_for("warm".into());
+    queued("warm".into()).await;
+    g.release().await.unwrap();
+    w.await.unwrap().release().await.unwrap();
+
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(a.mutex(&format!("m{i}")).unwrap().lock().await.unwrap());
+    }
+    let mut waits: Vec<_> = (0..4).map(|i| wait_for(format!("m{i}"))).collect();
+    for i in 0..4 {
+        queued(format!("m{i}")).await;
+    }
+    for (i, g) in held.into_iter().enumerate().rev() {
+        g.release().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), &mut waits[i])
+            .await
+            .unwrap_or_else(|_| panic!("m{i}: granted within the bound"))
+            .unwrap();
+        assert_eq!(got.key(), format!("{ns}/m{i}/{}", b.id()));
+        for (j, w) in waits.iter().enumerate().take(i) {
+            assert!(!w.is_finished(), "m{j} granted by m{i}'s release");
+        }
+        got.release().await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -85,9 +85,12 @@ fn break_all(regs: &StdMutex<Regs>) {
     let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
     for (_, signal) in regs.by_channel.values().flatten() {
         signal.broken.store(true, Ordering::SeqCst);
-        // Both: a session's own channel has several waiters, each of a wait of its own.
-        signal.notify.notify_waiters();
         signal.notify.notify_one();
+        // A session's own channel: every wait that listens there.
+        let inbox = signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        for waiter in inbox.waiting.values() {
+            waiter.notify_one();
+        }
     }
 }
 
@@ -103,9 +106,46 @@ struct Signal {
     /// The live entry that the deletion left at the head of the queue, and its token, if its
     /// message named one (`gone NAME TOKEN`).
     head: StdMutex<Option<(String, u64)>>,
-    /// On a session's own channel: the entries (name, token) a deletion ahead of them was
-    /// reported to, and whether it left them at the head, oldest first (at most [`INBOX`]).
-    inbox: StdMutex<VecDeque<(String, u64, bool)>>,
+    /// On a session's own channel: what arrived for its entries, and who listens.
+    inbox: StdMutex<Inbox>,
+}
+
+/// A session's own channel's messages, and its waits.
+#[derive(Default)]
+struct Inbox {
+    /// The entries (name, token) a deletion ahead of them was reported to, and whether it left
+    /// them at the head, oldest first (at most [`INBOX`]): kept until their wait asks.
+    arrived: VecDeque<(String, u64, bool)>,
+    /// The waits listening, by entry: a message wakes the one it names (no herd of the
+    /// session's other waits).
+    waiting: HashMap<(String, u64), Arc<Notify>>,
+}
+
+impl Inbox {
+    fn take(&mut self, name: &str, token: u64) -> Option<bool> {
+        let i = self
+            .arrived
+            .iter()
+            .position(|(n, t, _)| n == name && *t == token)?;
+        self.arrived.remove(i).map(|(_, _, head)| head)
+    }
+}
+
+/// Removes a wait from the listeners when it ends (returns, fails or is cancelled).
+struct Listening<'a> {
+    signal: &'a Signal,
+    key: (String, u64),
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.signal
+            .inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiting
+            .remove(&self.key);
+    }
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -159,20 +199,35 @@ impl Registration {
         token: u64,
         until: tokio::time::Instant,
     ) -> Result<Option<bool>> {
+        let wake = Arc::new(Notify::new());
+        let key = (name.to_string(), token);
+        {
+            let mut inbox = self.signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(head) = inbox.take(name, token) {
+                return Ok(Some(head));
+            }
+            inbox.waiting.insert(key.clone(), wake.clone());
+        }
+        let _listening = Listening {
+            signal: &self.signal,
+            key,
+        };
         loop {
             // Enabled before the inbox is read: a message that arrives in between wakes it.
-            let notified = self.signal.notify.notified();
+            let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.is_broken() {
                 return Err(temporary("wait", "the pub/sub connection broke"));
             }
-            {
-                let mut inbox = self.signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(i) = inbox.iter().position(|(n, t, _)| n == name && *t == token) {
-                    let head = inbox.remove(i).is_some_and(|(_, _, head)| head);
-                    return Ok(Some(head));
-                }
+            let arrived = self
+                .signal
+                .inbox
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(name, token);
+            if let Some(head) = arrived {
+                return Ok(Some(head));
             }
             tokio::select! {
                 _ = &mut notified => {}
@@ -188,6 +243,7 @@ impl Registration {
             .inbox
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .arrived
             .retain(|(n, t, _)| n != name || upto.is_some_and(|u| *t > u));
     }
 
@@ -369,12 +425,14 @@ impl Notifier {
                     ) {
                         for (_, signal) in list {
                             let mut inbox = signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                            if inbox.len() >= INBOX {
-                                inbox.pop_front();
+                            if inbox.arrived.len() >= INBOX {
+                                inbox.arrived.pop_front();
                             }
-                            inbox.push_back(news.clone());
-                            drop(inbox);
-                            signal.notify.notify_waiters();
+                            let key = (news.0.clone(), news.1);
+                            inbox.arrived.push_back(news.clone());
+                            if let Some(waiter) = inbox.waiting.get(&key) {
+                                waiter.notify_one();
+                            }
                         }
                     }
                 } else if let Some(list) = regs.by_channel.get(channel) {
