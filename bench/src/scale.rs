@@ -32,8 +32,8 @@ pub struct HeldRow {
     pub implementation: String,
     /// How many locks.
     pub locks: usize,
-    /// Acquisitions per second while taking them.
-    pub rate: f64,
+    /// Acquisitions per second while taking them (`None`: a raw row, which acquires nothing).
+    pub rate: Option<f64>,
     /// Releases per second while releasing them all (64 in flight).
     pub release_rate: f64,
     /// Client bytes per held lock, if counted.
@@ -116,7 +116,7 @@ pub async fn held_ours(
     HeldRow {
         implementation: "fencelock Mutex".into(),
         locks: n,
-        rate,
+        rate: Some(rate),
         release_rate,
         bytes_per_lock: bytes,
         server_watches,
@@ -167,7 +167,7 @@ pub async fn held_etcd_client(endpoint: &str, n: usize, rep: usize) -> HeldRow {
     HeldRow {
         implementation: "etcd-client lock()".into(),
         locks: n,
-        rate,
+        rate: Some(rate),
         release_rate,
         bytes_per_lock: bytes,
         server_watches,
@@ -227,8 +227,8 @@ pub async fn held_etcd_raw(endpoint: &str, n: usize, rep: usize, guarded: bool) 
     HeldRow {
         implementation: format!("raw: put + {shape} delete"),
         locks: n,
-        // Not a lock's acquisition: its rate is not shown.
-        rate: f64::NAN,
+        // Not a lock's acquisition.
+        rate: None,
         release_rate,
         bytes_per_lock: None,
         server_watches: None,
@@ -283,7 +283,7 @@ pub async fn held_zk_recipe(connect: &str, zk_port: u16, n: usize, rep: usize) -
     HeldRow {
         implementation: "zookeeper-client Client::lock".into(),
         locks: n,
-        rate,
+        rate: Some(rate),
         release_rate,
         bytes_per_lock: bytes,
         server_watches,
@@ -595,18 +595,16 @@ fn held_table(backend: &str, rows: &[Vec<HeldRow>]) {
     );
     for reps in rows.iter().filter(|r| !r.is_empty()) {
         let first = &reps[0];
-        let (rate, rate_min, rate_max) =
-            median_spread(&mut reps.iter().map(|r| r.rate).collect::<Vec<_>>());
+        let mut rates: Vec<f64> = reps.iter().filter_map(|r| r.rate).collect();
+        let rate = (!rates.is_empty()).then(|| median_spread(&mut rates));
         let (release, release_min, release_max) =
             median_spread(&mut reps.iter().map(|r| r.release_rate).collect::<Vec<_>>());
         let mut bytes: Vec<f64> = reps.iter().filter_map(|r| r.bytes_per_lock).collect();
         let bytes = (!bytes.is_empty()).then(|| median_spread(&mut bytes).0);
         let watches = reps.iter().filter_map(|r| r.server_watches).max();
-        let rate_cell = if rate.is_nan() {
-            "—".to_string()
-        } else {
-            format!("{rate:.0} ({rate_min:.0}–{rate_max:.0})")
-        };
+        let rate_cell = rate.map_or("—".to_string(), |(rate, min, max)| {
+            format!("{rate:.0} ({min:.0}–{max:.0})")
+        });
         crate::emit!(
             "| {} | {} | {rate_cell} | {release:.0} ({release_min:.0}–{release_max:.0}) | {} | {} |",
             first.implementation,
@@ -614,7 +612,7 @@ fn held_table(backend: &str, rows: &[Vec<HeldRow>]) {
             bytes.map_or("n/a".into(), |b| format!("{b:.0}")),
             watches.map_or("n/a".into(), |w| w.to_string()),
         );
-        if !rate.is_nan() {
+        if let Some((rate, ..)) = rate {
             super::report::point(&rate_id, &first.implementation, first.locks as f64, rate);
         }
         if let Some(b) = bytes {

@@ -155,8 +155,8 @@ async fn wait_for_replicas_without_replicas() {
 }
 
 /// A server that wants a password: no password (`NOAUTH`) and a wrong one are
-/// `Unauthenticated`; a user whose ACL forbids fencelock's channels is `PermissionDenied` at
-/// connect, before anything is changed; Redlock returns those at once instead of retrying for
+/// `Unauthenticated`; a user whose ACL forbids fencelock's channels (all, or the sessions' own)
+/// is `PermissionDenied` at connect, before anything is changed; Redlock returns those at once instead of retrying for
 /// ever. All within a bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_and_permissions_are_permanent_errors() {
@@ -179,6 +179,19 @@ async fn authentication_and_permissions_are_permanent_errors() {
                 ">mute-pw",
                 "~*",
                 "resetchannels",
+                "+@all",
+            ][..],
+            // fencelock's entry and head channels, not the sessions' own.
+            &[
+                "ACL",
+                "SETUSER",
+                "partial",
+                "on",
+                ">partial-pw",
+                "~*",
+                "resetchannels",
+                "&fencelock:c:*",
+                "&fencelock:h:*",
                 "+@all",
             ][..],
             &["CONFIG", "SET", "requirepass", "s3cret"][..],
@@ -222,6 +235,10 @@ async fn authentication_and_permissions_are_permanent_errors() {
         );
     }
     let r = connect(format!("redis://mute:mute-pw@{addr}")).await;
+    assert!(matches!(r, Err(Error::PermissionDenied { .. })), "{r:?}");
+    // Refused at connect too: a release publishes on the channel of the next waiter's
+    // session, and a refused PUBLISH would stop its script half done.
+    let r = connect(format!("redis://partial:partial-pw@{addr}")).await;
     assert!(matches!(r, Err(Error::PermissionDenied { .. })), "{r:?}");
 
     for url in [format!("redis://{addr}"), format!("redis://:wrong@{addr}")] {

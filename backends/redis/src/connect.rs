@@ -98,13 +98,19 @@ async fn checked<C: ConnectionLike + Send>(
         // Every release publishes on a `fencelock:*` channel from inside its script, and
         // Redis does not undo a script's earlier writes when a later command fails: a user
         // whose ACL forbids that channel is refused here, before anything is changed.
-        redis::cmd("PUBLISH")
-            // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'),
-            // so that an ACL granting exactly fencelock's channels passes.
-            .arg(format!("{}:h:probe", layout::KEY_PREFIX))
-            .arg("")
-            .query_async::<i64>(&mut con)
-            .await?;
+        // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'), and a
+        // session's own channel that no session has (ids are hex), so that an ACL granting
+        // exactly fencelock's channels passes.
+        for channel in [
+            format!("{}:h:probe", layout::KEY_PREFIX),
+            format!("{}probe", layout::OWN_PREFIX),
+        ] {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg("")
+                .query_async::<i64>(&mut con)
+                .await?;
+        }
         Ok::<_, redis::RedisError>(con)
     };
     // A wrong TLS setting may show as a connect that hangs (a plaintext server takes a TLS

@@ -95,7 +95,7 @@ fn break_all(regs: &StdMutex<Regs>) {
 }
 
 /// How many messages a session's own channel keeps for waits that have not asked yet.
-const INBOX: usize = 256;
+const INBOX: usize = 4096;
 
 #[derive(Default)]
 struct Signal {
