@@ -9,6 +9,28 @@ use fencelock_redis::{RedisBackend, RedisConfig};
 
 fencelock::conformance_tests!(RedisFactory::shared());
 
+/// A server of its own (no persistence), set up by `commands` (each the words of a
+/// `redis-cli` command, answering `OK`); `None` where redis-server is missing.
+async fn server_with(
+    commands: &'static [&'static str],
+) -> Option<fencelock_integration::servers::redis::RedisServer> {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return None;
+    }
+    let server = tokio::task::spawn_blocking(move || {
+        let s = RedisServer::start(Durability::None);
+        for command in commands {
+            let words: Vec<&str> = command.split_whitespace().collect();
+            assert_eq!(s.cli(&words).unwrap().trim(), "OK", "{command}");
+        }
+        s
+    })
+    .await
+    .unwrap();
+    Some(server)
+}
+
 /// Entries follow the etcd layout's names; the token is the token counter, and the entry
 /// lives in the queue's sorted set with the token as its score.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,53 +177,23 @@ async fn wait_for_replicas_without_replicas() {
 }
 
 /// A server that wants a password: no password (`NOAUTH`) and a wrong one are
-/// `Unauthenticated`; a user whose ACL forbids fencelock's channels (all, or the sessions' own)
-/// is `PermissionDenied` at connect, before anything is changed; Redlock returns those at once instead of retrying for
-/// ever. All within a bound.
+/// `Unauthenticated`; a user whose ACL forbids fencelock's channels (all, or the sessions'
+/// own) is `PermissionDenied` at connect, before anything is changed; Redlock returns those at
+/// once instead of retrying for ever. All within a bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_and_permissions_are_permanent_errors() {
-    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
     use fencelock_redis::Redlock;
-    if !harness::available() {
-        return;
-    }
-    let server = tokio::task::spawn_blocking(|| {
-        let s = RedisServer::start(Durability::None);
-        for args in [
-            &[
-                "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
-            ][..],
-            &[
-                "ACL",
-                "SETUSER",
-                "mute",
-                "on",
-                ">mute-pw",
-                "~*",
-                "resetchannels",
-                "+@all",
-            ][..],
-            // fencelock's entry and head channels, not the sessions' own.
-            &[
-                "ACL",
-                "SETUSER",
-                "partial",
-                "on",
-                ">partial-pw",
-                "~*",
-                "resetchannels",
-                "&fencelock:c:*",
-                "&fencelock:h:*",
-                "+@all",
-            ][..],
-            &["CONFIG", "SET", "requirepass", "s3cret"][..],
-        ] {
-            assert_eq!(s.cli(args).unwrap().trim(), "OK", "{args:?}");
-        }
-        s
-    })
+    let Some(server) = server_with(&[
+        "ACL SETUSER app on >app-pw ~* &* +@all",
+        "ACL SETUSER mute on >mute-pw ~* resetchannels +@all",
+        // fencelock's entry and head channels, not the sessions' own.
+        "ACL SETUSER partial on >partial-pw ~* resetchannels &fencelock:c:* &fencelock:h:* +@all",
+        "CONFIG SET requirepass s3cret",
+    ])
     .await
-    .unwrap();
+    else {
+        return;
+    };
     let addr = server.addr();
     let bound = Duration::from_secs(10);
     let connect = |url: String| async move {
@@ -253,6 +245,15 @@ async fn authentication_and_permissions_are_permanent_errors() {
             matches!(&r, Err(e @ Error::Unauthenticated { .. }) if !e.is_temporary()),
             "{url}: {r:?}"
         );
+    }
+}
+
+/// Waits (bounded) until mutex `name` of `s`'s namespace has a waiter; `what` names the wait.
+async fn until_queued(s: &Session, name: &str, what: &str) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.mutex(name).unwrap().waiters().await.unwrap().is_empty() {
+        assert!(tokio::time::Instant::now() < until, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -318,11 +319,7 @@ async fn subscriptions_end_with_their_waits() {
     // A wait that ends in a grant: queued, heard on b's own channel, and by nobody on the
     // entry it waits for.
     let waiter = tokio::spawn(async move { mb.lock().await.unwrap() });
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while a.mutex("x").unwrap().waiters().await.unwrap().is_empty() {
-        assert!(tokio::time::Instant::now() < until, "b never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_queued(&a, "x", "b never queued").await;
     assert_eq!(
         subscribers(&mut con, &channel).await,
         0,
@@ -361,14 +358,7 @@ async fn a_stale_head_message_grants_nothing() {
         let b = b.clone();
         tokio::spawn(async move { b.mutex("m").unwrap().lock().await })
     };
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while a.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&a, "m", "the waiter never queued").await;
     let con = f.redis().connection();
     // An earlier entry of the waiter's name, with token 1: not the one that waits now. On the
     // held entry's channel (which the session's first wait heard) and on the waiter's
@@ -417,11 +407,7 @@ async fn a_stale_head_message_grants_nothing() {
         let a = a.clone();
         tokio::spawn(async move { a.mutex("m").unwrap().lock().await })
     };
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while b.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
-        assert!(tokio::time::Instant::now() < until, "a never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&b, "m", "a never queued").await;
     got.release().await.unwrap();
     let held = tokio::time::timeout(Duration::from_secs(10), a_again)
         .await
@@ -432,14 +418,7 @@ async fn a_stale_head_message_grants_nothing() {
         let b = b.clone();
         tokio::spawn(async move { b.mutex("m").unwrap().lock().await })
     };
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while a.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the waiter never queued again"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&a, "m", "the waiter never queued again").await;
     publish_stale(con).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -464,48 +443,17 @@ async fn a_stale_head_message_grants_nothing() {
 /// bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_run_as_functions_or_without_them() {
-    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
-    if !harness::available() {
-        return;
-    }
-    let server = tokio::task::spawn_blocking(|| {
-        let s = RedisServer::start(Durability::None);
-        for args in [
-            &[
-                "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
-            ][..],
-            &[
-                "ACL",
-                "SETUSER",
-                "noload",
-                "on",
-                ">noload-pw",
-                "~*",
-                "&*",
-                "+@all",
-                "-function",
-            ][..],
-            &[
-                "ACL",
-                "SETUSER",
-                "nofcall",
-                "on",
-                ">nofcall-pw",
-                "~*",
-                "&*",
-                "+@all",
-                "-function",
-                "-fcall",
-            ][..],
-        ] {
-            assert_eq!(s.cli(args).unwrap().trim(), "OK", "{args:?}");
-        }
-        s
-    })
+    let Some(server) = server_with(&[
+        "ACL SETUSER app on >app-pw ~* &* +@all",
+        "ACL SETUSER noload on >noload-pw ~* &* +@all -function",
+        "ACL SETUSER nofcall on >nofcall-pw ~* &* +@all -function -fcall",
+    ])
     .await
-    .unwrap();
+    else {
+        return;
+    };
     let addr = server.addr();
-    let libraries = |server: &RedisServer| {
+    let libraries = |server: &fencelock_integration::servers::redis::RedisServer| {
         let list = server
             .cli(&["FUNCTION", "LIST", "LIBRARYNAME", "fencelock_*"])
             .unwrap();
@@ -558,13 +506,9 @@ async fn scripts_run_as_functions_or_without_them() {
 /// released; once memory is allowed again, locks are granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_memory_limit_sessions_live_and_new_entries_are_refused() {
-    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
-    if !harness::available() {
+    let Some(server) = server_with(&[]).await else {
         return;
-    }
-    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
-        .await
-        .unwrap();
+    };
     let ttl = Duration::from_secs(1);
     let backend = RedisBackend::connect(server.url()).await.unwrap();
     let s = Session::builder(backend).ttl(ttl).start().await.unwrap();
@@ -611,16 +555,6 @@ async fn one_session_many_waits_each_granted_by_its_release() {
             .start()
     };
     let (a, b) = (open().await.unwrap(), open().await.unwrap());
-    let queued = |name: String| {
-        let a = a.clone();
-        async move {
-            let until = tokio::time::Instant::now() + Duration::from_secs(10);
-            while a.mutex(&name).unwrap().waiters().await.unwrap().is_empty() {
-                assert!(tokio::time::Instant::now() < until, "{name}: never queued");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
     let wait_for = |name: String| {
         let b = b.clone();
         tokio::spawn(async move { b.mutex(&name).unwrap().lock().await.unwrap() })
@@ -628,7 +562,7 @@ async fn one_session_many_waits_each_granted_by_its_release() {
     // b's first wait (which subscribes to its own channel) out of the way.
     let g = a.mutex("warm").unwrap().lock().await.unwrap();
     let w = wait_for("warm".into());
-    queued("warm".into()).await;
+    until_queued(&a, "warm", "warm: never queued").await;
     g.release().await.unwrap();
     w.await.unwrap().release().await.unwrap();
 
@@ -638,7 +572,7 @@ async fn one_session_many_waits_each_granted_by_its_release() {
     }
     let mut waits: Vec<_> = (0..4).map(|i| wait_for(format!("m{i}"))).collect();
     for i in 0..4 {
-        queued(format!("m{i}")).await;
+        until_queued(&a, &format!("m{i}"), "a wait never queued").await;
     }
     for (i, g) in held.into_iter().enumerate().rev() {
         g.release().await.unwrap();
