@@ -7,6 +7,8 @@
 //! (the session's first, or the first after the pub/sub connection broke or the primary
 //! moved) subscribes to its predecessor's channel and reads, as before.
 
+pub(crate) mod inbox;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};

@@ -10,7 +10,7 @@
 //! a subscription left behind would make the next entry of that name wake a waiter that no
 //! longer waits — a herd of stale subscribers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
 use crate::layout::OWN_PREFIX;
+use crate::own_channel::inbox::{self, Inbox};
 use crate::primary::Primary;
 
 /// How often an idle pub/sub connection is checked with a `PING` (more often for short TTLs:
@@ -87,15 +88,13 @@ fn break_all(regs: &StdMutex<Regs>) {
         signal.broken.store(true, Ordering::SeqCst);
         signal.notify.notify_one();
         // A session's own channel: every wait that listens there.
-        let inbox = signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        for waiter in inbox.waiting.values() {
-            waiter.notify_one();
-        }
+        signal
+            .inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wake_all();
     }
 }
-
-/// How many messages a session's own channel keeps for waits that have not asked yet.
-const INBOX: usize = 4096;
 
 #[derive(Default)]
 struct Signal {
@@ -108,44 +107,6 @@ struct Signal {
     head: StdMutex<Option<(String, u64)>>,
     /// On a session's own channel: what arrived for its entries, and who listens.
     inbox: StdMutex<Inbox>,
-}
-
-/// A session's own channel's messages, and its waits.
-#[derive(Default)]
-struct Inbox {
-    /// The entries (name, token) a deletion ahead of them was reported to, and whether it left
-    /// them at the head, oldest first (at most [`INBOX`]): kept until their wait asks.
-    arrived: VecDeque<(String, u64, bool)>,
-    /// The waits listening, by entry: a message wakes the one it names (no herd of the
-    /// session's other waits).
-    waiting: HashMap<(String, u64), Arc<Notify>>,
-}
-
-impl Inbox {
-    fn take(&mut self, name: &str, token: u64) -> Option<bool> {
-        let i = self
-            .arrived
-            .iter()
-            .position(|(n, t, _)| n == name && *t == token)?;
-        self.arrived.remove(i).map(|(_, _, head)| head)
-    }
-}
-
-/// Removes a wait from the listeners when it ends (returns, fails or is cancelled).
-struct Listening<'a> {
-    signal: &'a Signal,
-    key: (String, u64),
-}
-
-impl Drop for Listening<'_> {
-    fn drop(&mut self) {
-        self.signal
-            .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .waiting
-            .remove(&self.key);
-    }
 }
 
 /// A registration for one channel; unregisters when dropped.
@@ -186,9 +147,8 @@ impl Registration {
             .take()
     }
 
-    /// On a session's own channel: waits for a message to entry `name` with token `token` (a
-    /// deletion ahead of it), and returns whether it left the entry at the head; `None` if
-    /// `until` passed first. Fails with a temporary error if the connection broke.
+    /// On a session's own channel: waits for a message to entry `name` with token `token`
+    /// (see [`inbox::news`]).
     ///
     /// # Cancel safety
     ///
@@ -199,72 +159,22 @@ impl Registration {
         token: u64,
         until: tokio::time::Instant,
     ) -> Result<Option<bool>> {
-        let wake = Arc::new(Notify::new());
-        let key = (name.to_string(), token);
-        {
-            let mut inbox = self.signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(head) = inbox.take(name, token) {
-                return Ok(Some(head));
-            }
-            inbox.waiting.insert(key.clone(), wake.clone());
-        }
-        let _listening = Listening {
-            signal: &self.signal,
-            key,
-        };
-        loop {
-            // Enabled before the inbox is read: a message that arrives in between wakes it.
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_broken() {
-                return Err(temporary("wait", "the pub/sub connection broke"));
-            }
-            let arrived = self
-                .signal
-                .inbox
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(name, token);
-            if let Some(head) = arrived {
-                return Ok(Some(head));
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until) => return Ok(None),
-            }
-        }
+        inbox::news(&self.signal.inbox, &self.signal.broken, name, token, until).await
     }
 
-    /// Forgets the messages to entry `name` up to token `upto` (any, if `None`): it is gone,
-    /// and late ones would only fill the inbox.
+    /// On a session's own channel: forgets the messages to entry `name` up to token `upto`.
     pub(crate) fn forget(&self, name: &str, upto: Option<u64>) {
         self.signal
             .inbox
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .arrived
-            .retain(|(n, t, _)| n != name || upto.is_some_and(|u| *t > u));
+            .forget(name, upto);
     }
 
     /// Whether its connection broke (every message since is lost).
     pub(crate) fn is_broken(&self) -> bool {
         self.signal.broken.load(Ordering::SeqCst)
     }
-}
-
-/// A message of a session's own channel, `NAME TOKEN head` or `NAME TOKEN ahead`: the entry
-/// ahead of entry NAME (token TOKEN) was deleted, leaving NAME at the head of its queue or not.
-fn own_news(payload: &[u8]) -> Option<(String, u64, bool)> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let (rest, what) = text.rsplit_once(' ')?;
-    let (name, token) = rest.rsplit_once(' ')?;
-    let head = match what {
-        "head" => true,
-        "ahead" => false,
-        _ => return None,
-    };
-    Some((name.to_string(), token.parse().ok()?, head))
 }
 
 impl Drop for Registration {
@@ -419,21 +329,12 @@ impl Notifier {
                 let regs = regs.lock().unwrap_or_else(|e| e.into_inner());
                 let channel = msg.get_channel_name();
                 if channel.starts_with(OWN_PREFIX) {
-                    if let (Some(list), Some(news)) = (
-                        regs.by_channel.get(channel),
-                        own_news(msg.get_payload_bytes()),
-                    ) {
-                        for (_, signal) in list {
-                            let mut inbox = signal.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                            if inbox.arrived.len() >= INBOX {
-                                inbox.arrived.pop_front();
-                            }
-                            let key = (news.0.clone(), news.1);
-                            inbox.arrived.push_back(news.clone());
-                            if let Some(waiter) = inbox.waiting.get(&key) {
-                                waiter.notify_one();
-                            }
-                        }
+                    for (_, signal) in regs.by_channel.get(channel).into_iter().flatten() {
+                        signal
+                            .inbox
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .deliver(msg.get_payload_bytes());
                     }
                 } else if let Some(list) = regs.by_channel.get(channel) {
                     let payload = msg.get_payload_bytes();
