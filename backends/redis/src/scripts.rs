@@ -70,7 +70,6 @@ pub(crate) static KEEP_ALIVE: LazyLock<Op> = LazyLock::new(|| {
         "keep_alive",
         r#"
 local sid, ttl = ARGV[1], ARGV[2]
-local ttln = tonumber(ttl)
 if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
   if ARGV[4] == '1' then return {-1} end
   return {-2}
@@ -86,9 +85,7 @@ for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
     local e = redis.call('HMGET', P .. ':e:' .. name, 's', 'q')
     if e[1] == sid then
       redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
-      local q = P .. ':q:' .. e[2]
-      local left = redis.call('PTTL', q)
-      if left == -1 or (left >= 0 and left < ttln) then redis.call('PEXPIRE', q, ttl) end
+      extend_expiring(P .. ':q:' .. e[2], ttl)
     elseif e[1] or not GUARD then
       redis.call('HDEL', skey(sid), name)
     end
@@ -163,7 +160,7 @@ local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6],
 local want, nearest = ARGV[7], tonumber(ARGV[8])
 local out, first = ahead(path, token, want, nearest)
 local wait = -1
-if want == '' and nearest == 1 then wait = left(first) end
+if want == '' and nearest == 1 then wait = first or -1 end
 if created == 1 then
   -- Heads the queue: no live entry of any kind ahead (the dead ones met were dropped), as
   -- `ahead` shows when it looked for every kind; else asked.
@@ -171,11 +168,14 @@ if created == 1 then
   if want == '' and nearest > 0 then head = #out == 0
   else head = redis.call('ZRANK', qkey(path), name) == 0 end
   -- Alone in it (nothing live ahead, and nothing behind the newest token): its expiry is ours
-  -- alone to set. Else extended, never shortened: others' entries count on it.
+  -- alone to set. Else extended, never shortened: others' entries count on it (behind a live
+  -- entry, the queue was there before this call, with the expiry its maker set).
   if head and want == '' and nearest > 0 then
     redis.call('PEXPIRE', qkey(path), ARGV[6])
-  else
+  elseif head then
     extend(qkey(path), ARGV[6])
+  else
+    extend_expiring(qkey(path), ARGV[6])
   end
   if head then announce(path) end
 end
@@ -234,7 +234,7 @@ local e = live(ARGV[2])
 if not e or e[2] ~= ARGV[3] then return {0} end
 local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 local wait = -1
-if ARGV[4] == '' and ARGV[5] == '1' then wait = left(first) end
+if ARGV[4] == '' and ARGV[5] == '1' then wait = first or -1 end
 return {1, out, wait}
 "#,
     )
@@ -257,7 +257,7 @@ if not t then
   drop(path, ARGV[3])
   return {1, 0}
 end
-return {1, 1, redis.call('PTTL', skey(t[1]))}
+return {1, 1, t[5]}
 "#,
     )
 });
@@ -352,7 +352,7 @@ while true do
   if not first then return {} end
   local e = live(first)
   if e then
-    return {first, tonumber(e[2]), e[3], redis.call('HGET', ekey(first), 'v'), redis.call('PTTL', skey(e[1]))}
+    return {first, tonumber(e[2]), e[3], redis.call('HGET', ekey(first), 'v'), e[5]}
   end
   drop(path, first)
 end

@@ -7,7 +7,11 @@
 -- one call sets, no other sees while it runs).
 local K, P, GUARD, guarded
 local C = 'fencelock'
+-- Whether the server is Redis 7 or later (`PEXPIRE` takes `GT` and `NX`); set by the first
+-- `begin` (while a library loads, `redis` offers only the loading calls).
+local SEVEN
 local function begin(keys)
+  if SEVEN == nil then SEVEN = (redis.REDIS_VERSION_NUM or 0) >= 0x070000 end
   K = keys[1]
   P = string.sub(K, 1, -3)
   GUARD = string.find(P, '{', 1, true) ~= nil
@@ -23,12 +27,15 @@ end
 local function skey(sid) return guard(P .. ':s:' .. sid) end
 local function qkey(path) return guard(P .. ':q:' .. path) end
 local function ekey(name) return guard(P .. ':e:' .. name) end
--- An entry's {session, token, kind, queue} if it is live (its hash is there, and so is its
--- session's key), else nil.
+-- An entry's {session, token, kind, queue, the ms left to its session} if it is live (its
+-- hash is there, and so is its session's key), else nil. (The session's PTTL, not EXISTS: one
+-- call says both whether it is there and when a waiter behind it should look again.)
 local function live(name)
   local e = redis.call('HMGET', ekey(name), 's', 't', 'k', 'q')
   if not e[1] then return nil end
-  if redis.call('EXISTS', skey(e[1])) == 0 then return nil end
+  local left = redis.call('PTTL', skey(e[1]))
+  if left == -2 then return nil end
+  e[5] = left
   return e
 end
 -- Deletes entry `name` of queue `path`, and wakes whoever waits on it: its owner and the
@@ -75,17 +82,30 @@ local function extend(key, ttl)
   local left = redis.call('PTTL', key)
   if left == -1 or (left >= 0 and left < tonumber(ttl)) then redis.call('PEXPIRE', key, ttl) end
 end
+-- `extend` for a queue known to have an expiry (every script that makes a queue sets one): on
+-- Redis 7 one call, `PEXPIRE GT` (which would take a key with no expiry for one that never
+-- expires, and leave it so).
+local function extend_expiring(key, ttl)
+  if SEVEN then
+    redis.call('PEXPIRE', key, ttl, 'GT')
+  else
+    extend(key, ttl)
+  end
+end
 -- The `nearest` live entries of queue `path` before token `below` (a token as text: the
 -- client's, or as `create` wrote it), only of kind `want` unless it is '', nearest first, as
--- {name, token, kind, ...} (tokens as text), and the session of the nearest. Dead entries met
--- on the way are dropped. Reads only as far as it must: its cost depends on `nearest`, not on
--- the queue's length.
+-- {name, token, kind, ...} (tokens as text), and the ms left to the nearest's session (nil if
+-- none). Dead entries met on the way are dropped. Reads only as far as it must: its cost
+-- depends on `nearest`, not on the queue's length (any kind wanted: `nearest` members at first,
+-- most often all it needs; else 16 at a time).
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
   local out, found, first = {}, 0, nil
   local cursor = '(' .. below
+  local size = '16'
+  if want == '' and nearest < 16 then size = tostring(nearest) end
   while found < nearest do
-    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', '0', '16')
+    local batch = redis.call('ZREVRANGEBYSCORE', q, cursor, '-inf', 'WITHSCORES', 'LIMIT', '0', size)
     if #batch == 0 then break end
     for i = 1, #batch, 2 do
       local name = batch[i]
@@ -97,11 +117,12 @@ local function ahead(path, below, want, nearest)
         out[#out + 1] = name
         out[#out + 1] = e[2]
         out[#out + 1] = e[3]
-        first = first or e[1]
+        first = first or e[5]
         found = found + 1
         if found >= nearest then break end
       end
     end
+    size = '16'
   end
   return out, first
 end
@@ -142,12 +163,6 @@ local function create(sid, path, name, kind, value, ttl, v, created)
   v = v + 1
   redis.call('HSET', skey(sid), name, '1', 'v', string.format('%d', v))
   return t, 1, v
-end
--- The remaining ms of session `sid`'s key (a waiter's next look at its predecessor: a session
--- expires without a message), if `sid`; else -1.
-local function left(sid)
-  if not sid then return -1 end
-  return redis.call('PTTL', skey(sid))
 end
 -- Tells the observers of queue `path` that a new entry heads it.
 local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
