@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{Entry, EntryKind, QueueId};
 use crate::retry::Retry;
-use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, LocalSlot, Shared, Undo};
+use crate::session::{Cleanup, EnqueueAllTask, EnqueueTask, InFlight, LocalSlot, Shared, Undo};
 use crate::{Error, Result};
 
 /// An acquisition in progress. If it is dropped before it becomes a [`Tenure`](crate::tenure::Tenure) (a cancelled
@@ -140,17 +139,17 @@ impl Drop for PendingAll {
     }
 }
 
-/// Sends a create as a task of its own per try (`spawn`, told whether an earlier try may have
-/// created something), kept in `inflight` while it runs, and retries temporary errors until
+/// Sends a create per try (`send`, told whether an earlier try may have created something),
+/// kept in `inflight` while it runs (see [`InFlight`]), and retries temporary errors until
 /// `deadline` (the last error then) or the session is lost. Sets `maybe_created` when a failed
 /// try may have created something: any failure but a request refused before it was sent.
 pub(super) async fn create<T: Send + 'static>(
     shared: &Shared,
-    inflight: &mut Option<JoinHandle<Result<T>>>,
+    inflight: &mut Option<InFlight<T>>,
     maybe_created: &mut bool,
     deadline: Option<Instant>,
     op: &'static str,
-    mut spawn: impl FnMut(bool) -> JoinHandle<Result<T>>,
+    mut send: impl FnMut(bool) -> InFlight<T>,
 ) -> Result<T> {
     let mut state = (shared, inflight, maybe_created);
     let tries = Retry::new(shared.backoff())
@@ -159,7 +158,7 @@ pub(super) async fn create<T: Send + 'static>(
         .run_with(
             &mut state,
             |(shared, inflight, maybe_created)| {
-                let task = shared.check_alive().map(|()| spawn(**maybe_created));
+                let task = shared.check_alive().map(|()| send(**maybe_created));
                 Box::pin(async move {
                     let answer = answer_of(shared, inflight, task?, maybe_created, op).await?;
                     answer.inspect_err(|e| {
@@ -178,22 +177,22 @@ pub(super) async fn create<T: Send + 'static>(
     shared.unless_lost(tries).await?
 }
 
-/// Awaits a create sent as a task of its own, kept in `slot` meanwhile (so that a drop of the
-/// attempt hands it to the background task), unless the session is lost. A task that ended
-/// without an answer (it panicked) may have created something: `maybe_created` is set, and the
-/// error is permanent.
+/// Awaits a create in flight, kept in `slot` meanwhile (so that a drop of the attempt hands it
+/// to the background task), unless the session is lost. A request that ended without an
+/// answer (it panicked) may have created something: `maybe_created` is set, and the error is
+/// permanent.
 async fn answer_of<T>(
     shared: &Shared,
-    slot: &mut Option<JoinHandle<Result<T>>>,
-    task: JoinHandle<Result<T>>,
+    slot: &mut Option<InFlight<T>>,
+    task: InFlight<T>,
     maybe_created: &mut bool,
     op: &'static str,
 ) -> Result<Result<T>> {
     let inflight = slot.insert(task);
     let answer = shared.unless_lost(inflight).await?;
     *slot = None;
-    answer.map_err(|join| {
+    answer.map_err(|_panic| {
         *maybe_created = true;
-        Error::backend(shared.backend_name(), op, false, join.to_string())
+        Error::backend(shared.backend_name(), op, false, "the request panicked")
     })
 }

@@ -1,5 +1,5 @@
-//! The create-and-wait loop of one acquisition: the entry created (retried as a task of its
-//! own per try), then the waits for the entries ahead that the grant rule depends on.
+//! The create-and-wait loop of one acquisition: the entry created (retried, each try a request
+//! in flight of its own), then the waits for the entries ahead that the grant rule depends on.
 
 use std::sync::Arc;
 
@@ -8,10 +8,11 @@ use tracing::{info_span, Instrument};
 use super::pending::{create, Pending};
 use super::{Request, Wait};
 use crate::backend::{EnqueueRequest, Enqueued, Entry, Peer};
-use crate::session::Shared;
+use crate::session::{InFlight, Shared};
 use crate::Result;
 
-/// Creates the remote entry (retrying temporary errors), as a task of its own per try.
+/// Creates the remote entry (retrying temporary errors), each try a request in flight of its
+/// own (see [`InFlight`](crate::session::InFlight)).
 pub(super) async fn enqueue(
     shared: &Arc<Shared>,
     req: Request<'_>,
@@ -30,7 +31,7 @@ pub(super) async fn enqueue(
             let (queue, kind, attempt) = (req.queue.clone(), req.kind, pending_attempt);
             let rule = req.rule;
             let value = req.value.to_vec();
-            tokio::spawn(async move {
+            InFlight::new(async move {
                 let (ahead_kind, nearest) = rule.window();
                 let mut r = EnqueueRequest::new(&queue, kind, attempt, &value)
                     .with_ahead(ahead_kind, nearest);

@@ -3,20 +3,45 @@
 //! `lock_timeout` promise to leave nothing when they return); a drop hands it to the session's
 //! background task (`cleanup.rs`), which runs the same procedure.
 
-use tokio::task::JoinHandle;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::FutureExt;
 use uuid::Uuid;
 
 use crate::backend::{BackendSession, Enqueued, Entry, EntryKind, QueueId};
 use crate::retry::Retry;
 use crate::{Error, Result};
 
-/// An enqueue request in flight, running as a task of its own: dropping the acquisition that
-/// sent it cannot cut it off half way, so whoever cleans up can await its answer and knows
-/// exactly what was created.
-pub(crate) type EnqueueTask = JoinHandle<Result<Enqueued>>;
+/// A create request in flight, polled by the acquisition that sent it and, should that be
+/// dropped first, by whoever cleans up after it: dropping the acquisition cannot cut the
+/// request off half way, so the cleanup awaits its answer and knows exactly what was created.
+/// A panic inside it is an answer too (`Err`), as a task's would be. (Polled where it was sent,
+/// not spawned as a task: a task per request woke another worker thread per acquisition.)
+pub(crate) struct InFlight<T>(Pin<Box<dyn Future<Output = std::thread::Result<Result<T>>> + Send>>);
 
-/// An all-or-nothing enqueue in flight (see [`EnqueueTask`]).
-pub(crate) type EnqueueAllTask = JoinHandle<Result<Option<Vec<Entry>>>>;
+impl<T> InFlight<T> {
+    /// The request `f`, to be polled from now on.
+    pub(crate) fn new(f: impl Future<Output = Result<T>> + Send + 'static) -> Self {
+        InFlight(Box::pin(AssertUnwindSafe(f).catch_unwind()))
+    }
+}
+
+impl<T> Future for InFlight<T> {
+    type Output = std::thread::Result<Result<T>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// An enqueue request in flight (see [`InFlight`]).
+pub(crate) type EnqueueTask = InFlight<Enqueued>;
+
+/// An all-or-nothing enqueue in flight (see [`InFlight`]).
+pub(crate) type EnqueueAllTask = InFlight<Option<Vec<Entry>>>;
 
 /// What is left on the cluster to take back.
 pub(crate) enum Undo {
