@@ -190,12 +190,12 @@ async fn acquire_recorded(
         let enqueued = enqueue(&shared, req, &mut pending, wait).await;
         let res = match enqueued {
             Ok(enqueued) => {
-                let own = enqueued.entry.clone();
-                pending.entry = Some(own.clone());
+                // Kept where a drop finds it to undo; the turn borrows it from there.
+                let own = &*pending.entry.insert(enqueued.entry);
                 let attempt = Attempt {
                     shared: &shared,
                     req,
-                    own: &own,
+                    own,
                     wait,
                 };
                 let turn = attempt.turn(enqueued.ahead, waited);

@@ -2,6 +2,7 @@
 //! first, so that the session settles local contention without requests (and, for a mutex,
 //! holds one remote entry per lock).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -91,15 +92,20 @@ impl LocalQueues {
     pub(crate) fn get(&self, queue: &QueueId, make: impl FnOnce() -> LocalQueue) -> LocalQueue {
         let key = local_key(queue, self.mutex_and_election_shared);
         let mut map = self.map.lock().unwrap();
-        map.entry(key).or_insert_with(make).clone()
+        if let Some(q) = map.get(&*key) {
+            return q.clone();
+        }
+        let q = make();
+        map.insert(key.into_owned(), q.clone());
+        q
     }
 
     /// Forgets the local queue of `queue` if nobody uses it (keeps the map small).
     pub(crate) fn trim(&self, queue: &QueueId) {
         let key = local_key(queue, self.mutex_and_election_shared);
         let mut map = self.map.lock().unwrap();
-        if map.get(&key).is_some_and(LocalQueue::unused) {
-            map.remove(&key);
+        if map.get(&*key).is_some_and(LocalQueue::unused) {
+            map.remove(&*key);
         }
     }
 }
@@ -110,11 +116,14 @@ impl LocalQueues {
 /// `{namespace}/{name}/{session}`, so letting them queue apart would let the second adopt the
 /// first's entry (a grant without waiting, and a release that deletes the other's entry).
 /// Where they are independent (ZooKeeper), they are independent in one session too.
-fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> QueueId {
+/// (Borrowed where it is the queue itself: looked up twice per acquisition.)
+fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> Cow<'_, QueueId> {
     match queue.kind {
-        QueueKind::Election if mutex_and_election_shared => {
-            QueueId::new(queue.namespace.clone(), queue.name.clone(), QueueKind::Lock)
-        }
-        _ => queue.clone(),
+        QueueKind::Election if mutex_and_election_shared => Cow::Owned(QueueId::new(
+            queue.namespace.clone(),
+            queue.name.clone(),
+            QueueKind::Lock,
+        )),
+        _ => Cow::Borrowed(queue),
     }
 }

@@ -187,10 +187,9 @@ impl RedisSession {
 
     /// Whether `own` was recorded as heading its queue (forgotten once asked).
     pub(crate) fn took_head(&self, own: &Entry) -> bool {
-        self.headed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(own.key.clone(), own.token.get()))
+        let mut headed = self.headed.lock().unwrap_or_else(|e| e.into_inner());
+        // Most often empty (the key is cloned only to look it up).
+        !headed.is_empty() && headed.remove(&(own.key.clone(), own.token.get()))
     }
 
     /// Forgets what was recorded for the entry named `name`, whatever its token.

@@ -38,7 +38,7 @@ impl Owned {
     /// A reply from `group`: the server's version (the session's key is there), and whether it
     /// was behind the one the request carried.
     pub(crate) fn saw(&mut self, group: &Group, version: Option<i64>, behind: Option<i64>) {
-        let g = self.groups.entry(group.clone()).or_default();
+        let g = self.group(group);
         if let Some(v) = version {
             g.version = g.version.max(v);
             g.confirmed = true;
@@ -56,7 +56,16 @@ impl Owned {
     /// Before a create in `group`: counts the group in (its heartbeats extend the key the
     /// create may make) and returns whether the create must make the session's key there.
     pub(crate) fn entering(&mut self, group: &Group) -> bool {
-        !self.groups.entry(group.clone()).or_default().confirmed
+        !self.group(group).confirmed
+    }
+
+    /// What is known of `group`, counted in if new. (Looked up before it is cloned: called
+    /// twice per acquisition, and the group is most often known.)
+    fn group(&mut self, group: &Group) -> &mut InGroup {
+        if !self.groups.contains_key(group) {
+            self.groups.insert(group.clone(), InGroup::default());
+        }
+        self.groups.get_mut(group).expect("inserted above")
     }
 
     /// Forgets the groups where the session has no entry it holds or is creating (`group_of`
