@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::error::unexpected;
 use crate::layout::{chan_entry, filter_code, kind_code, queue_path, Group};
 use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
-use crate::reply::{arg, array, entry, int, ms, peers};
+use crate::reply::{arg, array, entry, int, int_line, lines, ms, peer_lines, peers};
 use crate::scripts;
 
 /// The time an entry is created at, as inspection shows it: this client's clock, in ms since
@@ -67,26 +67,18 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
             return Err(e);
         }
     };
-    let a = array(&reply).ok_or_else(|| unexpected("enqueue"))?;
-    let token = a
-        .first()
-        .and_then(int)
-        .ok_or_else(|| unexpected("enqueue"))?;
+    let mut l = lines(&reply).ok_or_else(|| unexpected("enqueue"))?;
+    let token = int_line(l.next()).ok_or_else(|| unexpected("enqueue"))?;
     if token < 0 {
         return Err(Error::SessionLost(SessionEnd::Expired));
     }
-    let ahead = a
-        .get(2)
-        .and_then(peers)
-        .ok_or_else(|| unexpected("enqueue"))?;
-    session
-        .owned()
-        .saw(&group, a.get(3).and_then(int), a.get(4).and_then(int));
+    let (version, behind) = (int_line(l.next()), int_line(l.next()));
+    let wait = int_line(l.next());
+    let ahead = peer_lines(l).ok_or_else(|| unexpected("enqueue"))?;
+    session.owned().saw(&group, version, behind);
     let own = entry(name, req.kind, token as u64);
     if !ahead.is_empty() {
-        session
-            .own_channel
-            .record(&own, epoch, a.get(5).and_then(int));
+        session.own_channel.record(&own, epoch, wait);
     }
     Ok(Enqueued::new(own, ahead))
 }
@@ -351,15 +343,12 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
             ],
         )
         .await?;
-    let a = array(&reply).ok_or_else(|| unexpected("release"))?;
-    let removed = a.first().and_then(int) == Some(1);
+    let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
+    let removed = int_line(l.next()) == Some(1);
+    let (version, behind) = (int_line(l.next()), int_line(l.next()));
     let mut o = session.owned();
     o.untrack(&entry.key);
-    o.saw(
-        &group,
-        a.get(1).and_then(int).filter(|v| *v >= 0),
-        a.get(2).and_then(int),
-    );
+    o.saw(&group, version.filter(|v| *v >= 0), behind);
     Ok(removed)
 }
 

@@ -81,3 +81,32 @@ pub(crate) fn peers(v: &Value) -> Option<Vec<Peer>> {
     out.reverse();
     Some(out)
 }
+
+/// The lines of a reply a script wrote as one bulk string (`ENQUEUE`, `REMOVE`: cheaper for
+/// the client to parse than an array); `None` for anything else.
+pub(crate) fn lines(v: &Value) -> Option<std::slice::Split<'_, u8, impl FnMut(&u8) -> bool>> {
+    match v {
+        Value::BulkString(b) => Some(b.split(|c| *c == b'\n')),
+        _ => None,
+    }
+}
+
+/// A line holding an integer.
+pub(crate) fn int_line(line: Option<&[u8]>) -> Option<i64> {
+    std::str::from_utf8(line?).ok()?.parse().ok()
+}
+
+/// The `name`, `token`, `kind` lines that end such a reply, nearest first, in queue order.
+pub(crate) fn peer_lines<'a>(mut rest: impl Iterator<Item = &'a [u8]>) -> Option<Vec<Peer>> {
+    let mut out = Vec::new();
+    while let Some(name) = rest.next() {
+        let (token, kind) = (rest.next()?, rest.next()?);
+        out.push(Peer {
+            key: String::from_utf8_lossy(name).into_owned(),
+            order: u64::try_from(int_line(Some(token))?).ok()?,
+            kind: kind_of(&String::from_utf8_lossy(kind)),
+        });
+    }
+    out.reverse();
+    Some(out)
+}
