@@ -3,7 +3,8 @@
 //! holds one remote entry per lock).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+// foldhash, not SipHash: looked up on every acquisition, and seeded per process.
+use foldhash::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -83,7 +84,7 @@ impl LocalQueues {
     /// or not.
     pub(crate) fn new(mutex_and_election_shared: bool) -> Self {
         LocalQueues {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::default()),
             mutex_and_election_shared,
         }
     }

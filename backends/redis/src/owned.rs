@@ -1,7 +1,8 @@
 //! What a Redis session believes it owns, to find out when the server lost some of its
 //! changes, and in which groups (see [`crate::layout`]) it has a key.
 
-use std::collections::HashMap;
+// foldhash, not SipHash: looked up on every acquisition, and seeded per process.
+use foldhash::HashMap;
 
 use crate::layout::Group;
 
