@@ -4,7 +4,7 @@ use uuid::Uuid;
 
 use super::pending::{create, PendingAll};
 use crate::backend::{EnqueueRequest, EntryKind, QueueId};
-use crate::session::{InFlight, LocalSlot};
+use crate::session::{in_flight, LocalSlot};
 use crate::tenure::Tenure;
 use crate::{Result, Session};
 
@@ -36,7 +36,7 @@ pub(crate) async fn acquire_all(
         |retry| {
             let remote = shared.remote.clone();
             let queues = queues_tried.clone();
-            InFlight::new(async move {
+            in_flight(async move {
                 let reqs: Vec<EnqueueRequest<'_>> = queues
                     .iter()
                     .map(|(q, attempt)| {

@@ -8,7 +8,7 @@ use tracing::{info_span, Instrument};
 use super::pending::{create, Pending};
 use super::{Request, Wait};
 use crate::backend::{EnqueueRequest, Enqueued, Entry, Peer};
-use crate::session::{InFlight, Shared};
+use crate::session::{in_flight, Shared};
 use crate::Result;
 
 /// Creates the remote entry (retrying temporary errors), each try a request in flight of its
@@ -31,7 +31,7 @@ pub(super) async fn enqueue(
             let (queue, kind, attempt) = (req.queue.clone(), req.kind, pending_attempt);
             let rule = req.rule;
             let value = req.value.to_vec();
-            InFlight::new(async move {
+            in_flight(async move {
                 let (ahead_kind, nearest) = rule.window();
                 let mut r = EnqueueRequest::new(&queue, kind, attempt, &value)
                     .with_ahead(ahead_kind, nearest);

@@ -25,33 +25,24 @@ use super::{EntryKind, QueueId, QueueKind};
 /// assert_eq!(key_value_entry_key(&q, "1f", EntryKind::Exclusive, uuid::Uuid::nil()), "ns/jobs/1f");
 /// ```
 pub fn key_value_entry_key(queue: &QueueId, owner: &str, kind: EntryKind, attempt: Uuid) -> String {
-    // Built by hand, not with `format!`: made on every acquisition (callgrind: `format!` cost
+    // Concatenated, not `format!`ed: made on every acquisition (callgrind: `format!` cost
     // about 1,400 instructions a call here).
     let role = match (queue.kind, kind) {
         (QueueKind::ReadWrite, EntryKind::Shared) => "/read/",
         (QueueKind::ReadWrite, _) => "/write/",
         _ => "/",
     };
-    let mut buf = [0u8; uuid::fmt::Simple::LENGTH];
-    let attempt: &str = match queue.kind {
-        QueueKind::ReadWrite | QueueKind::Semaphore => attempt.simple().encode_lower(&mut buf),
-        _ => "",
-    };
-    let mut key = String::with_capacity(
-        queue.namespace.len() + queue.name.len() + role.len() + owner.len() + attempt.len() + 2,
-    );
-    for part in [
+    let mut key = [
         queue.namespace.as_str(),
         "/",
         queue.name.as_str(),
         role,
         owner,
-    ] {
-        key.push_str(part);
-    }
-    if !attempt.is_empty() {
+    ]
+    .concat();
+    if let QueueKind::ReadWrite | QueueKind::Semaphore = queue.kind {
         key.push('_');
-        key.push_str(attempt);
+        key.push_str(attempt.simple().encode_lower(&mut Uuid::encode_buffer()));
     }
     key
 }

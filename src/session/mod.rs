@@ -27,7 +27,7 @@ pub(crate) use handoff::Cleanup;
 pub(crate) use local::{LocalQueue, LocalSlot};
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};
-pub(crate) use undo::{EnqueueAllTask, EnqueueTask, InFlight, Undo};
+pub(crate) use undo::{in_flight, EnqueueAllTask, EnqueueTask, InFlight, Undo};
 
 use crate::backend::{QueueId, QueueKind};
 use crate::name::validate_name;

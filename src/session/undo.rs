@@ -5,9 +5,8 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
@@ -20,21 +19,11 @@ use crate::{Error, Result};
 /// request off half way, so the cleanup awaits its answer and knows exactly what was created.
 /// A panic inside it is an answer too (`Err`), as a task's would be. (Polled where it was sent,
 /// not spawned as a task: a task per request woke another worker thread per acquisition.)
-pub(crate) struct InFlight<T>(Pin<Box<dyn Future<Output = std::thread::Result<Result<T>>> + Send>>);
+pub(crate) type InFlight<T> = BoxFuture<'static, std::thread::Result<Result<T>>>;
 
-impl<T> InFlight<T> {
-    /// The request `f`, to be polled from now on.
-    pub(crate) fn new(f: impl Future<Output = Result<T>> + Send + 'static) -> Self {
-        InFlight(Box::pin(AssertUnwindSafe(f).catch_unwind()))
-    }
-}
-
-impl<T> Future for InFlight<T> {
-    type Output = std::thread::Result<Result<T>>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
-    }
+/// The request `f` in flight (see [`InFlight`]), to be polled from now on.
+pub(crate) fn in_flight<T>(f: impl Future<Output = Result<T>> + Send + 'static) -> InFlight<T> {
+    AssertUnwindSafe(f).catch_unwind().boxed()
 }
 
 /// An enqueue request in flight (see [`InFlight`]).
