@@ -71,7 +71,11 @@ impl Grant {
             Ok(Ok(())) => Ok(()),
             Ok(Err(Error::NotHeld(reason))) => Err(reason),
             Ok(Err(e)) => {
-                say!("releasing the {}: {e}", self.what());
+                say!(
+                    "releasing the {}: {}",
+                    self.what(),
+                    crate::message::describe(&e)
+                );
                 Ok(())
             }
             Err(_) => {

@@ -1,11 +1,13 @@
 //! From the command line's cluster URL and options to a started session.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use fencelock::backend::Backend;
 use fencelock::{Error, Session};
 use fencelock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use fencelock_zookeeper::ZooKeeperBackend;
+use tokio::time::Instant;
 
 use crate::args::ClusterArgs;
 use crate::url::{credentials, percent, Credentials, Url};
@@ -148,15 +150,52 @@ enum Redis<'a> {
     Cluster,
 }
 
-/// Connects and starts a session.
+/// How long past `--connect-timeout` a connection attempt already under way may take to end
+/// with its own error (which says why) before it is cut off.
+const OVERRUN: Duration = Duration::from_millis(500);
+
+/// Connects and starts a session, the two together within `--connect-timeout` (what
+/// `--help` promises: a backend's connect and the session's start each have a bound of their
+/// own, and in a row they took up to 2.5 times it against a silent ZooKeeper server).
 pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
-    let (backend, namespace) = connect(args).await?;
-    Session::builder(backend)
-        .namespace(namespace)
-        .ttl(args.ttl)
-        .start_timeout(args.connect_timeout.max(std::time::Duration::from_secs(1)) * 2)
-        .start()
-        .await
+    let bound = args.connect_timeout;
+    let deadline = Instant::now() + bound;
+    let start = async {
+        let (backend, namespace) = connect(args).await?;
+        // What connecting left of the bound: the session's start retries only that long.
+        let left = deadline.saturating_duration_since(Instant::now());
+        Session::builder(backend)
+            .namespace(namespace)
+            .ttl(args.ttl)
+            .start_timeout(left)
+            .start()
+            .await
+    };
+    match tokio::time::timeout_at(deadline + OVERRUN, start).await {
+        Ok(started) => started,
+        // A try in progress ran past the bound: dropped (a session the cluster opened
+        // meanwhile owns nothing and expires with its TTL).
+        Err(_) => {
+            let url = args.endpoints.as_deref().unwrap_or_default();
+            Err(Error::Connect {
+                backend: backend_name(url),
+                endpoints: fencelock_net::redact(url),
+                temporary: true,
+                source: format!("no session within the connect timeout ({bound:?})").into(),
+            })
+        }
+    }
+}
+
+/// The backend a cluster URL names, by its scheme (for an error's tag).
+fn backend_name(url: &str) -> &'static str {
+    match Url::parse(url).map(|p| p.url) {
+        Ok(Url::Etcd { .. }) => "etcd",
+        Ok(Url::ZooKeeper { .. }) => "zookeeper",
+        Ok(Url::Redis { .. } | Url::RedisSentinel { .. } | Url::RedisCluster { .. }) => "redis",
+        // Not reached: the URL parsed before anything was sent.
+        Err(_) => "cluster",
+    }
 }
 
 /// A Redis backend: one server (`hosts` is `HOST:PORT`), the primary that the sentinels at

@@ -15,6 +15,7 @@ mod args;
 mod child;
 mod cluster;
 mod exit;
+mod message;
 mod show;
 mod signals;
 mod tree;
@@ -69,6 +70,7 @@ fn main() -> ExitCode {
 /// it (see `child::run_under`). While releasing and closing they are held back: both are
 /// bounded, and they are what hands the lock to the next holder at once.
 async fn run(cli: Cli) -> u8 {
+    message::remember_secrets(&cli.cluster);
     let mut signals = match Signals::catch() {
         Ok(s) => s,
         Err(e) => {
@@ -83,7 +85,7 @@ async fn run(cli: Cli) -> u8 {
         Stopped::Signal(sig) => return status_of(sig),
         Stopped::Done(Ok(s)) => s,
         Stopped::Done(Err(e)) => {
-            say!("{e}");
+            say!("{}", message::describe(&e));
             return exit::of_error(&e);
         }
     };
@@ -97,14 +99,14 @@ async fn run(cli: Cli) -> u8 {
     let code = match command(ctx, cli.command, &mut signals).await {
         Ok(code) => code,
         Err(e) => {
-            say!("{e}");
+            say!("{}", message::describe(&e));
             exit::of_error(&e)
         }
     };
     // Ends the session on the cluster: whatever it still holds goes at once.
     match tokio::time::timeout(bound, session.close()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => say!("closing the session: {e}"),
+        Ok(Err(e)) => say!("closing the session: {}", message::describe(&e)),
         Err(_) => say!("closing the session: no answer within {bound:?}"),
     }
     code
@@ -209,7 +211,9 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                                     return Ok(0);
                                 }
                             }
-                            Err(e) if e.is_temporary() => say!("{e} (retrying)"),
+                            Err(e) if e.is_temporary() => {
+                                say!("{} (retrying)", message::describe(&e))
+                            }
                             Err(e) => return Err(e),
                         }
                     }

@@ -99,6 +99,19 @@ async fn exit_statuses(t: Target) {
     )
     .await;
     assert_eq!(code, 69, "{out}");
+    // A setting the server refuses as the connection is set up (a Redis database it does not
+    // have) is bad configuration, not an unreachable cluster; the message says why.
+    if scheme == "redis" {
+        let (code, out) = run(
+            &format!("{}/99", t.url),
+            &ns,
+            d,
+            &["lock", "x", "--", "true"],
+        )
+        .await;
+        assert_eq!(code, 78, "{out}");
+        assert!(out.contains("out of range"), "{out}");
+    }
     held.release().await.unwrap();
     s.close().await.unwrap();
 }

@@ -260,3 +260,45 @@ async fn signals_while_connecting() {
     }
     drop(accepted);
 }
+
+/// A server that accepts connections and never answers: `--connect-timeout` bounds connecting
+/// and starting the session together, for every kind of cluster URL (against a silent
+/// ZooKeeper server the two steps in a row took 2.5 times the bound), and fencelock exits 69.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_bounds_a_silent_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let bound = Duration::from_secs(2);
+    for scheme in ["etcd", "zk", "redis", "redis+sentinel", "redis+cluster"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent = listener.local_addr().unwrap();
+        // Every connection accepted and held open, unanswered (clients open more than one).
+        let holder = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let path = if scheme == "redis+sentinel" { "/m" } else { "" };
+        let mut cmd = command(&format!("{scheme}://{silent}{path}"), "ns");
+        cmd.args([
+            "--connect-timeout",
+            "2s",
+            "lock",
+            "--try",
+            "x",
+            "--",
+            "true",
+        ]);
+        let start = Instant::now();
+        let mut r = Run::spawn(cmd, dir.path(), scheme);
+        // Generous (a loaded machine starts processes slowly), yet under the 2.5 times.
+        let code = r.code(bound * 2 + Duration::from_secs(1)).await;
+        assert_eq!(code, 69, "{scheme}: {}", r.output());
+        assert!(
+            start.elapsed() < bound * 2,
+            "{scheme}: exited after {:?} with --connect-timeout {bound:?}",
+            start.elapsed()
+        );
+        holder.abort();
+    }
+}

@@ -61,7 +61,9 @@ impl Probe {
 impl fmt::Display for Probe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Probe::Reachable => f.write_str("reachable"),
+            // Shown when a connect failed all the same: the server took the connection and
+            // then did not answer (hung, or not the server the URL names).
+            Probe::Reachable => f.write_str("the connection opens, but no answer came"),
             Probe::Unresolvable(e) => write!(f, "the host name does not resolve ({e})"),
             Probe::Refused => f.write_str("connection refused (nothing listens on the port)"),
             Probe::Unreachable(e) => write!(f, "unreachable ({e})"),

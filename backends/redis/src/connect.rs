@@ -136,17 +136,35 @@ async fn checked<C: ConnectionLike + Send>(
     };
     let failed = match outcome {
         Ok(Ok(con)) => return Ok(con),
-        Ok(Err(e)) => match error::map("connect", e) {
-            Error::Backend {
-                temporary, source, ..
-            } => Error::Connect {
-                backend: NAME,
-                endpoints: redact(&config.url),
-                temporary,
-                source,
-            },
-            other => return Err(other),
-        },
+        Ok(Err(e)) => {
+            // The server refused a setting of ours while the connection was being set up
+            // (`SELECT` of a database it does not have, `HELLO` it does not know): a
+            // permanent server error here is the configuration's, and no retry changes it.
+            let refused = matches!(
+                e.kind(),
+                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+            )
+            .then(|| e.to_string());
+            match error::map("connect", e) {
+                Error::Backend {
+                    temporary: false, ..
+                } if refused.is_some() => {
+                    return Err(Error::invalid_config(
+                        redact(&config.url),
+                        refused.unwrap_or_default(),
+                    ))
+                }
+                Error::Backend {
+                    temporary, source, ..
+                } => Error::Connect {
+                    backend: NAME,
+                    endpoints: redact(&config.url),
+                    temporary,
+                    source,
+                },
+                other => return Err(other),
+            }
+        }
         Err(_) => Error::Connect {
             backend: NAME,
             endpoints: redact(&config.url),
