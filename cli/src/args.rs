@@ -168,7 +168,9 @@ pub(crate) enum Command {
         name: String,
     },
     /// Print the leader of the election NAME, then every change (no leader included), until
-    /// interrupted.
+    /// interrupted. A session lost meanwhile (the cluster silent past the TTL) is replaced by a
+    /// new one; only a cluster that cannot be reached again within --connect-timeout ends it
+    /// (exit 69).
     Observe {
         /// The election's name.
         name: String,

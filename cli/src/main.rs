@@ -16,6 +16,7 @@ mod child;
 mod cluster;
 mod exit;
 mod message;
+mod observe;
 mod show;
 mod signals;
 mod tree;
@@ -27,7 +28,6 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use fencelock::{Result, Session};
-use futures_util::StreamExt;
 
 use args::{Cli, Command, Output, WaitArgs};
 use child::Grant;
@@ -92,6 +92,7 @@ async fn run(cli: Cli) -> u8 {
     let env = url::command_env();
     let ctx = Ctx {
         session: &session,
+        cluster: &cli.cluster,
         output: cli.cluster.output,
         env: &env,
         bound,
@@ -116,6 +117,8 @@ async fn run(cli: Cli) -> u8 {
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
     session: &'a Session,
+    /// The cluster's options (a new session for `observe`).
+    cluster: &'a args::ClusterArgs,
     output: Output,
     /// Changes to the command's environment (`None`: removed).
     env: &'a [(String, Option<String>)],
@@ -200,31 +203,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             })
         }
         Command::Observe { name } => {
-            let changes = session.election(&name)?.observe();
-            let watched = signals
-                .until(async {
-                    tokio::pin!(changes);
-                    while let Some(change) = changes.next().await {
-                        match change {
-                            Ok(leader) => {
-                                if !print(&show::leader(&name, leader.as_ref(), output)) {
-                                    return Ok(0);
-                                }
-                            }
-                            Err(e) if e.is_temporary() => {
-                                say!("{} (retrying)", message::describe(&e))
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    // The stream ends with its session.
-                    Ok(exit::UNAVAILABLE)
-                })
-                .await;
-            match watched {
-                Stopped::Signal(_) => Ok(0),
-                Stopped::Done(r) => r,
-            }
+            observe::observe(session, ctx.cluster, &name, output, signals).await
         }
         Command::List { prefix } => {
             let listing = match signals.until(session.queue_listing(&prefix)).await {

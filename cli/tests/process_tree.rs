@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fencelock::conformance::unique_namespace;
+use fencelock::Session;
 use rustix::process::{kill_process_group, Pid, Signal};
 
 #[macro_use]
@@ -301,4 +302,57 @@ async fn connect_timeout_bounds_a_silent_server() {
         );
         holder.abort();
     }
+}
+
+/// `observe` outlives its session: the Redis server paused past the TTL loses the observer's
+/// session, and it starts a new one and goes on printing the changes (not ending with 69, as
+/// it did), until interrupted (0). A private server: pausing it must not disturb other tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_outlives_a_lost_session() {
+    use fencelock_integration::servers::redis::{available, Durability, RedisServer};
+    if !available() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
+        .await
+        .unwrap();
+    let ns = unique_namespace("cli_observe");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let url = format!("redis://{}", server.addr());
+    let mut cmd = command(&url, &ns);
+    cmd.args(["--ttl", "2s", "observe", "e"]);
+    let mut r = Run::spawn(cmd, d, "observe");
+    let log = d.join("observe.log");
+    let campaign = |value: &'static str| {
+        let backend = server.backend();
+        let ns = ns.clone();
+        async move {
+            let s = Session::builder(backend.await)
+                .namespace(&ns)
+                .ttl(Duration::from_secs(2))
+                .start()
+                .await
+                .unwrap();
+            let l = s.election("e").unwrap().campaign(value).await.unwrap();
+            (s, l)
+        }
+    };
+    file_contains(&log, "no leader").await;
+    let (s, l) = campaign("one").await;
+    file_contains(&log, "one").await;
+    l.resign().await.unwrap();
+    s.close().await.unwrap();
+    // Paused until the observer has noticed its session lost (its local deadline passes while
+    // the server is silent), then resumed: its new session finds the server answering.
+    server.pause();
+    file_contains(&log, "starting a new session").await;
+    server.resume();
+    let (s, l) = campaign("two").await;
+    file_contains(&log, "two").await;
+    assert!(r.child.try_wait().is_none(), "{}", r.output());
+    l.resign().await.unwrap();
+    s.close().await.unwrap();
+    assert!(r.child.signal(Signal::INT));
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
 }

@@ -1,0 +1,109 @@
+//! `fencelock observe`: the leader of an election, then every change, until interrupted. A
+//! session lost meanwhile (the cluster paused or cut off past the TTL) is replaced by a new
+//! one and the watch goes on: an observer owns nothing, and a monitor that ends at the first
+//! hiccup of the cluster is no monitor. Only a cluster that cannot be reached again within
+//! `--connect-timeout` ends it (69).
+
+use fencelock::{Error, Result, Session, SessionEnd, SessionState};
+use futures_util::StreamExt;
+
+use crate::args::{ClusterArgs, Output};
+use crate::message::describe;
+use crate::signals::{Signals, Stopped};
+use crate::{cluster, exit, print, show};
+
+/// How one session's watch ended.
+enum Ended {
+    /// Nobody reads stdout any more, or a signal: done (0).
+    Done,
+    /// The session was lost: a new one may go on.
+    Lost(Error),
+}
+
+/// Watches `name` through `session`, then through new sessions as each is lost. Returns the
+/// exit status.
+pub(crate) async fn observe(
+    session: &Session,
+    args: &ClusterArgs,
+    name: &str,
+    output: Output,
+    signals: &mut Signals,
+) -> Result<u8> {
+    // The last line printed: a new session's first answer repeats it unless it changed.
+    let mut last = None;
+    let mut current = session.clone();
+    let mut replaced = false;
+    let status = loop {
+        match watch(&current, name, output, signals, &mut last).await {
+            Err(e) => break Err(e),
+            Ok(Ended::Done) => break Ok(0),
+            Ok(Ended::Lost(e)) => {
+                say!("{} (starting a new session)", describe(&e));
+                let next = match signals.until(cluster::session(args)).await {
+                    Stopped::Signal(_) => break Ok(0),
+                    Stopped::Done(Ok(s)) => s,
+                    Stopped::Done(Err(e)) => {
+                        say!("{}", describe(&e));
+                        break Ok(exit::UNAVAILABLE);
+                    }
+                };
+                if replaced {
+                    // Lost: its close only ends it here.
+                    let _ = current.close().await;
+                }
+                current = next;
+                replaced = true;
+            }
+        }
+    };
+    if replaced {
+        let bound = args.connect_timeout;
+        if tokio::time::timeout(bound, current.close()).await.is_err() {
+            say!("closing the session: no answer within {bound:?}");
+        }
+    }
+    status
+}
+
+/// One session's watch: prints each change (not a repeat of `last`).
+async fn watch(
+    session: &Session,
+    name: &str,
+    output: Output,
+    signals: &mut Signals,
+    last: &mut Option<String>,
+) -> Result<Ended> {
+    let changes = session.election(name)?.observe();
+    let watched = signals
+        .until(async {
+            tokio::pin!(changes);
+            while let Some(change) = changes.next().await {
+                match change {
+                    Ok(leader) => {
+                        let line = show::leader(name, leader.as_ref(), output);
+                        if last.as_deref() == Some(line.as_str()) {
+                            continue;
+                        }
+                        if !print(&line) {
+                            return Ok(Ended::Done);
+                        }
+                        *last = Some(line);
+                    }
+                    Err(e @ Error::SessionLost(_)) => return Ok(Ended::Lost(e)),
+                    Err(e) if e.is_temporary() => say!("{} (retrying)", describe(&e)),
+                    Err(e) => return Err(e),
+                }
+            }
+            // The stream ends with its session.
+            let end = match session.state() {
+                SessionState::Lost(end) => end,
+                _ => SessionEnd::Closed,
+            };
+            Ok(Ended::Lost(Error::SessionLost(end)))
+        })
+        .await;
+    match watched {
+        Stopped::Signal(_) => Ok(Ended::Done),
+        Stopped::Done(r) => r,
+    }
+}
