@@ -22,13 +22,14 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// the same way before the lock is released.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT): while connecting or waiting, fencelock removes its
-/// entry and ends by the same signal. While the command runs: in a terminal's foreground the
+/// entry and ends by the same signal (SIGQUIT: exits 131, no core). While the command runs: in a terminal's foreground the
 /// command shares fencelock's process group and gets the terminal's signals (Ctrl-C, Ctrl-\,
 /// Ctrl-Z) directly, and SIGTERM is passed on; elsewhere the command has a process group of its
 /// own and every one of them is passed on to its tree. While releasing, they are held back.
 ///
 /// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
-/// a shell); 75 the lock or leadership
+/// a shell; a signal that dumps a core, such as SIGQUIT or SIGSEGV, gives 128 + N without
+/// ending fencelock by it); 75 the lock or leadership
 /// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
 /// lost as the command exited); 69 the cluster could not be reached or the session was lost
 /// before the command started; 78 bad configuration or input (names, TLS files, credentials,

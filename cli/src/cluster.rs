@@ -49,14 +49,13 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
     })?;
     let tls = tls(args)?;
     let parsed = Url::parse(url)?;
-    let credentials = credentials(args, parsed.user_info)?;
+    let is_redis = matches!(
+        parsed.url,
+        Url::Redis { .. } | Url::RedisSentinel { .. } | Url::RedisCluster { .. }
+    );
+    let credentials = credentials(args, parsed.user_info, is_redis)?;
     if let Some(c) = &credentials {
-        if c.user.is_empty()
-            && !matches!(
-                parsed.url,
-                Url::Redis { .. } | Url::RedisSentinel { .. } | Url::RedisCluster { .. }
-            )
-        {
+        if c.user.is_empty() && !is_redis {
             return Err(Error::invalid_config(
                 "--user",
                 "the user name is empty (only Redis has a default user)",

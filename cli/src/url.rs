@@ -192,9 +192,12 @@ fn user_info(url: &str, info: &str) -> Result<(String, Option<String>), Error> {
 
 /// The user and password to authenticate with: from the URL, the options
 /// (`--user`/`FENCELOCK_USER`, `--password`/`FENCELOCK_PASSWORD`), or both if they agree.
+/// With `default_user` (Redis, whose servers have one: `requirepass`), a password alone is the
+/// default user's.
 pub(crate) fn credentials(
     args: &ClusterArgs,
     from_url: Option<(String, Option<String>)>,
+    default_user: bool,
 ) -> fencelock::Result<Option<Credentials>> {
     let (url_user, url_password) = match from_url {
         Some((u, p)) => (Some(u), p),
@@ -213,6 +216,10 @@ pub(crate) fn credentials(
     match (user, password) {
         (None, None) => Ok(None),
         (Some(user), Some(password)) => Ok(Some(Credentials { user, password })),
+        (None, Some(password)) if default_user => Ok(Some(Credentials {
+            user: String::new(),
+            password,
+        })),
         _ => Err(Error::invalid_config(
             "--user / --password",
             "authentication needs both a user and a password (FENCELOCK_USER, FENCELOCK_PASSWORD, or USER:PASSWORD@ in the URL)",

@@ -122,6 +122,46 @@ async fn redis_over_mutual_tls_as_an_acl_user() {
     assert!(!out.contains("not-the-pw"), "{out}");
 }
 
+/// A Redis server with a password of its default user (`requirepass`): the password alone, in
+/// `FENCELOCK_PASSWORD` with a URL without user info, is used (it was refused with 78 for want
+/// of a user); a wrong one is refused with 78 and never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_password_alone_is_the_default_users() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let redis = tokio::task::block_in_place(|| RedisServer::start(Durability::None));
+    redis
+        .cli(&["CONFIG", "SET", "requirepass", "only-pw"])
+        .unwrap();
+    let url = format!("redis://{}", redis.addr());
+    let env = [
+        ("FENCELOCK_ENDPOINTS", url.as_str()),
+        ("FENCELOCK_PASSWORD", "only-pw"),
+    ];
+    let (code, out) = fencelock(
+        &env,
+        &[
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "echo pw=[$FENCELOCK_PASSWORD]",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("pw=[]"), "{out}");
+    let wrong = [env[0], ("FENCELOCK_PASSWORD", "not-the-pw")];
+    let (code, out) = fencelock(&wrong, &["lock", "m", "--", "true"]);
+    assert_eq!(code, 78, "{out}");
+    assert!(!out.contains("not-the-pw"), "{out}");
+    // No password at all: refused by the server, 78.
+    let (code, out) = fencelock(&env[..1], &["lock", "m", "--", "true"]);
+    assert_eq!(code, 78, "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_authentication() {
     if !available(Kind::Etcd) {
