@@ -220,7 +220,12 @@ impl Sentinels {
             None => {
                 let mut why: Vec<String> = failures
                     .into_iter()
-                    .map(|(a, e)| format!("{a}: {e}"))
+                    // The cause ("connection refused", "no answer within 5s"), not the
+                    // operation's name alone.
+                    .map(|(a, e)| match std::error::Error::source(&e) {
+                        Some(cause) => format!("{a}: {cause}"),
+                        None => format!("{a}: {e}"),
+                    })
                     .collect();
                 why.sort();
                 Err(Error::Connect {
