@@ -182,6 +182,17 @@ async fn server_tls_and_acl_users() {
     .await;
     assert!(!e.is_temporary());
     assert!(matches!(e, Error::InvalidConfig(_)));
+    // The same with the system's trust store (a bare rediss:// URL, no CA to probe the
+    // handshake with): the server's plaintext answer to a PING tells (it was a temporary
+    // "no answer" once the timeout passed).
+    let e = expect_permanent(
+        "rediss:// without a CA to a plaintext server",
+        "InvalidConfig",
+        BOUND,
+        connect(RedisConfig::new(format!("rediss://{}", plain.addr()))),
+    )
+    .await;
+    assert!(chain(&e).contains("plaintext"), "{}", chain(&e));
 }
 
 /// A server that accepts connections and never answers (a hung process): the connect fails
@@ -204,6 +215,7 @@ async fn a_hung_server_is_a_temporary_connect_error_within_the_timeout() {
     for config in [
         RedisConfig::new(format!("redis://{addr}")),
         RedisConfig::new(format!("rediss://{addr}")).tls(pki.client_tls()),
+        RedisConfig::new(format!("rediss://{addr}")),
     ] {
         let config = config.timeout(timeout);
         let what = format!("{config:?}");

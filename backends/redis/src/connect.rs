@@ -191,15 +191,28 @@ async fn checked<C: ConnectionLike + Send>(
 /// plaintext server behind a `rediss://` URL, a TLS one behind `redis://`, an untrusted server
 /// certificate, a refused client certificate.
 pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) -> Option<Error> {
+    let within = config.timeout.min(PROBE_TIMEOUT);
     let (host, port, tls) = match client.get_connection_info().addr() {
         redis::ConnectionAddr::Tcp(host, port) => (host, *port, None),
-        // With the system's trust store (no `tls` setting) there is no CA to probe with.
-        redis::ConnectionAddr::TcpTls { host, port, .. } => {
-            (host, *port, Some(config.tls.as_ref()?))
-        }
+        redis::ConnectionAddr::TcpTls { host, port, .. } => match config.tls.as_ref() {
+            Some(tls) => (host, *port, Some(tls)),
+            // With the system's trust store (a bare `rediss://` URL) there is no CA to probe
+            // the handshake with, but a server that answers a plaintext PING speaks no TLS.
+            None => {
+                return answers_plaintext(host, *port, within / 2).await.then(|| {
+                    connect_error(
+                        NAME,
+                        &redact(&config.url),
+                        &[(
+                            format!("{host}:{port}"),
+                            Probe::NotTls("it answers in plaintext: use redis://".into()),
+                        )],
+                    )
+                })
+            }
+        },
         _ => return None,
     };
-    let within = config.timeout.min(PROBE_TIMEOUT);
     let found = probe(host, port, tls, within).await;
     // A TLS greeting that a plaintext Redis takes for the start of a command is never
     // answered, as nothing is by a hung server: only a plaintext server answers a PING.
@@ -215,15 +228,17 @@ pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) 
     })
 }
 
-/// Whether the server at `host:port` answers a plaintext `PING` within `within` (with anything:
-/// `+PONG`, or an error such as `-NOAUTH`).
+/// Whether the server at `host:port` answers a plaintext `PING` within `within` as Redis does:
+/// `+PONG`, or an error such as `-NOAUTH` (a TLS server may answer with an alert record, whose
+/// first byte is 0x15: not plaintext).
 async fn answers_plaintext(host: &str, port: u16, within: Duration) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut tcp = tokio::net::TcpStream::connect((host, port)).await?;
         tcp.write_all(b"PING\r\n").await?;
         let mut reply = [0u8; 1];
-        Ok::<_, std::io::Error>(tcp.read(&mut reply).await? > 0)
+        let n = tcp.read(&mut reply).await?;
+        Ok::<_, std::io::Error>(n > 0 && matches!(reply[0], b'+' | b'-'))
     };
     matches!(tokio::time::timeout(within, exchange).await, Ok(Ok(true)))
 }
