@@ -15,7 +15,7 @@
 //!     --sqlite /var/lib/app/accounts.db --name writer-b
 //! ```
 //!
-//! `tests/tests/fenced_sql_example.rs` pauses such a holder (SIGSTOP) past its TTL, lets a
+//! `tests/tests/worked_examples.rs` (`fenced_sql_*`) pauses such a holder (SIGSTOP) past its TTL, lets a
 //! successor write, resumes it, and checks that its write is refused by PostgreSQL and by
 //! SQLite.
 

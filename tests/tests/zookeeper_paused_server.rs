@@ -195,7 +195,7 @@ async fn pause_connected_server(ensemble: &Arc<ZkEnsemble>, ttl: Duration, which
     }
 }
 
-/// A follower at the short TTL (4 s: the local deadline is 3.2 s after a heartbeat) and at
+/// A follower at the short TTL (4 s: the local deadline is 3 s after a heartbeat, the TTL less a margin of at least 1 s) and at
 /// 10 s; the leader at 10 s (its followers notice after syncLimit × tickTime, 2.5 s here, and
 /// elect another: the cluster confirms nothing meanwhile, so at the short TTL the sessions may
 /// be lost, rightly). Each on an ensemble of its own, so that they can run side by side.

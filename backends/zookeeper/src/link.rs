@@ -72,8 +72,9 @@ pub(crate) enum Moved {
 
 /// A heartbeat unanswered for this long moves the session to another server: a sixth of the
 /// TTL (at least 250 ms, for a loaded machine's slow replies). A heartbeat is sent every fifth
-/// of the TTL and the local deadline is 4/5 of it after the last confirmed one: the move then
-/// has more than a third of the TTL left.
+/// of the TTL and the local deadline is the TTL less its safety margin (a fifth of it, at least
+/// 1 s, at most half) after the last confirmed one: the move comes before it (with over a third
+/// of the TTL left from a TTL of 4 s up).
 pub(crate) fn silence(ttl: Duration) -> Duration {
     (ttl / 6).max(Duration::from_millis(250))
 }
