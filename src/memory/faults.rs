@@ -44,6 +44,43 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Fault injection: from now on keep-alives wait, unanswered, until
+    /// [`release_keep_alives`](Self::release_keep_alives) (a cluster that takes its time: the
+    /// session's heartbeat is in flight meanwhile).
+    #[cfg(feature = "testing")]
+    pub fn hold_keep_alives(&self) {
+        self.inner
+            .hold_keep_alives
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Resolves when a keep-alive held by [`hold_keep_alives`](Self::hold_keep_alives) starts
+    /// waiting.
+    #[cfg(feature = "testing")]
+    pub async fn keep_alive_held(&self) {
+        self.inner.keep_alive_held.notified().await
+    }
+
+    /// Ends [`hold_keep_alives`](Self::hold_keep_alives): the waiting keep-alives are answered.
+    #[cfg(feature = "testing")]
+    pub fn release_keep_alives(&self) {
+        self.inner
+            .hold_keep_alives
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.inner.keep_alives_released.notify_waiters();
+    }
+
+    /// **Testing only** (feature `testing`): whether session `id` (as
+    /// [`Session::id`](crate::Session::id) gives) is alive on this cluster.
+    #[cfg(feature = "testing")]
+    pub fn session_alive(&self, id: &str) -> bool {
+        let Ok(id) = u64::from_str_radix(id, 16) else {
+            return false;
+        };
+        let st = self.inner.state.lock().unwrap();
+        st.sessions.get(&id).is_some_and(|s| s.alive)
+    }
+
     /// Resolves at the next reply lost by [`lose_create_replies`](Self::lose_create_replies)
     /// or [`lose_remove_replies`](Self::lose_remove_replies).
     #[cfg(feature = "testing")]

@@ -54,6 +54,11 @@ struct Inner {
     lost_remove_replies: std::sync::atomic::AtomicUsize,
     /// Signalled at each reply lost that way.
     reply_lost: tokio::sync::Notify,
+    /// Fault injection: keep-alives wait (unanswered, not failed) while this is set.
+    hold_keep_alives: std::sync::atomic::AtomicBool,
+    /// Signalled when a keep-alive starts waiting that way, and when the hold ends.
+    keep_alive_held: tokio::sync::Notify,
+    keep_alives_released: tokio::sync::Notify,
 }
 
 impl MemoryBackend {

@@ -59,6 +59,24 @@ impl BackendSession for MemorySession {
     }
 
     async fn keep_alive(&self) -> Result<()> {
+        // Held by fault injection: waits, unanswered, until released.
+        while self
+            .inner
+            .hold_keep_alives
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // Registered before the flag is read again: a release in between is not missed.
+            let mut released = std::pin::pin!(self.inner.keep_alives_released.notified());
+            released.as_mut().enable();
+            self.inner.keep_alive_held.notify_one();
+            if self
+                .inner
+                .hold_keep_alives
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                released.await;
+            }
+        }
         let mut st = self.inner.lock();
         st.alive(self.id)?;
         let s = st.sessions.get_mut(&self.id).expect("alive session");

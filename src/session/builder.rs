@@ -166,7 +166,11 @@ impl SessionBuilder {
             span,
             self.metrics_names,
         ));
-        tokio::spawn(heartbeat::run(Arc::downgrade(&shared), shared.stop.clone()));
+        tokio::spawn(heartbeat::run(
+            Arc::downgrade(&shared),
+            shared.stop.clone(),
+            shared.remote.clone(),
+        ));
         tokio::spawn(cleanup::worker(shared.clone(), cleanup_rx));
         Ok(shared)
     }

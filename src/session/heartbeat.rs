@@ -6,7 +6,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -33,12 +33,18 @@ enum Wake {
 }
 
 /// Runs until the session ends. Holds only a weak reference, so that dropping the last handle
-/// ends it (after closing the session on the cluster).
-pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
-    let Some(shared) = weak.upgrade() else { return };
+/// ends it (after closing the session on the cluster: whatever the loop was doing then, a
+/// heartbeat in flight included, and even before its first turn).
+pub(crate) async fn run(
+    weak: Weak<Shared>,
+    stop: CancellationToken,
+    remote: Arc<dyn BackendSession>,
+) {
+    let ttl = remote.ttl();
+    let Some(shared) = weak.upgrade() else {
+        return close_patiently(&*remote, ttl).await;
+    };
     let span = shared.span.clone();
-    let remote = shared.remote.clone();
-    let ttl = shared.ttl;
     let margin = shared.margin;
     // A failed heartbeat is one event of this loop among others: the driver gives the pause
     // before the next one (never retiring: the deadline ends the loop) and counts it.
@@ -48,7 +54,9 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
     let mut next = Instant::now() + period;
     async move {
         loop {
-            let Some(shared) = weak.upgrade() else { return };
+            let Some(shared) = weak.upgrade() else {
+                return close_patiently(&*remote, ttl).await;
+            };
             let deadline_at = shared.deadline_stamp();
             let deadline = deadline_at.mono;
             let halted = shared.halted.load(Ordering::SeqCst);
@@ -101,7 +109,9 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     return;
                 }
                 Wake::Event(ev) => {
-                    let Some(shared) = weak.upgrade() else { return };
+                    let Some(shared) = weak.upgrade() else {
+                        return close_patiently(&*remote, ttl).await;
+                    };
                     match ev {
                         SessionEvent::Expired => {
                             shared.set_lost(SessionEnd::Expired);
@@ -124,7 +134,7 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                         continue;
                     }
                     let Some(clock_of) = weak.upgrade() else {
-                        return;
+                        return close_patiently(&*remote, ttl).await;
                     };
                     let sent = clock_of.clock.now();
                     drop(clock_of);
@@ -133,7 +143,9 @@ pub(crate) async fn run(weak: Weak<Shared>, stop: CancellationToken) {
                     let patience = deadline.min(sent.mono + ttl / 3);
                     match timeout_at(patience, remote.keep_alive()).await {
                         Ok(Ok(())) => {
-                            let Some(shared) = weak.upgrade() else { return };
+                            let Some(shared) = weak.upgrade() else {
+                                return close_patiently(&*remote, ttl).await;
+                            };
                             crate::metrics::heartbeat(shared.backend_name(), sent.mono.elapsed());
                             // A reply that comes after the deadline in force (the process
                             // was paused or the machine suspended in between) confirms

@@ -77,6 +77,9 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
+        // Closed here, not by the heartbeat task: it may find the session's state gone once
+        // it looks (the metrics' count of open sessions would keep it).
+        self.shared.set_lost(SessionEnd::Closed);
         // The heartbeat task sees this, closes the remote session and ends.
         self.shared.stop.cancel();
     }

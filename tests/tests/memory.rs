@@ -56,3 +56,45 @@ async fn release_after_a_lost_reply_succeeds() {
         Err(fencelock::Error::NotHeld(fencelock::LostReason::Released))
     ));
 }
+
+/// The last handle dropped while a heartbeat is in flight (a cluster slow to answer): the
+/// session is still ended on the cluster once the heartbeat returns. (The heartbeat task used
+/// to find the session's state gone then and end without closing it: its locks and candidacies
+/// stayed until the cluster expired it, a TTL later.) Its state is `Lost(Closed)` at once.
+#[tokio::test(start_paused = true)]
+async fn dropped_during_a_heartbeat_the_session_is_still_closed() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(60);
+    let a = Session::builder(backend.clone())
+        .ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let id = a.id().to_string();
+    let state = a.state_changes();
+    backend.hold_keep_alives();
+    tokio::time::timeout(ttl / 2, backend.keep_alive_held())
+        .await
+        .expect("a heartbeat within a period");
+    drop(a);
+    // The state stream reports the end at once.
+    use futures::StreamExt;
+    let seen: Vec<_> = tokio::time::timeout(Duration::from_secs(1), state.collect::<Vec<_>>())
+        .await
+        .expect("the state stream ends with the session");
+    assert_eq!(
+        seen.last(),
+        Some(&fencelock::SessionState::Lost(
+            fencelock::SessionEnd::Closed
+        )),
+        "{seen:?}"
+    );
+    backend.release_keep_alives();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while backend.session_alive(&id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("closed on the cluster once the heartbeat returned, not a TTL later");
+}
