@@ -193,21 +193,26 @@ impl Supervisor {
                     };
                 }
             };
-            let (lost, user) = start(tenure);
-            let mut user = pin!(user);
-            let end = match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
-                First::Left(()) => TermEnd::Shutdown,
-                First::Right(First::Left(LostReason::Released)) => {
-                    // The user's own code released, resigned or dropped the grant: its choice,
-                    // not a loss. Let it finish (dropping it now would cut its release short),
-                    // then end as for a returned future.
-                    match race(shutdown.as_mut(), user.as_mut()).await {
-                        First::Left(()) => TermEnd::Shutdown,
-                        First::Right(()) => TermEnd::Done,
+            // The user's future lives in this block alone: dropped (and whatever it holds and
+            // started with it) before the session is closed on a shutdown, so that no work of
+            // the old term runs on while a successor takes over.
+            let end = {
+                let (lost, user) = start(tenure);
+                let mut user = pin!(user);
+                match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
+                    First::Left(()) => TermEnd::Shutdown,
+                    First::Right(First::Left(LostReason::Released)) => {
+                        // The user's own code released, resigned or dropped the grant: its
+                        // choice, not a loss. Let it finish (dropping it now would cut its
+                        // release short), then end as for a returned future.
+                        match race(shutdown.as_mut(), user.as_mut()).await {
+                            First::Left(()) => TermEnd::Shutdown,
+                            First::Right(()) => TermEnd::Done,
+                        }
                     }
+                    First::Right(First::Left(reason)) => TermEnd::Lost(reason),
+                    First::Right(First::Right(())) => TermEnd::Done,
                 }
-                First::Right(First::Left(reason)) => TermEnd::Lost(reason),
-                First::Right(First::Right(())) => TermEnd::Done,
             };
             match end {
                 TermEnd::Shutdown | TermEnd::Done => {

@@ -98,3 +98,75 @@ async fn dropped_during_a_heartbeat_the_session_is_still_closed() {
     .await
     .expect("closed on the cluster once the heartbeat returned, not a TTL later");
 }
+
+/// On shutdown the Supervisor drops the term's future (and what it holds) before it closes the
+/// session, as its docs say: no work of the old term runs on while a successor takes over.
+/// (It closed the session first, with the future still alive.)
+#[tokio::test(start_paused = true)]
+async fn supervisor_drops_the_term_before_closing_its_session() {
+    use std::sync::{Arc, Mutex};
+
+    /// Notes, when dropped, whether its session was still alive on the cluster.
+    struct Probe {
+        backend: MemoryBackend,
+        id: String,
+        alive_at_drop: Arc<Mutex<Option<bool>>>,
+    }
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            *self.alive_at_drop.lock().unwrap() = Some(self.backend.session_alive(&self.id));
+        }
+    }
+
+    let backend = MemoryBackend::new();
+    let supervisor = fencelock::Supervisor::new(Session::builder(backend.clone()));
+    let alive_at_drop = Arc::new(Mutex::new(None));
+    let (leading_tx, leading_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut leading_tx = Some(leading_tx);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn({
+        let (backend, alive_at_drop) = (backend.clone(), alive_at_drop.clone());
+        async move {
+            supervisor
+                .lead(
+                    "e",
+                    b"v",
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                    move |leader| {
+                        // The key's last segment is the session's id.
+                        let id = leader.key().rsplit('/').next().unwrap().to_string();
+                        let probe = Probe {
+                            backend: backend.clone(),
+                            id,
+                            alive_at_drop: alive_at_drop.clone(),
+                        };
+                        if let Some(tx) = leading_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        async move {
+                            let _probe = probe;
+                            std::future::pending::<()>().await;
+                        }
+                    },
+                )
+                .await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), leading_rx)
+        .await
+        .expect("leading")
+        .unwrap();
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("shut down")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        *alive_at_drop.lock().unwrap(),
+        Some(true),
+        "the term's future was dropped while its session was still open"
+    );
+}
