@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -269,6 +269,9 @@ pub(crate) struct Hold {
     tenure: Arc<Tenure>,
     /// This share was released.
     released: AtomicBool,
+    /// The end of this share alone, made by the first `lost()` (most guards never ask): a
+    /// share released while others hold the tenure ends here, not in the tenure.
+    own_end: OnceLock<Arc<Ended>>,
 }
 
 impl Hold {
@@ -277,6 +280,7 @@ impl Hold {
         Hold {
             tenure: Arc::new(tenure),
             released: AtomicBool::new(false),
+            own_end: OnceLock::new(),
         }
     }
 
@@ -287,6 +291,7 @@ impl Hold {
         Ok(Hold {
             tenure: self.tenure.clone(),
             released: AtomicBool::new(false),
+            own_end: OnceLock::new(),
         })
     }
 
@@ -296,6 +301,29 @@ impl Hold {
 
     pub(crate) fn is_held(&self) -> bool {
         !self.released.load(Ordering::SeqCst) && self.tenure.is_held()
+    }
+
+    /// Resolves when this share ends: released or dropped (the others may hold on), or the
+    /// tenure ends.
+    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let tenure_lost = self.tenure.lost();
+        let own = self.own_end.get_or_init(Default::default).clone();
+        // After the end is made: a release that came first did not see it (see `ended_here`).
+        if self.released.load(Ordering::SeqCst) {
+            own.first(LostReason::Released);
+        }
+        async move {
+            match race(own.wait(), tenure_lost).await {
+                First::Left(r) | First::Right(r) => r,
+            }
+        }
+    }
+
+    /// Ends this share's `lost()` futures (after `released` was set).
+    fn ended_here(&self) {
+        if let Some(own) = self.own_end.get() {
+            own.first(LostReason::Released);
+        }
     }
 
     pub(crate) fn check_held(&self) -> Result<()> {
@@ -310,6 +338,7 @@ impl Hold {
         if self.released.swap(true, Ordering::SeqCst) {
             return Err(Error::NotHeld(LostReason::Released));
         }
+        self.ended_here();
         if self.tenure.holds.fetch_sub(1, Ordering::SeqCst) > 1 {
             // Others still hold it: this share ends, the entry stays.
             return match self.tenure.lost_reason() {
@@ -323,10 +352,11 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        if !self.released.swap(true, Ordering::SeqCst)
-            && self.tenure.holds.fetch_sub(1, Ordering::SeqCst) == 1
-        {
-            self.tenure.hand_off_release();
+        if !self.released.swap(true, Ordering::SeqCst) {
+            self.ended_here();
+            if self.tenure.holds.fetch_sub(1, Ordering::SeqCst) == 1 {
+                self.tenure.hand_off_release();
+            }
         }
     }
 }
@@ -371,7 +401,7 @@ macro_rules! holding_methods {
         pub fn lost(
             &self,
         ) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
-            self.hold.tenure().lost()
+            self.hold.lost()
         }
 
         /// Resolves when someone asks this holder to let go (a revocation request, see

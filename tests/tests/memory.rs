@@ -170,3 +170,46 @@ async fn supervisor_drops_the_term_before_closing_its_session() {
         "the term's future was dropped while its session was still open"
     );
 }
+
+/// A re-entered guard's `lost()` resolves with `Released` when that guard is released (or
+/// dropped), though the outer guard holds on; the outer guard's `lost()` stays pending until
+/// its own release. (A re-entered guard's `lost()` used to wait for the last share.)
+#[tokio::test(start_paused = true)]
+async fn a_reentered_guards_lost_ends_with_its_own_release() {
+    use fencelock::LostReason;
+    let session = Session::builder(MemoryBackend::new())
+        .start()
+        .await
+        .unwrap();
+    let outer = session.mutex("a").unwrap().lock().await.unwrap();
+    let inner = outer.reenter().unwrap();
+    let inner_lost = inner.lost();
+    let outer_lost = outer.lost();
+    inner.release().await.unwrap();
+    let within = Duration::from_secs(1);
+    assert_eq!(
+        tokio::time::timeout(within, inner_lost).await,
+        Ok(LostReason::Released)
+    );
+    let dropped = outer.reenter().unwrap();
+    let dropped_lost = dropped.lost();
+    drop(dropped);
+    assert_eq!(
+        tokio::time::timeout(within, dropped_lost).await,
+        Ok(LostReason::Released)
+    );
+    assert!(outer.is_held());
+    let mut outer_lost = std::pin::pin!(outer_lost);
+    assert!(
+        tokio::time::timeout(within, outer_lost.as_mut())
+            .await
+            .is_err(),
+        "the outer guard still holds"
+    );
+    outer.release().await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(within, outer_lost).await,
+        Ok(LostReason::Released)
+    );
+    session.close().await.unwrap();
+}
