@@ -166,7 +166,8 @@ impl Semaphore {
 
     /// Like [`acquire`](Self::acquire), but gives up after `timeout` with
     /// [`Error::Timeout`], leaving no entry: when it returns the timeout error, its entries (at
-    /// the gate and among the leases) have already been removed (confirmed by the cluster).
+    /// the gate and among the leases) have already been removed (confirmed by the cluster;
+    /// should the cluster refuse a removal, a permanent error, that error is returned instead).
     ///
     /// # Cancel safety
     ///

@@ -57,7 +57,7 @@ pub(crate) async fn acquire_all(
         // This try created nothing (the contract of `enqueue_all`); an earlier one whose reply
         // was lost may have, in queues the retry then found taken: abandon those.
         if pending.maybe_created {
-            pending.abandon_now().await;
+            pending.abandon_now().await?;
         }
         return Ok(None);
     };

@@ -228,11 +228,11 @@ async fn acquire_recorded(
                 )))
             }
             Ok(None) => {
-                pending.cleanup_now().await;
+                pending.cleanup_now().await?;
                 Ok(None)
             }
             Err(e @ Error::Timeout { .. }) => {
-                pending.cleanup_now().await;
+                pending.cleanup_now().await?;
                 Err(e)
             }
             Err(e) => Err(e),

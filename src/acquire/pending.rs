@@ -64,10 +64,11 @@ impl Pending {
 
     /// Removes what this attempt created *now* and confirms it (`try_lock` and `lock_timeout`
     /// promise that no entry is left when they return). Falls back to the background task if
-    /// that fails or is cancelled.
-    pub(super) async fn cleanup_now(mut self) {
+    /// that is cancelled; a permanent error (a delete the cluster refuses) is returned, the
+    /// caller's answer then, since the promise does not hold.
+    pub(super) async fn cleanup_now(mut self) -> Result<()> {
         self.undoing = self.take_undo();
-        undo_now(&self.shared, &mut self.undoing).await;
+        undo_now(&self.shared, &mut self.undoing).await
         // Drop hands off anything left.
     }
 }
@@ -82,15 +83,18 @@ impl Drop for Pending {
 }
 
 /// Carries out `left` now, each request retried while the session lives; a lost session takes
-/// what is left with it. What fails stays in `left` for the background task.
-async fn undo_now(shared: &Shared, left: &mut Option<Undo>) {
+/// what is left with it. What fails stays in `left` for the background task, and a permanent
+/// failure is returned.
+async fn undo_now(shared: &Shared, left: &mut Option<Undo>) -> Result<()> {
     let again = |e: &Error| e.is_temporary() && shared.end().is_none();
     let retry = || Retry::new(shared.backoff()).counted(shared.backend_name());
     let undo = Undo::carry_out(left, &*shared.remote, retry, again);
-    let _ = shared.unless_lost(undo).await;
+    let done = shared.unless_lost(undo).await;
     if shared.end().is_some() {
         *left = None;
+        return Ok(());
     }
+    done?
 }
 
 /// An all-or-nothing acquisition in progress (see [`acquire_all`](super::acquire_all)); dropped before it is
@@ -122,10 +126,10 @@ impl PendingAll {
 
     /// Abandons every attempt *now* (an earlier try may have created entries that the last
     /// answer does not report), so that `try_lock` leaves nothing when it returns. Falls back
-    /// to the background task (on drop) if that fails or is cancelled.
-    pub(super) async fn abandon_now(&mut self) {
+    /// to the background task (on drop) if that is cancelled; a permanent error is returned.
+    pub(super) async fn abandon_now(&mut self) -> Result<()> {
         self.undoing = self.take_undo();
-        undo_now(&self.shared, &mut self.undoing).await;
+        undo_now(&self.shared, &mut self.undoing).await
     }
 }
 

@@ -44,6 +44,16 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Fault injection: the next `n` removals of an entry (a release, the undo of a wait that
+    /// gave up) are refused with a permanent error ([`Error::PermissionDenied`]), nothing
+    /// removed, as by a cluster whose permissions changed.
+    #[cfg(feature = "testing")]
+    pub fn refuse_removes(&self, n: usize) {
+        self.inner
+            .refused_removes
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Fault injection: from now on keep-alives wait, unanswered, until
     /// [`release_keep_alives`](Self::release_keep_alives) (a cluster that takes its time: the
     /// session's heartbeat is in flight meanwhile).

@@ -54,6 +54,9 @@ struct Inner {
     lost_remove_replies: std::sync::atomic::AtomicUsize,
     /// Signalled at each reply lost that way.
     reply_lost: tokio::sync::Notify,
+    /// Fault injection: how many removals (a release, an undo) are still to be refused with a
+    /// permanent error, as by a cluster whose ACL no longer allows the delete.
+    refused_removes: std::sync::atomic::AtomicUsize,
     /// Fault injection: keep-alives wait (unanswered, not failed) while this is set.
     hold_keep_alives: std::sync::atomic::AtomicBool,
     /// Signalled when a keep-alive starts waiting that way, and when the hold ends.

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::cluster::{entry, State};
-use super::Inner;
+use super::{Inner, NAME};
 use crate::backend::{
     key_value_entry_key, BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind,
     Peer, QueueId, REVOKE_MARKER,
@@ -175,6 +175,22 @@ impl BackendSession for MemorySession {
     }
 
     async fn remove(&self, e: &Entry) -> Result<bool> {
+        if self
+            .inner
+            .refused_removes
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok()
+        {
+            return Err(Error::PermissionDenied {
+                backend: NAME,
+                op: "remove",
+                source: "refused (fault injection)".into(),
+            });
+        }
         let mut st = self.inner.lock();
         if st.same(&e.key, e.order).is_none() {
             return Ok(false);

@@ -213,3 +213,43 @@ async fn a_reentered_guards_lost_ends_with_its_own_release() {
     );
     session.close().await.unwrap();
 }
+
+/// A wait that gives up (`try_lock` on a held lock, `lock_timeout` past its bound) whose queue
+/// entry the cluster refuses to remove (a permanent error): that error is returned, not
+/// "not acquired" or the timeout, which promise that no entry is left.
+#[tokio::test(start_paused = true)]
+async fn a_refused_cleanup_is_reported_not_hidden() {
+    use fencelock::Error;
+    let backend = MemoryBackend::new();
+    let a = Session::builder(backend.clone()).start().await.unwrap();
+    let b = Session::builder(backend.clone()).start().await.unwrap();
+    let held = a.mutex("x").unwrap().lock().await.unwrap();
+    backend.refuse_removes(1);
+    let tried = b.mutex("x").unwrap().try_lock().await;
+    assert!(
+        matches!(tried, Err(Error::PermissionDenied { .. })),
+        "{tried:?}"
+    );
+    // The entry went to the background task, whose own try removes it.
+    b.flush().await;
+    backend.refuse_removes(1);
+    let timed = b
+        .mutex("x")
+        .unwrap()
+        .lock_timeout(Duration::from_millis(100))
+        .await;
+    assert!(
+        matches!(timed, Err(Error::PermissionDenied { .. })),
+        "{timed:?}"
+    );
+    b.flush().await;
+    // Without the fault: "not acquired", and nothing of b's left behind.
+    assert!(b.mutex("x").unwrap().try_lock().await.unwrap().is_none());
+    assert_eq!(
+        b.list_entries().await.unwrap(),
+        vec![held.key().to_string()]
+    );
+    held.release().await.unwrap();
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+}
