@@ -21,6 +21,7 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 /// It has no limit on the number of tries: every loop that uses it ends by another rule. The
 /// core retries only [temporary](crate::Error::is_temporary) errors and stops when the session
 /// is lost (its local deadline bounds every retry); a connect stops at its connect timeout.
+/// The heartbeat alone tries again after any error, until the local deadline.
 ///
 /// ```
 /// use std::time::Duration;

@@ -45,7 +45,9 @@
 //! - [`crate::Error::SessionLost`] when the cluster says the session is gone (expired, closed);
 //! - [`crate::Error::EntryVanished`] when one's own entry is found gone while waiting;
 //! - everything else (bad input, size limits, authentication, authorization, configuration)
-//!   permanent. A permanent error is returned to the caller at once: never retried.
+//!   permanent. A permanent error is returned to the caller at once: never retried. (One
+//!   exception: a failed heartbeat, whatever its error, is tried again until the local
+//!   deadline; the session is suspended meanwhile, and the deadline, not the error, ends it.)
 //!
 //! # Cancellation
 //!
@@ -59,7 +61,7 @@
 //! # Implementing a backend
 //!
 //! Two traits: [`Backend`] (settings and limits, and [`Backend::open_session`]) and
-//! [`BackendSession`] (everything a session does). Of their 29 methods, 20 have no default.
+//! [`BackendSession`] (everything a session does). Of their 29 methods, 21 have no default.
 //! The shipped backends keep one shape, one file per job, which a new backend can copy:
 //!
 //! | file | what |
@@ -75,7 +77,7 @@
 //! | `error.rs` | client errors mapped to [`Error`](crate::Error), temporary or not |
 //!
 //! The skeleton (each `todo!()` is one of the contracts stated on the method), and the proof:
-//! run the behaviour suite ([`crate::conformance`], feature `conformance`) against a real
+//! run the behaviour suite ([`crate::conformance`], feature `testing`) against a real
 //! server.
 //!
 //! ```
