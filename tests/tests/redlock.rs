@@ -205,6 +205,39 @@ async fn bad_input_is_refused() {
     let lock = Redlock::with_timing(["redis://127.0.0.1:1"], timing).unwrap();
     let r = lock.try_lock("x", Duration::from_millis(100)).await;
     assert!(matches!(r, Err(Error::InvalidTtl(_))), "{r:?}");
+    // A grant takes two rounds (the lock, then its token): a TTL that leaves room for one
+    // request timeout (50 ms) but not two is refused, not reported taken on a slow server.
+    let lock = Redlock::connect(["redis://127.0.0.1:1"]).unwrap();
+    let r = lock.try_lock("x", Duration::from_millis(80)).await;
+    assert!(matches!(r, Err(Error::InvalidTtl(_))), "{r:?}");
+    // The configs' wait_for_replicas is not used by Redlock, so not refused either.
+    let config = fencelock_redis::RedisConfig::new("redis://127.0.0.1:1")
+        .wait_for_replicas(1, Duration::from_millis(500));
+    let r = Redlock::with_configs([config], RedlockTiming::default());
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// A release that fewer than a majority answer (three of five servers paused) is a temporary
+/// error — whether the lock was still held is unknown — not `Ok(false)`, which says it had
+/// expired and may be someone else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_a_majority_is_an_error_not_expired() {
+    let Some(servers) = five().await else { return };
+    let lock = Redlock::connect(urls(&servers)).unwrap();
+    let held = lock.try_lock("r", TTL).await.unwrap().expect("free");
+    for s in &servers[..3] {
+        s.pause();
+    }
+    let r = held.release().await;
+    for s in &servers[..3] {
+        s.resume();
+    }
+    match r {
+        Err(e) => assert!(e.is_temporary(), "{e:?}"),
+        Ok(released) => panic!("no majority answered, yet Ok({released})"),
+    }
+    // Held still on the three paused servers until its TTL: not free before.
+    assert!(lock.try_lock("r", TTL).await.unwrap().is_none());
 }
 
 /// A cancel storm: 200 `try_lock` calls dropped at every point leave no key behind — the lock

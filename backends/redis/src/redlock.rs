@@ -156,21 +156,21 @@ impl Redlock {
         )
     }
 
-    async fn release_all(&self, name: &str, value: &str) -> usize {
+    /// Deletes the lock on every server where it is still ours: each server's answer (1 if
+    /// it deleted it).
+    async fn release_all(&self, name: &str, value: &str) -> Vec<Result<i64>> {
         let (key, _) = Self::keys(name);
-        self.on_all(&RELEASE, &[&key], &[value.to_string()])
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(1)))
-            .count()
+        self.on_all(&RELEASE, &[&key], &[value.to_string()]).await
     }
 
     /// One attempt: the lock on a majority within its validity, or `None` if a majority
     /// answered but the lock is taken (having released whatever it set). Fewer than a majority
     /// answering is a temporary [`Error::Backend`] — permanent when enough servers refuse for
     /// good (a wrong password, a missing permission: [`Error::is_temporary`] is `false`) that
-    /// no majority can ever answer. A `ttl` whose validity (less the drift allowance) would not
-    /// exceed the request timeout is [`Error::InvalidTtl`].
+    /// no majority can ever answer; a majority that granted it too late to be of use (its
+    /// validity ran out during the requests: slow servers) is a temporary error too. A `ttl`
+    /// whose validity (less the drift allowance) would not exceed two request timeouts (a grant
+    /// takes two rounds: the lock, then its fencing token) is [`Error::InvalidTtl`].
     ///
     /// # Cancel safety
     ///
@@ -185,13 +185,14 @@ impl Redlock {
         }
         let drift = ttl.mul_f64(self.timing.drift_factor) + Duration::from_millis(2);
         let validity = ttl.saturating_sub(drift);
-        if validity <= self.timing.request_timeout {
-            // A grant could be worth less than one request's time: refuse the setting rather
-            // than report the lock taken for ever.
+        if validity <= self.timing.request_timeout * 2 {
+            // A grant takes two rounds (the lock, then its token), each up to a request
+            // timeout: a validity shorter than both could run out on every try with one slow
+            // server. Refused as a setting rather than failing for ever.
             return Err(Error::invalid_ttl(
                 ttl,
                 format!(
-                    "less the drift allowance ({drift:?}), it must exceed the request timeout ({:?})",
+                    "less the drift allowance ({drift:?}), it must exceed twice the request timeout ({:?}): a grant takes two rounds",
                     self.timing.request_timeout
                 ),
             ));
@@ -217,7 +218,19 @@ impl Redlock {
             .collect();
         let valid_until = start + validity;
         let mut unavailable = None;
-        if granted.len() >= self.majority() && Instant::now() < valid_until {
+        // A majority granted it, but too late to be of use: the servers are slow, the lock
+        // is not taken.
+        let too_late = || {
+            Error::backend(
+                NAME,
+                "redlock",
+                true,
+                "a majority granted the lock after its validity ran out (slow servers)",
+            )
+        };
+        if granted.len() >= self.majority() && Instant::now() >= valid_until {
+            unavailable = Some(too_late());
+        } else if granted.len() >= self.majority() {
             // The token: above every counter of this majority, then raised on a majority.
             let token = granted.iter().max().copied().unwrap_or(0).saturating_add(1);
             let fenced = self
@@ -242,6 +255,8 @@ impl Redlock {
             // The counters could not be raised on a majority: unavailable, not taken.
             if fenced.iter().filter(|r| r.is_ok()).count() < self.majority() {
                 unavailable = Some(self.no_majority(fenced));
+            } else if Instant::now() >= valid_until {
+                unavailable = Some(too_late());
             }
         }
         self.release_all(name, &value).await;

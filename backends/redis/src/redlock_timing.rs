@@ -6,8 +6,9 @@ use std::time::Duration;
 pub const MAX_LOCK_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The shortest lock TTL accepted (10 ms). A TTL must also leave, less the drift allowance,
-/// more than the request timeout ([`RedlockTiming::request_timeout`], 50 ms by default): with
-/// the default timing, the shortest usable TTL is about 53 ms.
+/// more than twice the request timeout ([`RedlockTiming::request_timeout`], 50 ms by default;
+/// a grant takes two rounds): with the default timing, the shortest usable TTL is about
+/// 104 ms.
 pub const MIN_LOCK_TTL: Duration = Duration::from_millis(10);
 
 /// The longest [`RedlockTiming::retry_delay`] accepted (one minute).

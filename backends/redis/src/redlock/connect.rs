@@ -91,7 +91,10 @@ impl Redlock {
         let mut servers = Vec::new();
         let mut seen = Vec::new();
         for config in configs {
-            let config = config.timeout(timing.request_timeout);
+            let mut config = config.timeout(timing.request_timeout);
+            // Not used (each lock is a majority of independent servers, not a replicated
+            // write), so not validated against the request timeout either.
+            config.replicas = None;
             let url = config.url.as_str();
             let client = config.validate_server(
                 "Redlock takes independent servers, not a Sentinel-managed primary",

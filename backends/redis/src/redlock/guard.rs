@@ -31,9 +31,19 @@ impl RedlockGuard {
     }
 
     /// Releases the lock on every server that still holds it for us. Returns whether a
-    /// majority still did (`false`: it had expired, and may be someone else's now).
+    /// majority still did (`false`: a majority answered and fewer held it, so it had expired
+    /// and may be someone else's now). Fails, temporary, if fewer than a majority answered
+    /// (whether it was still held is unknown; where it was not released it expires after its
+    /// TTL), or permanently if servers refuse us for good (a wrong password, a permission).
     pub async fn release(self) -> Result<bool> {
-        let released = self.redlock.release_all(&self.name, &self.value).await;
-        Ok(released >= self.redlock.majority())
+        let answers = self.redlock.release_all(&self.name, &self.value).await;
+        let majority = self.redlock.majority();
+        if answers.iter().filter(|r| matches!(r, Ok(1))).count() >= majority {
+            return Ok(true);
+        }
+        if answers.iter().filter(|r| r.is_ok()).count() >= majority {
+            return Ok(false);
+        }
+        Err(self.redlock.no_majority(answers))
     }
 }
