@@ -5,8 +5,9 @@
 //! `InvalidArgument`, `FailedPrecondition`, `ResourceExhausted`, `OutOfRange` and the rest are
 //! permanent. Within a code, the message only picks the more precise error: a lease that is
 //! gone (`NotFound`), failed credentials (`InvalidArgument`), a stale auth store revision or
-//! token (retried). A transport error whose cause is a TLS certificate problem is permanent,
-//! whatever its code.
+//! token (retried), a member that is not the leader (`FailedPrecondition`, retried), a
+//! server shedding load ("too many requests", `ResourceExhausted`, retried). A transport error
+//! whose cause is a TLS certificate problem is permanent, whatever its code.
 
 use std::error::Error as StdError;
 

@@ -80,7 +80,8 @@ impl EtcdBackend {
     /// misses two checks in a row (down, or hung) is taken out of the rotation until it answers
     /// again; so is, at once, a member on which a session's keep-alive or watch stream went
     /// silent (the stream is then opened again on another member). Fails, within the connect
-    /// timeout, with:
+    /// timeout (and, with a user, its authentication within the request timeout; a failed
+    /// connect's probes of each endpoint may take a moment more), with:
     /// - [`Error::InvalidConfig`](fencelock::Error::InvalidConfig) for bad settings (no
     ///   endpoint, a malformed one, `https://` without TLS, a user when the cluster has no
     ///   authentication, a plaintext client at a TLS port or the reverse);

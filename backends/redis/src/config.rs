@@ -98,7 +98,8 @@ impl RedisConfig {
     /// key, or lost (at the next heartbeat, or at the local deadline): never resurrected. A
     /// master name no sentinel knows is [`Error::InvalidConfig`]; no sentinel answering,
     /// [`Error::Connect`] (temporary). Such a connect asks the sentinels, then connects to the
-    /// primary, each within the [`timeout`](Self::timeout): it may take about twice as long. With [`wait_for_replicas`](Self::wait_for_replicas) a
+    /// primary and checks its role, each within the [`timeout`](Self::timeout): it may take
+    /// a few times as long. With [`wait_for_replicas`](Self::wait_for_replicas) a
     /// failover by a killed or paused primary loses no grant; `SENTINEL FAILOVER` only with
     /// every replica counted (see the README's Redis section).
     ///
@@ -122,8 +123,9 @@ impl RedisConfig {
     /// URL's host (an IP address SAN for an address), so [`TlsConfig::with_server_name`] is
     /// refused: connect by the name on the certificate. Without this setting a `rediss://` URL
     /// trusts the system's certificate store. A wrong setting fails the connect with a
-    /// permanent error: a plaintext server, an untrusted server certificate
-    /// ([`Error::Connect`](fencelock::Error::Connect)), a refused client certificate
+    /// permanent error: a plaintext server ([`Error::InvalidConfig`](fencelock::Error::InvalidConfig)),
+    /// an untrusted server certificate ([`Error::Connect`](fencelock::Error::Connect)), a
+    /// refused client certificate
     /// ([`Error::Unauthenticated`](fencelock::Error::Unauthenticated)).
     pub fn tls(mut self, tls: TlsConfig) -> Self {
         self.tls = Some(tls);

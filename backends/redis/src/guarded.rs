@@ -59,7 +59,9 @@ pub(crate) fn colocated(name: &str, key: &str) -> String {
 /// On a **Redis Cluster** the key must be in the slot of the grant's entry: build it with
 /// [`RedisBackend::colocated_key`](crate::RedisBackend::colocated_key) (the grant's hash tag,
 /// `{G}`, before the key; on one server the key as it is). A key in another slot is
-/// [`Error::InvalidName`], nothing written.
+/// [`Error::InvalidName`], nothing written. (On one server, a key of your own whose first hash
+/// tag happens to be the grant's cluster group, `{0}` to `{1023}`, is taken for a cluster key:
+/// nothing is written, `Ok(false)`; use another tag there.)
 ///
 /// ```no_run
 /// # async fn run(session: fencelock::Session, backend: fencelock_redis::RedisBackend) -> fencelock::Result<()> {

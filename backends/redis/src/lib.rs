@@ -156,8 +156,8 @@ pub const MAX_MULTI_LOCK: usize = 256;
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 
 /// The Redis backend: one multiplexed connection (re-established after a failure; on a
-/// cluster, one per node) shared by its sessions; each session adds a pub/sub connection while
-/// it waits. Cheap to clone.
+/// cluster, one per node) shared by its sessions; each session adds a pub/sub connection from
+/// its first wait until it is closed or dropped. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisBackend {
     primary: Arc<primary::Primary>,
@@ -179,7 +179,9 @@ impl RedisBackend {
         Self::connect_with(RedisConfig::new(url)).await
     }
 
-    /// Connects with explicit settings. Fails, within the timeout, with
+    /// Connects with explicit settings. Fails, within about twice the timeout (the connect,
+    /// then the check that the server is no cluster node; behind Sentinel, see
+    /// [`RedisConfig`]), with
     /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Unauthenticated`] for a
     /// wrong user or password, [`Error::Connect`] (temporary) when the server does not answer.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {

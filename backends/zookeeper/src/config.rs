@@ -123,7 +123,9 @@ impl ZooKeeperConfig {
 
     /// How long to wait for a session to be established (default
     /// [`DEFAULT_CONNECT_TIMEOUT`], at most [`MAX_CONNECT_TIMEOUT`]); past it,
-    /// [`connect`](Self::connect) and every session start fail with [`Error::Connect`].
+    /// [`connect`](Self::connect) and every session start fail with [`Error::Connect`]. (Once
+    /// the session is established, a session start checks its SASL authentication and the
+    /// chroot with requests of their own, whose failures are `Error::Backend`.)
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

@@ -1,6 +1,6 @@
 //! One ZooKeeper session: its lifecycle (heartbeat, session events, the keep-alive watchdog,
-//! close) and the one `impl BackendSession`, built on the queue operations of `queue.rs`, the
-//! queue reads of `election.rs` and the watches of `watch.rs`.
+//! close). The one `impl BackendSession` is in `session.rs`, built on this, the queue
+//! operations of `queue.rs`, the queue reads of `read.rs` and the watches of `watch.rs`.
 
 use std::fmt;
 use std::future::Future;
