@@ -25,7 +25,9 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// entry and ends by the same signal (SIGQUIT: exits 131, no core). While the command runs: in a terminal's foreground the
 /// command shares fencelock's process group and gets the terminal's signals (Ctrl-C, Ctrl-\,
 /// Ctrl-Z) directly, and SIGTERM is passed on; elsewhere the command has a process group of its
-/// own and every one of them is passed on to its tree. While releasing, they are held back.
+/// own and every one of them is passed on to its tree. While releasing, they are held back. A
+/// signal fencelock was started with ignored (SIGHUP under nohup) stays ignored, by the command
+/// too.
 ///
 /// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
 /// a shell; a signal that dumps a core, such as SIGQUIT or SIGSEGV, gives 128 + N without
@@ -33,7 +35,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
 /// lost as the command exited); 69 the cluster could not be reached or the session was lost
 /// before the command started; 78 bad configuration or input (names, TLS files, credentials,
-/// permissions); 126 / 127 the command could not be run / was not found; 2 a usage error. Stopped
+/// permissions); 70 an internal failure; 126 / 127 the command could not be run / was not found;
+/// 2 a usage error. Stopped
 /// by signal N before the command ran, fencelock ends by N (128 + N in a shell).
 #[derive(Parser, Debug)]
 #[command(
@@ -51,7 +54,7 @@ pub(crate) struct Cli {
 }
 
 /// Where the cluster is and how to reach it.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub(crate) struct ClusterArgs {
     /// The cluster's URL (its syntax is in the help text).
     #[arg(
@@ -123,6 +126,31 @@ pub(crate) struct ClusterArgs {
         global = true
     )]
     pub(crate) sentinel_password: Option<String>,
+}
+
+/// Without the secrets: the URL's user info and the passwords (a failed assertion or a
+/// debug print must not show them).
+impl std::fmt::Debug for ClusterArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |p: &Option<String>| p.as_ref().map(|_| "***");
+        f.debug_struct("ClusterArgs")
+            .field(
+                "endpoints",
+                &self.endpoints.as_deref().map(fencelock_net::redact),
+            )
+            .field("namespace", &self.namespace)
+            .field("ttl", &self.ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("output", &self.output)
+            .field("cacert", &self.cacert)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("server_name", &self.server_name)
+            .field("user", &self.user)
+            .field("password", &hidden(&self.password))
+            .field("sentinel_password", &hidden(&self.sentinel_password))
+            .finish()
+    }
 }
 
 /// How leader, observe and list print.
@@ -208,12 +236,7 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,
     /// The command and its arguments (after `--`).
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
 }
 
@@ -234,6 +257,25 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn debug_output_hides_the_secrets() {
+        let cli = Cli::parse_from([
+            "fencelock",
+            "--endpoints",
+            "redis://u:hunter2@h:1/0",
+            "--password",
+            "s3cret",
+            "--sentinel-password",
+            "t0ps3cret",
+            "list",
+        ]);
+        let shown = format!("{cli:?}");
+        for secret in ["hunter2", "s3cret", "t0ps3cret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("redis://***@h:1/0"), "{shown}");
     }
 
     #[test]
@@ -262,5 +304,40 @@ mod tests {
         assert_eq!(name, "x");
         assert!(wait.try_only);
         assert_eq!(run.command, ["sh", "-c", "exit 3"]);
+    }
+
+    #[test]
+    fn a_mistyped_option_is_a_usage_error_not_the_command() {
+        for args in [
+            &["fencelock", "lock", "job", "--tyr", "--", "true"][..],
+            &[
+                "fencelock",
+                "lock",
+                "db",
+                "--timout",
+                "10m",
+                "--",
+                "./migrate.sh",
+            ],
+            &["fencelock", "elect", "e", "-X", "true"],
+        ] {
+            let e = Cli::try_parse_from(args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?}"));
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument,
+                "{args:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_options_without_a_double_dash() {
+        let cli = Cli::parse_from(["fencelock", "lock", "x", "ls", "-la", "--", "--x"]);
+        let Command::Lock { run, .. } = cli.command else {
+            panic!("lock")
+        };
+        assert_eq!(run.command, ["ls", "-la", "--", "--x"]);
     }
 }

@@ -99,7 +99,8 @@ enum End {
 /// The command's whole tree (see [`crate::tree`]) is stopped together:
 /// - SIGTERM that fencelock gets is passed on to the tree once; so are SIGINT, SIGHUP and
 ///   SIGQUIT, except in the foreground of a terminal, where the terminal sends those to the
-///   command itself (it shares fencelock's process group there).
+///   command itself (it shares fencelock's process group there) — but a hangup, which the
+///   kernel sends to the session's leader alone, when fencelock leads the session.
 /// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace`; the status
 ///   is [`exit::LOST`].
 /// - When the command exits, whatever it left running is stopped the same way before the grant
@@ -122,6 +123,7 @@ pub(crate) async fn run_under(
     }
     let (program, args) = run.command.split_first().expect("clap requires a command");
     let foreground = tree::in_terminal_foreground();
+    let leads_session = rustix::process::getsid(None).ok() == Some(rustix::process::getpid());
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("FENCELOCK_TOKEN", grant.token().to_string())
@@ -182,8 +184,10 @@ pub(crate) async fn run_under(
                 });
             }
             sig = signals.recv() => {
-                // In a terminal's foreground the terminal sent these to the command already.
-                if !foreground || sig == Signal::TERM {
+                // In a terminal's foreground the terminal sent these to the command already;
+                // but a hangup goes to the session's leader alone, which fencelock may be
+                // (`ssh -t host fencelock …`): then the command hears of it only from us.
+                if !foreground || sig == Signal::TERM || (sig == Signal::HUP && leads_session) {
                     tree.signal(sig);
                     tree.signal(Signal::CONT);
                 }

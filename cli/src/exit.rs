@@ -38,6 +38,16 @@ pub(crate) fn of_error(e: &Error) -> u8 {
     }
 }
 
+/// The exit status for a session that could not be started: nothing was asked for yet, so a
+/// timeout (its first heartbeat) means the cluster could not be reached, not "not acquired";
+/// refused credentials are bad configuration as anywhere.
+pub(crate) fn of_session_start(e: &Error) -> u8 {
+    match e {
+        Error::Timeout { .. } => UNAVAILABLE,
+        e => of_error(e),
+    }
+}
+
 /// The exit status that passes on the command's: its code, or 128 + the signal that ended it
 /// (and fencelock then ends by that signal too, see [`by_signal`]).
 pub(crate) fn of_command(status: ExitStatus) -> u8 {
@@ -61,23 +71,27 @@ pub(crate) fn by_signal(sig: i32) -> u8 {
     (128 + sig).clamp(0, 255) as u8
 }
 
-/// Ends fencelock by the signal noted with [`by_signal`], if it is one that terminates
-/// without a core dump (SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGKILL, SIGALRM, SIGUSR1/2); returns
-/// if there is none (then `status` is the exit status).
+/// The signals whose default action is not to terminate without a core: they dump one, stop,
+/// continue, or are ignored. Every other signal (SIGINT, SIGTERM, SIGPIPE, SIGPROF, the
+/// real-time signals, ...) just terminates.
+const NOT_PLAIN_TERMINATION: [i32; 18] = {
+    use signal_hook::consts::signal::*;
+    [
+        SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGXCPU, SIGXFSZ, SIGSYS,
+        SIGCHLD, SIGCONT, SIGURG, SIGWINCH, SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU,
+    ]
+};
+
+/// Ends fencelock by the signal noted with [`by_signal`], if its default action terminates
+/// without a core dump; returns if there is none (then `status` is the exit status).
 pub(crate) fn end(status: u8) -> u8 {
     let sig = END_BY.load(Ordering::SeqCst);
-    let terminating = [
-        rustix::process::Signal::INT,
-        rustix::process::Signal::TERM,
-        rustix::process::Signal::HUP,
-        rustix::process::Signal::PIPE,
-        rustix::process::Signal::KILL,
-        rustix::process::Signal::ALARM,
-        rustix::process::Signal::USR1,
-        rustix::process::Signal::USR2,
-    ];
-    if i32::from(status) == 128 + sig && terminating.iter().any(|s| s.as_raw() == sig) {
-        let _ = signal_hook::low_level::emulate_default_handler(sig);
+    if sig > 0 && i32::from(status) == 128 + sig && !NOT_PLAIN_TERMINATION.contains(&sig) {
+        // Restores the default action of a signal fencelock caught, then raises it. A signal
+        // outside signal-hook's table (a real-time one) was never caught: raising it is enough.
+        if signal_hook::low_level::emulate_default_handler(sig).is_err() {
+            let _ = signal_hook::low_level::raise(sig);
+        }
     }
     status
 }

@@ -36,13 +36,17 @@ use signals::{status_of, Signals, Stopped};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "fencelock",
-            &mut std::io::stdout(),
-        );
-        return ExitCode::SUCCESS;
+        // Written here, not by clap_complete, which panics on a closed stdout.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "fencelock", &mut script);
+        return match std::io::stdout().write_all(&script) {
+            // The reader took what it wanted (`| head`).
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                say!("cannot write the completion script: {e}");
+                ExitCode::from(exit::SOFTWARE)
+            }
+            _ => ExitCode::SUCCESS,
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -86,7 +90,7 @@ async fn run(cli: Cli) -> u8 {
         Stopped::Done(Ok(s)) => s,
         Stopped::Done(Err(e)) => {
             say!("{}", message::describe(&e));
-            return exit::of_error(&e);
+            return exit::of_session_start(&e);
         }
     };
     let env = url::command_env();

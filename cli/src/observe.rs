@@ -44,7 +44,7 @@ pub(crate) async fn observe(
                     Stopped::Done(Ok(s)) => s,
                     Stopped::Done(Err(e)) => {
                         say!("{}", describe(&e));
-                        break Ok(exit::UNAVAILABLE);
+                        break Ok(exit::of_session_start(&e));
                     }
                 };
                 if replaced {

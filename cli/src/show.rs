@@ -11,10 +11,33 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `s` for a terminal: control characters escaped (`\n`, `\u{1b}`), so that a value or name
+/// someone else wrote cannot forge lines or send escape sequences to whoever reads the output.
+fn plain(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// An entry's creation time; `null` where it cannot be written as RFC 3339 (before 1970 or
+/// after 9999: the time is read from the server, where any client could have written it).
 fn time(t: Option<SystemTime>) -> Value {
-    t.map_or(Value::Null, |t| {
-        Value::String(humantime::format_rfc3339_millis(t).to_string())
-    })
+    use std::fmt::Write as _;
+    // (humantime panics on a time before the epoch, and fails on one after 9999.)
+    t.filter(|t| *t >= SystemTime::UNIX_EPOCH)
+        .and_then(|t| {
+            let mut s = String::new();
+            write!(s, "{}", humantime::format_rfc3339_millis(t))
+                .ok()
+                .map(|()| Value::String(s))
+        })
+        .unwrap_or(Value::Null)
 }
 
 /// One line for the leader of `name` (or its absence).
@@ -28,8 +51,13 @@ pub(crate) fn leader(name: &str, leader: Option<&LeaderInfo>, output: Output) ->
             })),
         })
         .to_string(),
-        (Output::Text, Some(l)) => format!("{name}: {} (epoch {})", text(&l.value), l.epoch),
-        (Output::Text, None) => format!("{name}: no leader"),
+        (Output::Text, Some(l)) => format!(
+            "{}: {} (epoch {})",
+            plain(name),
+            plain(&text(&l.value)),
+            l.epoch
+        ),
+        (Output::Text, None) => format!("{}: no leader", plain(name)),
     }
 }
 
@@ -88,14 +116,14 @@ pub(crate) fn queue(q: &QueueInfo, output: Output) -> Vec<String> {
             vec![json!({ "name": q.name, "kind": kind(q.kind), "entries": entries }).to_string()]
         }
         Output::Text => {
-            let mut out = vec![format!("{} ({})", q.name, kind(q.kind))];
+            let mut out = vec![format!("{} ({})", plain(&q.name), kind(q.kind))];
             for (i, e) in q.entries.iter().enumerate() {
                 let mut line = format!(
                     "  {:<6} token {:<10} session {:<18} {}",
                     role(i),
                     e.token,
-                    e.session,
-                    e.key
+                    plain(&e.session),
+                    plain(&e.key)
                 );
                 if !e.value.is_empty() {
                     line.push_str(&format!("  value {:?}", text(&e.value)));
@@ -111,5 +139,30 @@ pub(crate) fn queue(q: &QueueInfo, output: Output) -> Vec<String> {
             }
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn times_out_of_rfc3339s_range_are_null() {
+        let far = UNIX_EPOCH + Duration::from_secs(300_000_000_000);
+        assert_eq!(time(Some(far)), Value::Null);
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(time(Some(before)), Value::Null);
+        assert_eq!(
+            time(Some(UNIX_EPOCH)),
+            Value::String("1970-01-01T00:00:00.000Z".into())
+        );
+    }
+
+    #[test]
+    fn text_output_escapes_control_characters() {
+        let l = plain("x\ne: forged (epoch 999)\u{1b}[2J");
+        assert_eq!(l, "x\\ne: forged (epoch 999)\\u{1b}[2J");
+        assert_eq!(plain("jobs/été"), "jobs/été");
     }
 }

@@ -3,6 +3,7 @@
 //! SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught once, before anything connects, and stay
 //! caught until fencelock exits: none of them can kill fencelock between two phases (while it
 //! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the TTL.
+//! Those that fencelock was started with ignored (`nohup`) stay ignored, for its command too.
 //! What each phase does with them is in `fencelock --help` and in [`crate::child`].
 
 use std::future::Future;
@@ -11,12 +12,12 @@ use futures_util::FutureExt;
 use rustix::process::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
-/// The caught signals.
+/// The caught signals (`None`: ignored when fencelock started, see [`Signals::catch`]).
 pub(crate) struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    quit: Option<tokio::signal::unix::Signal>,
 }
 
 /// A future's outcome, or the signal that stopped it first.
@@ -28,23 +29,43 @@ pub(crate) enum Stopped<T> {
 }
 
 impl Signals {
-    /// Catches the signals (needs a Tokio runtime with I/O enabled).
+    /// Catches the signals (needs a Tokio runtime with I/O enabled), but those that fencelock
+    /// was started with ignored: `nohup fencelock …` ignores SIGHUP, a non-interactive shell's
+    /// `fencelock … &` SIGINT and SIGQUIT, and both mean it for fencelock and its command alike
+    /// (an ignored signal stays ignored across `exec`; a caught one would be reset for it).
     pub(crate) fn catch() -> std::io::Result<Signals> {
+        let ignored = ignored_at_start();
+        let catch = |kind: SignalKind| -> std::io::Result<_> {
+            let bit = 1u64 << (kind.as_raw_value() - 1);
+            if ignored & bit != 0 {
+                return Ok(None);
+            }
+            signal(kind).map(Some)
+        };
         Ok(Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
+            int: catch(SignalKind::interrupt())?,
+            term: catch(SignalKind::terminate())?,
+            hup: catch(SignalKind::hangup())?,
+            quit: catch(SignalKind::quit())?,
         })
     }
 
     /// The next caught signal.
     pub(crate) async fn recv(&mut self) -> Signal {
+        /// A caught signal's next delivery; never, for one that is not caught.
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         tokio::select! {
-            _ = self.int.recv() => Signal::INT,
-            _ = self.term.recv() => Signal::TERM,
-            _ = self.hup.recv() => Signal::HUP,
-            _ = self.quit.recv() => Signal::QUIT,
+            _ = next(&mut self.int) => Signal::INT,
+            _ = next(&mut self.term) => Signal::TERM,
+            _ = next(&mut self.hup) => Signal::HUP,
+            _ = next(&mut self.quit) => Signal::QUIT,
         }
     }
 
@@ -70,4 +91,16 @@ impl Signals {
 /// ends by `sig` itself once it has cleaned up (see [`crate::exit::by_signal`]).
 pub(crate) fn status_of(sig: Signal) -> u8 {
     crate::exit::by_signal(sig.as_raw())
+}
+
+/// The signals this process was started with ignored, as a mask (bit N - 1 for signal N), from
+/// the kernel's own account (`SigIgn` in `/proc/self/status`); none if it cannot be read.
+fn ignored_at_start() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(line.trim(), 16).ok()
+        })
+        .unwrap_or(0)
 }

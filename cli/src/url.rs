@@ -25,11 +25,25 @@ impl std::fmt::Debug for Credentials {
 }
 
 /// A parsed cluster URL: where, and the credentials it carries (if any).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 pub(crate) struct Parsed {
     pub(crate) url: Url,
     /// The URL's user and password (`None` if it has no `@`); a missing password is empty.
     pub(crate) user_info: Option<(String, Option<String>)>,
+}
+
+/// Without the password.
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user_info = self
+            .user_info
+            .as_ref()
+            .map(|(user, password)| (user, password.as_ref().map(|_| "***")));
+        f.debug_struct("Parsed")
+            .field("url", &self.url)
+            .field("user_info", &user_info)
+            .finish()
+    }
 }
 
 /// Where the cluster is.

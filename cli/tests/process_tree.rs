@@ -186,6 +186,87 @@ async fn a_group_signal_reaches_the_command_once() {
     assert_eq!(r.code(WITHIN).await, 143, "{}", r.output());
 }
 
+/// Started with SIGHUP ignored (`nohup fencelock …`), fencelock and its command both ignore it:
+/// a hangup neither stops fencelock nor reaches the command (before, fencelock caught it, passed
+/// it on, and the command, its handler reset by `exec`, died of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nohup_keeps_sighup_ignored() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_nohup");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = std::process::Command::new("nohup");
+    cmd.arg(env!("CARGO_BIN_EXE_fencelock"))
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns)
+        .env("FENCELOCK_TTL", "3s")
+        .args([
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; while :; do sleep 0.05; done",
+        ]);
+    let mut r = Run::spawn(cmd, d, "nohup");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = r.child.pid().unwrap() as i32;
+    assert!(r.child.signal(Signal::HUP));
+    kill_process_group(Pid::from_raw(command).unwrap(), Signal::HUP).unwrap();
+    // Both would be gone within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        alive(fencelock),
+        "fencelock ended by SIGHUP: {}",
+        r.output()
+    );
+    assert!(
+        alive(command),
+        "the command ended by SIGHUP: {}",
+        r.output()
+    );
+    assert!(r.child.signal(Signal::TERM));
+    assert_eq!(r.code(WITHIN).await, 143, "{}", r.output());
+    assert!(!alive(command), "the command outlived fencelock");
+}
+
+/// A command ended by any signal that terminates (not only the common eight: SIGPROF, a
+/// real-time signal) ends fencelock by the same signal, as `--help` says; one that dumps a core
+/// gives 128 + N.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencelock_ends_by_the_signal_that_ended_its_command() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_end_by");
+    let dir = tempfile::tempdir().unwrap();
+    // SIGRTMIN + 2 under glibc (whose SIGRTMIN is 34).
+    let rt = 36;
+    for (kill, signal) in [
+        ("PROF".to_string(), Some(Signal::PROF.as_raw())),
+        (rt.to_string(), Some(rt)),
+        ("USR1".to_string(), Some(Signal::USR1.as_raw())),
+        ("SEGV".to_string(), None),
+    ] {
+        let script = format!("ulimit -c 0; kill -{kill} $$");
+        let mut r = Run::start(
+            &t.url,
+            &ns,
+            dir.path(),
+            "end_by",
+            &["lock", "m", "--", "sh", "-c", &script],
+        );
+        let status = r.exit(WITHIN).await;
+        use std::os::unix::process::ExitStatusExt;
+        match signal {
+            Some(sig) => assert_eq!(status.signal(), Some(sig), "{kill}: {status:?}"),
+            None => assert_eq!(status.code(), Some(128 + 11), "{kill}: {status:?}"),
+        }
+    }
+}
+
 /// SIGHUP while waiting for the lock: fencelock removes its queue entry and exits 129 (it used
 /// to die at once, its entry left until the TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
