@@ -66,7 +66,7 @@ pub use inspect::{QueueInfo, QueueListing};
 pub use memory::MemoryBackend;
 pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Guard, Mutex};
-pub use name::{validate_name, validate_namespace, MAX_NAME_LEN};
+pub use name::{validate_name, validate_namespace, MAX_NAME_LEN, RESERVED_LAST_SEGMENTS};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 pub use session::{

@@ -41,14 +41,25 @@ fn check_rest(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The last segments of the queues a primitive keeps under its name: a read-write lock's
+/// readers and writers (`{name}/read/…`, `{name}/write/…`, Go's layout), a semaphore's leases
+/// and gate (`{name}/leases`, `{name}/locks`). A user's name ending in one of them below
+/// another segment would be that primitive's queue.
+pub const RESERVED_LAST_SEGMENTS: [&str; 4] = ["read", "write", "leases", "locks"];
+
 /// Checks a lock or election name: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL or other
-/// control character, no leading or trailing `/`, and no empty, `.` or `..` segment (so the
-/// same name is valid as an etcd key part and a ZooKeeper path).
+/// control character, no leading or trailing `/`, no empty, `.` or `..` segment (so the
+/// same name is valid as an etcd key part and a ZooKeeper path), and, below another segment,
+/// no last segment of [`RESERVED_LAST_SEGMENTS`]: a mutex named `jobs/read` would otherwise
+/// queue among the readers of the read-write lock `jobs`, and one named `pool/locks` would be
+/// the gate of the semaphore `pool` (a name of one segment, `read` or `locks`, is fine).
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());
+/// assert!(fencelock::validate_name("locks").is_ok());
 /// assert!(fencelock::validate_name("/jobs").is_err());
 /// assert!(fencelock::validate_name("").is_err());
+/// assert!(fencelock::validate_name("pool/locks").is_err());
 /// ```
 pub fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() {
@@ -57,7 +68,16 @@ pub fn validate_name(name: &str) -> Result<()> {
     if name.starts_with('/') {
         return Err(invalid(name, "starts with '/'"));
     }
-    check_segments(name)
+    check_segments(name)?;
+    if let Some((_, last)) = name.rsplit_once('/') {
+        if RESERVED_LAST_SEGMENTS.contains(&last) {
+            return Err(invalid(
+                name,
+                "ends in a segment that primitives keep under their names (read, write, leases, locks)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the name of a queue the core makes or finds (a user's name with a primitive's suffix,
@@ -93,7 +113,17 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["a", "jobs/reindex", "x.y", "é", &"n".repeat(512)] {
+        for ok in [
+            "a",
+            "jobs/reindex",
+            "x.y",
+            "é",
+            &"n".repeat(512),
+            "read",
+            "locks",
+            "read/jobs",
+            "jobs/reader",
+        ] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
         for bad in [
@@ -106,6 +136,10 @@ mod tests {
             "..",
             "a\nb",
             &"n".repeat(513),
+            "jobs/read",
+            "a/b/write",
+            "pool/leases",
+            "pool/locks",
         ] {
             assert!(
                 matches!(validate_name(bad), Err(Error::InvalidName(_))),

@@ -240,7 +240,11 @@ impl Retry {
             return None;
         }
         let pause = self.backoff.next_delay();
-        if self.give_up.is_some_and(|g| Instant::now() + pause >= g) {
+        // (A pause too long for the clock is past any give-up point.)
+        if self
+            .give_up
+            .is_some_and(|g| Instant::now().checked_add(pause).is_none_or(|t| t >= g))
+        {
             return None;
         }
         debug!(error = %e, ?pause, "retrying");

@@ -31,8 +31,10 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
-    /// `d` later.
+    /// `d` later (at most a century: a TTL granted by a third-party backend or an odd
+    /// server must not overflow the clock).
     pub(crate) fn after(self, d: Duration) -> Stamp {
+        let d = d.min(Duration::from_secs(100 * 365 * 86_400));
         Stamp {
             mono: self.mono + d,
             boot: self.boot.map(|b| b.saturating_add(d)),

@@ -73,31 +73,55 @@ impl fmt::Debug for LocalSlot {
 
 /// The local queues of one session, one per lock queue in use.
 pub(crate) struct LocalQueues {
-    map: Mutex<HashMap<QueueId, LocalQueue>>,
+    map: Mutex<Map>,
     /// Whether the backend makes a mutex and an election of one name one queue (see
     /// [`local_key`]).
     mutex_and_election_shared: bool,
 }
+
+/// The queues by lock, and the size at which the next insertion sweeps out the unused ones.
+#[derive(Default)]
+struct Map {
+    queues: HashMap<QueueId, LocalQueue>,
+    sweep_at: usize,
+}
+
+/// The least size at which the map is swept.
+const SWEEP_FROM: usize = 64;
 
 impl LocalQueues {
     /// No queue yet, for a backend that makes a mutex and an election of one name one queue
     /// or not.
     pub(crate) fn new(mutex_and_election_shared: bool) -> Self {
         LocalQueues {
-            map: Mutex::new(HashMap::default()),
+            map: Mutex::new(Map {
+                queues: HashMap::default(),
+                sweep_at: SWEEP_FROM,
+            }),
             mutex_and_election_shared,
         }
     }
 
     /// The local queue for `queue`, made by `make` on first use.
+    ///
+    /// A new queue may first sweep out those nobody uses: an acquisition that ends without a
+    /// grant (a `try_lock` that finds the lock taken, a timeout, an error) does not [`trim`]
+    /// its queue, and a session that tries many names must not keep one for each. The sweep
+    /// comes when the map has doubled since the last one: amortized, a constant per insertion.
+    ///
+    /// [`trim`]: LocalQueues::trim
     pub(crate) fn get(&self, queue: &QueueId, make: impl FnOnce() -> LocalQueue) -> LocalQueue {
         let key = local_key(queue, self.mutex_and_election_shared);
         let mut map = self.map.lock().unwrap();
-        if let Some(q) = map.get(&*key) {
+        if let Some(q) = map.queues.get(&*key) {
             return q.clone();
         }
+        if map.queues.len() >= map.sweep_at {
+            map.queues.retain(|_, q| !q.unused());
+            map.sweep_at = SWEEP_FROM.max(2 * map.queues.len());
+        }
         let q = make();
-        map.insert(key.into_owned(), q.clone());
+        map.queues.insert(key.into_owned(), q.clone());
         q
     }
 
@@ -105,9 +129,15 @@ impl LocalQueues {
     pub(crate) fn trim(&self, queue: &QueueId) {
         let key = local_key(queue, self.mutex_and_election_shared);
         let mut map = self.map.lock().unwrap();
-        if map.get(&*key).is_some_and(LocalQueue::unused) {
-            map.remove(&*key);
+        if map.queues.get(&*key).is_some_and(LocalQueue::unused) {
+            map.queues.remove(&*key);
         }
+    }
+
+    /// How many local queues the map holds.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.lock().unwrap().queues.len()
     }
 }
 
@@ -126,5 +156,35 @@ fn local_key(queue: &QueueId, mutex_and_election_shared: bool) -> Cow<'_, QueueI
             QueueKind::Lock,
         )),
         _ => Cow::Borrowed(queue),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(i: usize) -> QueueId {
+        QueueId::new("ns", format!("job-{i}"), QueueKind::Lock)
+    }
+
+    /// Acquisitions that end without a grant do not trim their queues; the map stays bounded
+    /// by about twice the queues in use all the same, and a queue in use is never swept.
+    #[test]
+    fn unused_queues_are_swept() {
+        let queues = LocalQueues::new(false);
+        let held = queues.get(&queue(0), LocalQueue::exclusive);
+        for i in 1..10_000 {
+            drop(queues.get(&queue(i), LocalQueue::exclusive));
+            assert!(
+                queues.len() <= 2 * SWEEP_FROM,
+                "{} queues after {i}",
+                queues.len()
+            );
+        }
+        let again = queues.get(&queue(0), LocalQueue::exclusive);
+        match (&held, &again) {
+            (LocalQueue::Exclusive(a), LocalQueue::Exclusive(b)) => assert!(Arc::ptr_eq(a, b)),
+            _ => panic!("not the queue in use"),
+        }
     }
 }

@@ -170,7 +170,15 @@ impl EtcdConfig {
                     )),
                 }
             })
-            .collect()
+            .collect::<Result<Vec<String>>>()
+            .map(|mut uris| {
+                // One member named twice (`a:2379`, `http://a:2379`) is one member: counted
+                // twice, the client would take it for two when it moves requests off one that
+                // stops answering.
+                let mut seen = std::collections::HashSet::new();
+                uris.retain(|u| seen.insert(u.clone()));
+                uris
+            })
     }
 }
 
@@ -182,6 +190,10 @@ mod tests {
     fn validation() {
         let ok = EtcdConfig::new(["a:1", "http://b:2"]).validate().unwrap();
         assert_eq!(ok, ["http://a:1", "http://b:2"]);
+        let twice = EtcdConfig::new(["a:1", "http://a:1", "b:2", "a:1"])
+            .validate()
+            .unwrap();
+        assert_eq!(twice, ["http://a:1", "http://b:2"]);
         let bad = |c: EtcdConfig| matches!(c.validate(), Err(Error::InvalidConfig(_)));
         assert!(bad(EtcdConfig::new(Vec::<String>::new())));
         assert!(bad(EtcdConfig::new(["https://a:1"])));

@@ -101,6 +101,9 @@ pub fn split_host_port(endpoint: &str, default_port: Option<u16>) -> Option<(Str
         return Some((host.to_string(), port));
     }
     match rest.rsplit_once(':') {
+        // An IPv6 address must be bracketed: `::1` or `fe80::1` read as host and port would
+        // be a host nobody typed.
+        Some((host, _)) if host.contains(':') => None,
         Some((host, port)) if !host.is_empty() => Some((host.to_string(), port.parse().ok()?)),
         Some(_) => None,
         None if !rest.is_empty() => Some((rest.to_string(), default_port?)),
@@ -249,6 +252,10 @@ mod tests {
         assert_eq!(split_host_port("zk", None), None);
         assert_eq!(split_host_port("zk:port", None), None);
         assert_eq!(split_host_port(":2181", None), None);
+        // Unbracketed IPv6 is refused, not read as a host and a port.
+        assert_eq!(split_host_port("::1", Some(2181)), None);
+        assert_eq!(split_host_port("fe80::1", Some(2181)), None);
+        assert_eq!(split_host_port("tcp://fe80::1:2181", None), None);
     }
 
     #[tokio::test]

@@ -35,6 +35,10 @@ pub(crate) fn parse(
             }
             _ => format!("{host}:{default_port}"),
         };
+        // A server named twice would count twice (a sentinel's answer toward the majority).
+        if out.contains(&with_port) {
+            return Err(bad(format!("the {what} {with_port} is named twice")));
+        }
         out.push(with_port);
         if out.len() > max {
             return Err(bad(format!("more than {max} {what}s")));

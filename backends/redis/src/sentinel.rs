@@ -293,11 +293,16 @@ mod tests {
             "redis+sentinel://a/m/x",
             "redis+sentinel://a/m/1/extra",
             "redis+sentinel://a/m\u{7f}",
+            // One sentinel named twice would count twice toward the majority.
+            "redis+sentinel://s1,s1:26379,s2/m",
         ] {
             let e = SentinelUrl::parse(bad).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e:?}");
         }
-        let many = vec!["h"; MAX_SENTINELS + 1].join(",");
+        let many = (0..=MAX_SENTINELS)
+            .map(|i| format!("h{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
         assert!(SentinelUrl::parse(&format!("redis+sentinel://{many}/m")).is_err());
         // The password never shows.
         let e = SentinelUrl::parse("redis+sentinel://u:s3cret@a:1").unwrap_err();

@@ -225,6 +225,16 @@ impl ZooKeeperConfig {
                     ))
                 }
             }
+            // The client takes a chroot after the last server only: one after another server
+            // would be dropped, and the locks would live outside the subtree asked for.
+            if rest.contains('/') {
+                return Err(invalid(
+                    &self.connect_string,
+                    format!(
+                        "{server:?} has a path: a chroot goes after the last server only (host:port,host:port/chroot)"
+                    ),
+                ));
+            }
             let Some((host, port)) = split_host_port(rest, Some(DEFAULT_PORT)) else {
                 return Err(invalid(
                     server,
@@ -414,6 +424,10 @@ mod tests {
         assert!(bad(ZooKeeperConfig::new("a:notaport")));
         assert!(bad(ZooKeeperConfig::new("tcp+tls://a:1")));
         assert!(bad(ZooKeeperConfig::new("http://a:1")));
+        // A chroot after another server than the last would be dropped: refused.
+        assert!(bad(ZooKeeperConfig::new("a:1/apps/billing,b:2")));
+        assert!(bad(ZooKeeperConfig::new("tcp://a:1/x,tcp://b:2/x")));
+        assert!(bad(ZooKeeperConfig::new("::1")));
         assert!(bad(ZooKeeperConfig::new("a:1").acl(AclMode::CreatorDelete)));
         assert!(ZooKeeperConfig::new("a:1")
             .digest_auth("u", "p")
