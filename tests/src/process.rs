@@ -21,6 +21,8 @@ pub struct ManagedChild {
     guard: Option<Child>,
     log: PathBuf,
     paused: bool,
+    /// Its status, once [`try_wait`](Self::try_wait) reaped it.
+    exited: Option<ExitStatus>,
 }
 
 impl ManagedChild {
@@ -45,6 +47,7 @@ impl ManagedChild {
             guard,
             log: log.to_path_buf(),
             paused: false,
+            exited: None,
         }
     }
 
@@ -55,6 +58,9 @@ impl ManagedChild {
 
     /// The child's process id, while it has not been reaped.
     pub fn pid(&self) -> Option<u32> {
+        if self.exited.is_some() {
+            return None;
+        }
         self.child.as_ref().map(Child::id)
     }
 
@@ -68,11 +74,17 @@ impl ManagedChild {
         self.paused
     }
 
-    /// The child's exit status if it has exited.
+    /// The child's exit status if it has exited. Once it is reaped, no signal reaches its PID
+    /// (which the system may give to another process): [`pid`](Self::pid) is `None`, and the
+    /// orphan guard is stopped.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.exited = Some(status);
+        if let Some(mut guard) = self.guard.take() {
+            let _ = guard.kill();
+            let _ = guard.wait();
+        }
+        Some(status)
     }
 
     /// Sends `sig` to the child by its PID; false if it is gone.

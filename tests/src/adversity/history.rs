@@ -438,7 +438,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_gray_failure_must_keep_the_sessions() {
+    async fn sessions_lost_beside_a_healthy_quorum_are_violations() {
         let r = clean(Instant::now());
         let gray = Gray {
             keeps_sessions: true,

@@ -375,11 +375,20 @@ pub async fn run(
     let probe = target.session(&w.namespace, Duration::from_secs(10)).await;
     let start = Instant::now();
     let leftover = loop {
-        let list = probe.list_entries().await.unwrap_or_default();
-        if list.is_empty() || start.elapsed() > cfg.ttl * 3 + Duration::from_secs(5) {
-            break list.len();
+        let listed = probe.list_entries().await;
+        let done = start.elapsed() > cfg.ttl * 3 + Duration::from_secs(5);
+        match listed {
+            Ok(list) if list.is_empty() || done => break list.len(),
+            // A cluster that cannot be listed is not a clean one: counted as one entry left.
+            Err(e) if done => {
+                println!(
+                    "{}: the namespace could not be listed: {e}",
+                    scenario.name()
+                );
+                break 1;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let _ = probe.close().await;
     let record = rec.record(fault_began, healed, stopped, leftover);
@@ -502,6 +511,22 @@ pub enum Part {
 pub async fn run_all(label: &str, cluster: &dyn Cluster, cfg: &RunConfig, part: Part) {
     let only = std::env::var("FENCELOCK_SCENARIO").ok();
     let only_primitive = std::env::var("FENCELOCK_PRIMITIVE").ok();
+    // A mistyped selection would run nothing and pass.
+    for name in only.iter().flat_map(|o| o.split(',')) {
+        assert!(
+            Scenario::ALL
+                .iter()
+                .chain(&Scenario::GRAY)
+                .any(|s| s.name() == name.trim()),
+            "FENCELOCK_SCENARIO names no scenario: {name:?}"
+        );
+    }
+    if let Some(p) = &only_primitive {
+        assert!(
+            ["mutex", "read-write", "semaphore:3"].contains(&p.as_str()),
+            "FENCELOCK_PRIMITIVE names no workload: {p:?} (mutex, read-write, semaphore:3)"
+        );
+    }
     let mut lines = Vec::new();
     let mut failed = Vec::new();
     // The plan, then the gray scenarios at each of their TTLs.

@@ -219,10 +219,18 @@ impl RedisServer {
         self.child.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs a command through `redis-cli` (blocking) and returns its output.
+    /// Runs a command through `redis-cli` (blocking) and returns its output; at most 30 s (a
+    /// paused server never answers: the output is then empty).
     pub fn cli(&self, args: &[&str]) -> std::io::Result<String> {
-        let mut cmd = Command::new("redis-cli");
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        let mut cmd = Command::new("timeout");
+        cmd.args([
+            "30",
+            "redis-cli",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+        ]);
         if let Some(tls) = &self.tls {
             cmd.arg("--tls")
                 .arg("--cacert")
