@@ -10,7 +10,7 @@ use tokio::process::Command;
 
 use crate::args::RunArgs;
 use crate::exit;
-use crate::signals::{status_of, Signals};
+use crate::signals::{self, status_of, Signals};
 use crate::tree::{self, Tree};
 
 /// What the command runs under.
@@ -106,6 +106,8 @@ enum End {
 /// - When the command exits, whatever it left running is stopped the same way before the grant
 ///   is released: nothing of it runs on without the lock. If the grant was lost by then (say,
 ///   fencelock was paused past its TTL), the status is [`exit::LOST`], not the command's.
+/// - SIGTSTP (job control) stops the command with fencelock; continued with a grant lost
+///   meanwhile, the command is stopped for good without running again.
 /// - A signal that arrived before the command could start stops fencelock without running it.
 ///
 /// The grant is released (confirmed, or bounded by `release_within`) before this returns.
@@ -184,6 +186,23 @@ pub(crate) async fn run_under(
                 });
             }
             sig = signals.recv() => {
+                if sig == Signal::TSTP {
+                    // Job control (Ctrl-Z, `kill -TSTP`): the command stops with fencelock. In
+                    // a terminal's foreground it got the signal from the terminal already, and
+                    // the shell continues both (one group); elsewhere it is stopped here, and
+                    // continued once fencelock is, if the grant was not lost meanwhile (then
+                    // the lost path stops it without letting it run again).
+                    if !foreground {
+                        tree.signal(Signal::TSTP);
+                    }
+                    signals::stop_self();
+                    if !grant.is_held() {
+                        tick.reset_immediately();
+                    } else if !foreground {
+                        tree.signal(Signal::CONT);
+                    }
+                    continue;
+                }
                 // In a terminal's foreground the terminal sent these to the command already;
                 // but a hangup goes to the session's leader alone, which fencelock may be
                 // (`ssh -t host fencelock …`): then the command hears of it only from us.

@@ -4,6 +4,9 @@
 //! caught until fencelock exits: none of them can kill fencelock between two phases (while it
 //! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the TTL.
 //! Those that fencelock was started with ignored (`nohup`) stay ignored, for its command too.
+//! SIGTSTP (Ctrl-Z) is caught too, so that a command in a process group of its own stops with
+//! fencelock: stopped alone, fencelock would stop heartbeating while the command ran on, and
+//! past the TTL another holder would run beside it.
 //! What each phase does with them is in `fencelock --help` and in [`crate::child`].
 
 use std::future::Future;
@@ -18,6 +21,9 @@ pub(crate) struct Signals {
     term: Option<tokio::signal::unix::Signal>,
     hup: Option<tokio::signal::unix::Signal>,
     quit: Option<tokio::signal::unix::Signal>,
+    /// Job control's stop (Ctrl-Z): fencelock stops itself, and while the command runs in a
+    /// process group of its own, the command with it (see [`crate::child`]).
+    tstp: Option<tokio::signal::unix::Signal>,
 }
 
 /// A future's outcome, or the signal that stopped it first.
@@ -47,10 +53,11 @@ impl Signals {
             term: catch(SignalKind::terminate())?,
             hup: catch(SignalKind::hangup())?,
             quit: catch(SignalKind::quit())?,
+            tstp: catch(SignalKind::from_raw(Signal::TSTP.as_raw()))?,
         })
     }
 
-    /// The next caught signal.
+    /// The next caught signal, SIGTSTP included (see [`stop`](Self::stop) for the others).
     pub(crate) async fn recv(&mut self) -> Signal {
         /// A caught signal's next delivery; never, for one that is not caught.
         async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
@@ -66,12 +73,26 @@ impl Signals {
             _ = next(&mut self.term) => Signal::TERM,
             _ = next(&mut self.hup) => Signal::HUP,
             _ = next(&mut self.quit) => Signal::QUIT,
+            _ = next(&mut self.tstp) => Signal::TSTP,
         }
     }
 
-    /// A signal that arrived and was not taken yet, if any.
+    /// The next signal that stops fencelock (SIGINT, SIGTERM, SIGHUP, SIGQUIT). A SIGTSTP
+    /// meanwhile stops fencelock as its default action would ([`stop_self`]), and the wait goes
+    /// on once it is continued.
+    pub(crate) async fn stop(&mut self) -> Signal {
+        loop {
+            let sig = self.recv().await;
+            if sig != Signal::TSTP {
+                return sig;
+            }
+            stop_self();
+        }
+    }
+
+    /// A signal that stops fencelock, if one arrived and was not taken yet.
     pub(crate) fn pending(&mut self) -> Option<Signal> {
-        self.recv().now_or_never()
+        self.stop().now_or_never()
     }
 
     /// Runs `fut` until it completes or a signal arrives; then drops it (every fencelock future
@@ -82,9 +103,15 @@ impl Signals {
         }
         tokio::select! {
             v = fut => Stopped::Done(v),
-            sig = self.recv() => Stopped::Signal(sig),
+            sig = self.stop() => Stopped::Signal(sig),
         }
     }
+}
+
+/// Stops fencelock (SIGSTOP, the whole process), as SIGTSTP's default action would; returns
+/// once it is continued (SIGCONT: the shell's `fg` or `bg`).
+pub(crate) fn stop_self() {
+    let _ = signal_hook::low_level::raise(Signal::STOP.as_raw());
 }
 
 /// The exit status of a process ended by `sig`, as a shell reports it (128 + N); fencelock

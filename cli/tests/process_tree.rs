@@ -267,6 +267,79 @@ async fn fencelock_ends_by_the_signal_that_ended_its_command() {
     }
 }
 
+/// The state letter of process `pid` (`R`, `S`, `T` for stopped, ...); `None` once it is gone.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits (bounded) until every one of `pids` is stopped (`stopped`) or none is.
+async fn until_stopped(pids: &[i32], stopped: bool, what: &str) {
+    let start = Instant::now();
+    while !pids.iter().all(|&p| (state(p) == Some('T')) == stopped) {
+        let states: Vec<_> = pids.iter().map(|&p| state(p)).collect();
+        assert!(start.elapsed() < WITHIN, "{what}: states {states:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Job control with the command in a process group of its own (a shell's `fencelock … &`, then
+/// `fg` and Ctrl-Z): SIGTSTP stops the command with fencelock and SIGCONT continues both (before,
+/// fencelock stopped alone and the command ran on without heartbeats, past the TTL beside the
+/// next holder); stopped past the TTL, the command is stopped for good without running again,
+/// and fencelock exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_control_stops_the_command_with_fencelock() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_tstp");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.args([
+        "lock",
+        "m",
+        "--grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+    ]);
+    let mut r = Run::spawn(cmd, d, "tstp");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = r.child.pid().unwrap() as i32;
+    let out = d.join("out");
+    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    file_contains(&out, "x").await;
+    // Stopped and continued within the TTL: both stop, both go on.
+    assert!(r.child.signal(Signal::TSTP));
+    until_stopped(&[fencelock, command], true, "stopped").await;
+    assert!(r.child.signal(Signal::CONT));
+    until_stopped(&[fencelock, command], false, "continued").await;
+    let before = size();
+    let start = Instant::now();
+    while size() == before {
+        assert!(start.elapsed() < WITHIN, "the command did not go on");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Stopped past the TTL (3 s): the grant is lost; continued, the command never runs again.
+    assert!(r.child.signal(Signal::TSTP));
+    until_stopped(&[fencelock, command], true, "stopped again").await;
+    let stopped_at = size();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(r.child.signal(Signal::CONT));
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    assert!(!alive(command), "the command outlived the lost grant");
+    assert_eq!(
+        size(),
+        stopped_at,
+        "the command ran again after the grant was lost"
+    );
+}
+
 /// SIGHUP while waiting for the lock: fencelock removes its queue entry and exits 129 (it used
 /// to die at once, its entry left until the TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

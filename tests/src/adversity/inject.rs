@@ -125,15 +125,24 @@ pub async fn cut_off_client(st: &mut Stage<'_>) {
 }
 
 /// Pauses the child worker with SIGSTOP while it holds the lock (if it gets it within 10 s),
-/// past its TTL, then resumes it: its late write must be refused by the fence.
-pub async fn pause_holder(st: &mut Stage<'_>) {
+/// past its TTL, then resumes it: its late write must be refused by the fence. Returns a
+/// complaint if the child held nothing when paused (the fault then proved nothing).
+pub async fn pause_holder(st: &mut Stage<'_>) -> Option<String> {
     let start = Instant::now();
     while st.child.holding.lock().unwrap().is_none() && start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     st.child.pause();
+    let complaint = st
+        .child
+        .holding
+        .lock()
+        .unwrap()
+        .is_none()
+        .then(|| "pause holder: the child held nothing within 10 s: paused idle".to_string());
     tokio::time::sleep(st.ttl() + Duration::from_millis(1500)).await;
     st.child.resume();
+    complaint
 }
 
 /// Queues a new session on the lock, then stops its heartbeats so that it expires while it
