@@ -212,6 +212,7 @@ async fn nohup_keeps_sighup_ignored() {
         ]);
     let mut r = Run::spawn(cmd, d, "nohup");
     let command = pid_in(&d.join("pid")).await;
+    let _left = KillOnDrop(vec![command]);
     let fencelock = r.child.pid().unwrap() as i32;
     assert!(r.child.signal(Signal::HUP));
     kill_process_group(Pid::from_raw(command).unwrap(), Signal::HUP).unwrap();
@@ -310,6 +311,7 @@ async fn job_control_stops_the_command_with_fencelock() {
     ]);
     let mut r = Run::spawn(cmd, d, "tstp");
     let command = pid_in(&d.join("pid")).await;
+    let _left = KillOnDrop(vec![command]);
     let fencelock = r.child.pid().unwrap() as i32;
     let out = d.join("out");
     let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
@@ -338,6 +340,65 @@ async fn job_control_stops_the_command_with_fencelock() {
         stopped_at,
         "the command ran again after the grant was lost"
     );
+}
+
+/// Processes a test started outside its own tree, killed (SIGKILL, by PID) when it ends, passed
+/// or failed.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if alive(pid) {
+                let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+            }
+        }
+    }
+}
+
+/// fencelock leading a session on a terminal (`ssh -t host fencelock …`), the command in its
+/// process group: the terminal's hangup, which the kernel sends to the session's leader alone,
+/// reaches the command (before, fencelock took it for one the terminal had sent the command
+/// too, and the command ran on, holding the lock). The terminal is `script`'s pseudo-terminal,
+/// made fencelock's controlling one by `setsid --ctty`; killing `script` hangs it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hangup_of_its_terminal_reaches_the_command() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_tty_hup");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "trap 'echo HUP >> hups; exit 0' HUP; echo $PPID > fencelock; echo $$ > pid; \
+         while :; do sleep 0.05; done",
+    )
+    .unwrap();
+    let inner = format!(
+        "setsid --ctty --wait {} lock m -- sh {}",
+        env!("CARGO_BIN_EXE_fencelock"),
+        d.join("cmd.sh").display()
+    );
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &inner, "/dev/null"])
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns)
+        .env("FENCELOCK_TTL", "3s");
+    let r = Run::spawn(cmd, d, "tty");
+    let command = pid_in(&d.join("pid")).await;
+    // Outside our process tree once `script` is killed: killed here if the test fails.
+    let _left = KillOnDrop(vec![pid_in(&d.join("fencelock")).await, command]);
+    let s = t.session(&ns).await;
+    assert_eq!(s.list_entries().await.unwrap().len(), 1, "{}", r.output());
+    assert!(r.child.signal(Signal::KILL));
+    file_contains(&d.join("hups"), "HUP").await;
+    let start = Instant::now();
+    while alive(command) || !s.list_entries().await.unwrap().is_empty() {
+        assert!(start.elapsed() < WITHIN, "the lock was not released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.close().await.unwrap();
 }
 
 /// SIGHUP while waiting for the lock: fencelock removes its queue entry and exits 129 (it used
