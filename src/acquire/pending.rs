@@ -43,6 +43,9 @@ impl Pending {
         }
         let (queue, kind, attempt) = (self.queue.clone(), self.kind, self.attempt);
         if let Some(entry) = self.entry.take() {
+            // The entry an earlier failed try may have created is this one (a retry finds it
+            // again): once it is removed, there is nothing left to abandon.
+            self.maybe_created = false;
             Some(Undo::Remove { queue, entry })
         } else if let Some(inflight) = self.inflight.take() {
             Some(Undo::Enqueued {

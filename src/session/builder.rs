@@ -115,7 +115,21 @@ impl SessionBuilder {
                 || {
                     let sent = clock.now();
                     let opened = backend.open_session(self.ttl).instrument(span.clone());
-                    async move { opened.await.map(|remote| (sent, remote)) }
+                    let start_timeout = self.start_timeout;
+                    async move {
+                        // A try still under way at the give-up instant is cut there: one try
+                        // of a backend may take several of its request timeouts.
+                        let opened = match give_up {
+                            Some(at) => {
+                                timeout_at(at, opened).await.unwrap_or(Err(Error::Timeout {
+                                    op: "open the session",
+                                    after: start_timeout,
+                                }))
+                            }
+                            None => opened.await,
+                        };
+                        opened.map(|remote| (sent, remote))
+                    }
                 },
                 Error::is_temporary,
             )

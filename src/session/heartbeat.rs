@@ -167,7 +167,14 @@ pub(crate) async fn run(
                             return;
                         }
                         Ok(Err(e)) => {
-                            debug!(error = %e, "heartbeat failed");
+                            // Retried all the same (the deadline ends the session), but one
+                            // that cannot pass by waiting (credentials or permissions revoked)
+                            // is what the operator needs to see when the session is lost.
+                            if e.is_temporary() {
+                                debug!(error = %e, "heartbeat failed");
+                            } else {
+                                warn!(error = %e, "heartbeat refused: the session will be lost at its deadline unless this passes");
+                            }
                             if let Some(shared) = weak.upgrade() {
                                 shared.set_state(SessionState::Suspended);
                             }

@@ -225,3 +225,49 @@ async fn gray_zookeeper_connected_follower_paused() {
 async fn gray_zookeeper_leader_paused() {
     paused(Duration::from_secs(10), Victim::Leader).await;
 }
+
+/// A session closed at a long TTL (30 s) while the server its close tries first (the one after
+/// its own) is paused: the close reaches a server that answers within its bound, and the lock
+/// the session held is free at once, while that server is still paused. Each server's try was a
+/// share of the TTL (6 s here) in a close bounded at 5 s: every try went to the paused server,
+/// and the lock stayed taken until the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gray_zookeeper_close_passes_a_paused_server() {
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    let ensemble = Arc::new(
+        tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+            .await
+            .unwrap(),
+    );
+    let ns = fencelock::conformance::unique_namespace("zk-close-paused");
+    let target = ensemble.target();
+    let ttl = Duration::from_secs(30);
+    let s = target.session(&ns, ttl).await;
+    let next = (server_of(&ensemble, &s).await + 1) % ensemble.size();
+    // Another session, on a server that stays up, to look at the lock.
+    let mut other = None;
+    for _ in 0..40 {
+        let o = target.session(&ns, ttl).await;
+        if server_of(&ensemble, &o).await != next {
+            other = Some(o);
+            break;
+        }
+        o.close().await.unwrap();
+    }
+    let other = other.expect("a session on another server");
+    let guard = s.mutex("m").unwrap().lock().await.unwrap();
+    ensemble.pause(next);
+    let start = Instant::now();
+    let closed = s.close().await;
+    let took = start.elapsed();
+    let free = other.mutex("m").unwrap().try_lock().await.unwrap();
+    ensemble.resume(next);
+    assert!(
+        free.is_some(),
+        "the lock is still taken after the close ({closed:?} after {took:?})"
+    );
+    drop(guard);
+    other.close().await.unwrap();
+}

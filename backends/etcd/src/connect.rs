@@ -105,8 +105,15 @@ async fn round(
             rotation.learned(ep, *member).await;
         }
         let healthy: Vec<String> = healthy.into_iter().map(|(ep, _)| ep).collect();
-        let client = Client::connect(&healthy, Some(options(config)))
+        // Bounded as a whole: with a user it authenticates, and a member that stops answering
+        // between its check and here (a TLS handshake that never ends) would hold it for ever.
+        let within = deadline + config.request_timeout;
+        let client = timeout_at(within, Client::connect(&healthy, Some(options(config))))
             .await
+            .map_err(|_| Error::Timeout {
+                op: "connect",
+                after: config.connect_timeout + config.request_timeout,
+            })?
             .map_err(|e| map("connect", e))?;
         return Ok((client, rotation));
     }

@@ -120,11 +120,27 @@ impl RedisSession {
         args: Args,
     ) -> Result<Value> {
         let mut con = self.primary.con();
-        self.primary
-            .runner
-            .run(&mut con, script, group.key(), &args)
-            .await
-            .map_err(|e| self.primary.failed(op, e))
+        let bound = self.primary.timeout();
+        // Bounded here as documented (each request at most the timeout): the connection
+        // manager makes a request wait for its reconnect, two connects and a backoff more.
+        match tokio::time::timeout(
+            bound,
+            self.primary
+                .runner
+                .run(&mut con, script, group.key(), &args),
+        )
+        .await
+        {
+            Ok(reply) => reply.map_err(|e| self.primary.failed(op, e)),
+            Err(_) => Err(self.primary.failed(
+                op,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {bound:?}"),
+                )
+                .into(),
+            )),
+        }
     }
 
     /// A call that creates something a failover must not lose: acknowledged by the replicas

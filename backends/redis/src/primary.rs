@@ -183,6 +183,11 @@ impl Primary {
         (c.client.clone(), c.generation)
     }
 
+    /// How long a request may wait for the server ([`RedisConfig::timeout`]).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
     /// The generation of the primary: connections made for an older one are replaced.
     pub(crate) fn generation(&self) -> u64 {
         self.current().generation

@@ -20,7 +20,7 @@ use crate::Inner;
 
 /// How long [`close`](BackendSession::close) waits for the server to confirm the end of the
 /// session at most.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// One ZooKeeper session, as a [`BackendSession`].
 ///

@@ -173,7 +173,14 @@ impl Links {
     pub(crate) async fn close_on_cluster(&self) -> Result<()> {
         let config = &self.backend.config;
         let last = self.last_server.load(Ordering::SeqCst);
-        let per_try = attach_bound(self.ttl).max(Duration::from_secs(1));
+        // Every server gets its try within one close's bound: with a server's share of the
+        // TTL alone (6 s at a TTL of 30 s), a silent first server would take the whole bound on
+        // every try, and the close would never reach a server that answers.
+        let n = u32::try_from(config.each.len().max(1)).unwrap_or(u32::MAX);
+        let per_try = attach_bound(self.ttl)
+            .max(Duration::from_secs(1))
+            .min(crate::lifecycle::CLOSE_WAIT / n)
+            .max(Duration::from_millis(500));
         config
             .close_session(self.requested, self.info.clone(), last, per_try)
             .await
