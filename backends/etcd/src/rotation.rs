@@ -14,6 +14,7 @@
 //! takes that endpoint out too.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use fencelock::Result;
@@ -21,6 +22,22 @@ use tokio::sync::Mutex as AsyncMutex;
 use tracing::{debug, info};
 
 use crate::error::map;
+
+/// How long a change of the rotation may wait for room in the client's queue of changes
+/// before it is given up (the endpoint stays as it was; the monitor tries again).
+const CHANGE_WAIT: Duration = Duration::from_secs(1);
+
+/// Has a cheap request go through `client`'s balanced channel, which takes in the changes of
+/// its endpoints only as requests go through it (tower's buffer polls its discovery then): a
+/// process that only holds locks sends none on it (its keep-alives and watches have streams
+/// of their own), and its queue of 64 changes would fill with a member that comes and goes,
+/// holding the next change, and the rotation's lock with it, for ever.
+fn take_in_changes(client: &Client) {
+    let mut client = client.clone();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(CHANGE_WAIT * 5, client.status()).await;
+    });
+}
 
 /// The endpoints in and out of the client's rotation, shared by the monitor and the sessions.
 pub(crate) struct Rotation {
@@ -122,13 +139,22 @@ impl Rotation {
         }
         // Awaited under the lock: the removal is queued before any stream opened after this
         // returns, so that stream cannot be sent to the endpoint.
-        match client.remove_endpoint(endpoint).await {
-            Ok(()) => {
+        let removed = tokio::time::timeout(CHANGE_WAIT, client.remove_endpoint(endpoint)).await;
+        take_in_changes(client);
+        match removed {
+            Ok(Ok(())) => {
                 inner.left_out.push(endpoint.to_string());
                 true
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 debug!(endpoint, error = %e, "cannot take the endpoint out");
+                false
+            }
+            Err(_) => {
+                debug!(
+                    endpoint,
+                    "cannot take the endpoint out: the client's changes are full"
+                );
                 false
             }
         }
@@ -140,15 +166,21 @@ impl Rotation {
         if !inner.left_out.iter().any(|e| e == endpoint) {
             return;
         }
-        match client.add_endpoint(endpoint).await {
-            Ok(()) => {
+        let added = tokio::time::timeout(CHANGE_WAIT, client.add_endpoint(endpoint)).await;
+        take_in_changes(client);
+        match added {
+            Ok(Ok(())) => {
                 info!(
                     endpoint,
                     "etcd endpoint answers again: back in the rotation"
                 );
                 inner.left_out.retain(|e| e != endpoint);
             }
-            Err(e) => debug!(endpoint, error = %e, "cannot add the endpoint back"),
+            Ok(Err(e)) => debug!(endpoint, error = %e, "cannot add the endpoint back"),
+            Err(_) => debug!(
+                endpoint,
+                "cannot add the endpoint back: the client's changes are full"
+            ),
         }
     }
 
