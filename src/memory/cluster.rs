@@ -60,9 +60,9 @@ impl Inner {
 
 impl State {
     pub(super) fn kill(&mut self, id: u64) {
-        if let Some(s) = self.sessions.get_mut(&id) {
-            s.alive = false;
-        }
+        // Forgotten, not kept as dead: a long test that opens and loses sessions (a Supervisor's
+        // churn) must not slow every later request down, nor grow (an unknown session is dead).
+        self.sessions.remove(&id);
         let before = self.entries.len();
         self.entries.retain(|_, r| r.session != id);
         if self.entries.len() != before {

@@ -129,16 +129,17 @@ impl BackendSession for MemorySession {
     }
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
-        {
-            let st = self.inner.lock();
-            if st.same(&own.key, own.order).is_none() {
-                return Err(Error::EntryVanished {
-                    key: own.key.clone(),
-                });
-            }
+        // Until the target goes, or our own entry does (deleted by someone else meanwhile: the
+        // wait fails at once, as on a real cluster, instead of lasting until the target goes).
+        self.wait_until(|st| {
+            st.same(&own.key, own.order).is_none() || st.same(&target.key, target.order).is_none()
+        })
+        .await;
+        if self.inner.lock().same(&own.key, own.order).is_none() {
+            return Err(Error::EntryVanished {
+                key: own.key.clone(),
+            });
         }
-        self.wait_until(|st| st.same(&target.key, target.order).is_none())
-            .await;
         Ok(())
     }
 

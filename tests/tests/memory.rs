@@ -253,3 +253,34 @@ async fn a_refused_cleanup_is_reported_not_hidden() {
     b.close().await.unwrap();
     a.close().await.unwrap();
 }
+
+/// A waiter whose entry someone deletes while it waits (an operator's tool) fails at once with
+/// `EntryVanished`, instead of waiting until the holder ahead of it goes.
+#[tokio::test]
+async fn a_waiter_whose_entry_is_deleted_fails_at_once() {
+    let backend = MemoryBackend::new();
+    let a = Session::builder(backend.clone()).start().await.unwrap();
+    let b = Session::builder(backend.clone()).start().await.unwrap();
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("m").unwrap().lock().await }
+    });
+    let key = loop {
+        let entries = a.list_entries().await.unwrap();
+        if let Some(k) = entries.into_iter().find(|k| k != held.key()) {
+            break k;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(backend.delete_key(&key));
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter still waits for the holder")
+        .unwrap();
+    assert!(
+        matches!(r, Err(fencelock::Error::EntryVanished { .. })),
+        "{r:?}"
+    );
+    held.release().await.unwrap();
+}
