@@ -48,9 +48,9 @@ impl fmt::Debug for Mutex {
 impl Session {
     /// A mutex named `name` in this session's namespace. The name is validated here, for
     /// this backend: non-empty, at most 512 bytes, no NUL or control characters, no leading or
-    /// trailing `/`, no empty, `.` or `..` segments, no last segment `read`, `write`, `leases`
-    /// or `locks` below another (the queues other primitives keep under their names, see
-    /// [`validate_name`](crate::validate_name)), and nothing the backend forbids (ZooKeeper:
+    /// trailing `/`, no empty, `.` or `..` segments, no last segment `read` or `write` below
+    /// another (a read-write lock's entries, see [`validate_name`](crate::validate_name)), and
+    /// nothing the backend forbids (ZooKeeper:
     /// characters outside its path alphabet) — [`Error::InvalidName`](crate::Error::InvalidName)
     /// otherwise.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {

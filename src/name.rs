@@ -41,25 +41,31 @@ fn check_rest(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The last segments of the queues a primitive keeps under its name: a read-write lock's
-/// readers and writers (`{name}/read/…`, `{name}/write/…`, Go's layout), a semaphore's leases
-/// and gate (`{name}/leases`, `{name}/locks`). A user's name ending in one of them below
-/// another segment would be that primitive's queue.
-pub const RESERVED_LAST_SEGMENTS: [&str; 4] = ["read", "write", "leases", "locks"];
+/// The last segments that a read-write lock keeps its readers and writers under (Go's
+/// `RWMutex` layout, `{name}/read/…` and `{name}/write/…`, on etcd and in memory). A user's name
+/// ending in one of them below another segment would queue among that read-write lock's
+/// entries.
+///
+/// (A semaphore's two queues, `{name}/locks` and `{name}/leases`, are not reserved: Curator's
+/// `InterProcessSemaphoreV2` lays them out the same way, and its own examples lock paths such as
+/// `/examples/locks`. As with Curator, a mutex named `pool/locks` is the gate of the semaphore
+/// `pool`: do not name a lock after another primitive's queue.)
+pub const RESERVED_LAST_SEGMENTS: [&str; 2] = ["read", "write"];
 
 /// Checks a lock or election name: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL or other
 /// control character, no leading or trailing `/`, no empty, `.` or `..` segment (so the
 /// same name is valid as an etcd key part and a ZooKeeper path), and, below another segment,
 /// no last segment of [`RESERVED_LAST_SEGMENTS`]: a mutex named `jobs/read` would otherwise
-/// queue among the readers of the read-write lock `jobs`, and one named `pool/locks` would be
-/// the gate of the semaphore `pool` (a name of one segment, `read` or `locks`, is fine).
+/// queue among the readers of the read-write lock `jobs` (a name of one segment, `read`, is
+/// fine).
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());
-/// assert!(fencelock::validate_name("locks").is_ok());
+/// assert!(fencelock::validate_name("read").is_ok());
+/// assert!(fencelock::validate_name("examples/locks").is_ok());
 /// assert!(fencelock::validate_name("/jobs").is_err());
 /// assert!(fencelock::validate_name("").is_err());
-/// assert!(fencelock::validate_name("pool/locks").is_err());
+/// assert!(fencelock::validate_name("jobs/read").is_err());
 /// ```
 pub fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() {
@@ -73,7 +79,7 @@ pub fn validate_name(name: &str) -> Result<()> {
         if RESERVED_LAST_SEGMENTS.contains(&last) {
             return Err(invalid(
                 name,
-                "ends in a segment that primitives keep under their names (read, write, leases, locks)",
+                "ends in a segment that read-write locks keep their entries under (read, write)",
             ));
         }
     }
@@ -123,6 +129,8 @@ mod tests {
             "locks",
             "read/jobs",
             "jobs/reader",
+            "examples/locks",
+            "pool/leases",
         ] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
@@ -138,8 +146,6 @@ mod tests {
             &"n".repeat(513),
             "jobs/read",
             "a/b/write",
-            "pool/leases",
-            "pool/locks",
         ] {
             assert!(
                 matches!(validate_name(bad), Err(Error::InvalidName(_))),
