@@ -152,7 +152,9 @@ impl MultiLock {
             match guard {
                 Ok(g) => guards.push((name.clone(), g)),
                 Err(e) => {
-                    release_all(&guards).await;
+                    // An entry the cluster refuses to remove stays: that is the answer then,
+                    // since "not acquired" promises none is left.
+                    release_all(&guards).await?;
                     return Err(e);
                 }
             }
@@ -191,10 +193,20 @@ impl MultiLock {
     }
 }
 
-/// Releases every guard, ignoring errors (an error path), all at once: one round trip for the
-/// set rather than one per lock, so that a timeout returns soon after its deadline.
-async fn release_all(guards: &[(String, Guard)]) {
-    futures_util::future::join_all(guards.iter().map(|(_, g)| g.release())).await;
+/// Releases every guard (an error path), all at once: one round trip for the set rather than
+/// one per lock, so that a timeout returns soon after its deadline. Returns the first
+/// permanent error (a removal the cluster refuses: an entry stays); a guard already lost has
+/// no entry left, and a temporary failure is finished by the session's background task.
+async fn release_all(guards: &[(String, Guard)]) -> Result<()> {
+    let results = futures_util::future::join_all(guards.iter().map(|(_, g)| g.release())).await;
+    match results
+        .into_iter()
+        .filter_map(std::result::Result::err)
+        .find(|e| !matches!(e, Error::NotHeld(_)) && !e.is_temporary())
+    {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Proof of holding every lock of a [`MultiLock`], with one fencing token per lock.

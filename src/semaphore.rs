@@ -117,7 +117,16 @@ impl Semaphore {
         // before this returns, so that a timeout (or `None`) leaves no gate entry behind, as
         // `Mutex::lock_timeout` promises for its own entry. (If this future is dropped here
         // instead, the gate guard's drop hands the release to the background task.)
-        let _ = gate.release().await;
+        let gate_released = gate.release().await;
+        // Not acquired with the gate's entry refused removal (permanently): that entry stays and
+        // holds every other acquirer at the gate, and "not acquired" promises nothing is left.
+        let refused = gate_released
+            .err()
+            .filter(|e| !matches!(e, Error::NotHeld(_)) && !e.is_temporary());
+        let tenure = match (tenure, refused) {
+            (Ok(None) | Err(Error::Timeout { .. }), Some(e)) => return Err(e),
+            (tenure, _) => tenure,
+        };
         let Some(tenure) = tenure? else {
             return Ok(None);
         };

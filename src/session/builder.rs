@@ -85,6 +85,11 @@ impl SessionBuilder {
     /// errors (unreachable, electing a leader) before it gives up with the last one (default
     /// [`DEFAULT_START_TIMEOUT`]). Permanent errors (authentication, permissions, bad
     /// settings) are returned at once.
+    ///
+    /// A try under way is not cut: it ends by the backend's own bounds (its connect and request
+    /// timeouts) with the error that says why, so `start` may last up to one such try longer
+    /// (`Duration::ZERO`: one try). To bound `start` as a whole, wrap it in
+    /// [`tokio::time::timeout`] (the `fencelock` command does: `--connect-timeout`).
     pub fn start_timeout(mut self, timeout: Duration) -> Self {
         self.start_timeout = timeout;
         self
@@ -115,21 +120,7 @@ impl SessionBuilder {
                 || {
                     let sent = clock.now();
                     let opened = backend.open_session(self.ttl).instrument(span.clone());
-                    let start_timeout = self.start_timeout;
-                    async move {
-                        // A try still under way at the give-up instant is cut there: one try
-                        // of a backend may take several of its request timeouts.
-                        let opened = match give_up {
-                            Some(at) => {
-                                timeout_at(at, opened).await.unwrap_or(Err(Error::Timeout {
-                                    op: "open the session",
-                                    after: start_timeout,
-                                }))
-                            }
-                            None => opened.await,
-                        };
-                        opened.map(|remote| (sent, remote))
-                    }
+                    async move { opened.await.map(|remote| (sent, remote)) }
                 },
                 Error::is_temporary,
             )
