@@ -140,7 +140,9 @@ async fn follows(how: Failover) {
             }
             assert!(
                 !matches!(a.state(), SessionState::Lost(_)),
-                "the holder's session was lost"
+                "the holder's session was lost: {:?} (states {:?}, failover {took:.2?})",
+                a.state(),
+                seen.lock().unwrap()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
