@@ -141,7 +141,22 @@ pub(crate) async fn run(
                     // A heartbeat unanswered for a period is a failed one: the session is
                     // suspended at once, not when the deadline comes.
                     let patience = deadline.min(sent.mono + ttl / 3);
-                    match timeout_at(patience, remote.keep_alive()).await {
+                    let beat = timeout_at(patience, remote.keep_alive());
+                    // A session closed or dropped meanwhile is ended now: the heartbeat in
+                    // flight is moot, and waiting for it (up to a third of the TTL) would leave
+                    // the session's locks held on the cluster that long.
+                    let outcome = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => None,
+                        outcome = beat => Some(outcome),
+                    };
+                    let Some(outcome) = outcome else {
+                        if let Some(shared) = weak.upgrade() {
+                            shared.set_lost(SessionEnd::Closed);
+                        }
+                        return close_patiently(&*remote, ttl).await;
+                    };
+                    match outcome {
                         Ok(Ok(())) => {
                             let Some(shared) = weak.upgrade() else {
                                 return close_patiently(&*remote, ttl).await;

@@ -58,9 +58,11 @@ async fn release_after_a_lost_reply_succeeds() {
 }
 
 /// The last handle dropped while a heartbeat is in flight (a cluster slow to answer): the
-/// session is still ended on the cluster once the heartbeat returns. (The heartbeat task used
-/// to find the session's state gone then and end without closing it: its locks and candidacies
-/// stayed until the cluster expired it, a TTL later.) Its state is `Lost(Closed)` at once.
+/// session is ended on the cluster at once, without waiting for the heartbeat. (The heartbeat
+/// task used to find the session's state gone once the heartbeat returned and end without
+/// closing it: its locks and candidacies stayed until the cluster expired it, a TTL later;
+/// then it closed it, but only once the heartbeat returned.) Its state is `Lost(Closed)` at
+/// once.
 #[tokio::test(start_paused = true)]
 async fn dropped_during_a_heartbeat_the_session_is_still_closed() {
     let backend = MemoryBackend::new();
@@ -89,14 +91,16 @@ async fn dropped_during_a_heartbeat_the_session_is_still_closed() {
         )),
         "{seen:?}"
     );
-    backend.release_keep_alives();
+    // Closed on the cluster at once, the heartbeat still unanswered (it waited for the
+    // heartbeat to return first, up to a third of the TTL).
     tokio::time::timeout(Duration::from_secs(5), async {
         while backend.session_alive(&id) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("closed on the cluster once the heartbeat returned, not a TTL later");
+    .expect("closed on the cluster without waiting for the heartbeat in flight");
+    backend.release_keep_alives();
 }
 
 /// On shutdown the Supervisor drops the term's future (and what it holds) before it closes the
