@@ -11,6 +11,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout_at, Instant};
+
+use crate::race::{race, First};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn, Instrument};
 
@@ -145,16 +147,15 @@ pub(crate) async fn run(
                     // A session closed or dropped meanwhile is ended now: the heartbeat in
                     // flight is moot, and waiting for it (up to a third of the TTL) would leave
                     // the session's locks held on the cluster that long.
-                    let outcome = tokio::select! {
-                        biased;
-                        _ = stop.cancelled() => None,
-                        outcome = beat => Some(outcome),
-                    };
-                    let Some(outcome) = outcome else {
-                        if let Some(shared) = weak.upgrade() {
-                            shared.set_lost(SessionEnd::Closed);
+                    // (`race`, not `tokio::select!`: the crate does not ask for Tokio's macros.)
+                    let outcome = match race(stop.cancelled(), beat).await {
+                        First::Left(()) => {
+                            if let Some(shared) = weak.upgrade() {
+                                shared.set_lost(SessionEnd::Closed);
+                            }
+                            return close_patiently(&*remote, ttl).await;
                         }
-                        return close_patiently(&*remote, ttl).await;
+                        First::Right(outcome) => outcome,
                     };
                     match outcome {
                         Ok(Ok(())) => {
