@@ -157,6 +157,13 @@ impl Error {
         }
     }
 
+    /// Whether a release that failed so leaves its entry on the cluster for good: neither
+    /// already gone ([`Error::NotHeld`]: released, or lost with its session) nor temporary
+    /// (finished by the session's background task).
+    pub(crate) fn leaves_entry(&self) -> bool {
+        !matches!(self, Error::NotHeld(_)) && !self.is_temporary()
+    }
+
     /// Builds an [`Error::InvalidName`], showing at most 64 characters of `name`.
     pub fn invalid_name(name: &str, reason: impl Into<Cow<'static, str>>) -> Self {
         Error::InvalidName(InvalidInput::new(name, reason))

@@ -202,7 +202,7 @@ async fn release_all(guards: &[(String, Guard)]) -> Result<()> {
     match results
         .into_iter()
         .filter_map(std::result::Result::err)
-        .find(|e| !matches!(e, Error::NotHeld(_)) && !e.is_temporary())
+        .find(Error::leaves_entry)
     {
         Some(e) => Err(e),
         None => Ok(()),

@@ -120,9 +120,7 @@ impl Semaphore {
         let gate_released = gate.release().await;
         // Not acquired with the gate's entry refused removal (permanently): that entry stays and
         // holds every other acquirer at the gate, and "not acquired" promises nothing is left.
-        let refused = gate_released
-            .err()
-            .filter(|e| !matches!(e, Error::NotHeld(_)) && !e.is_temporary());
+        let refused = gate_released.err().filter(Error::leaves_entry);
         let tenure = match (tenure, refused) {
             (Ok(None) | Err(Error::Timeout { .. }), Some(e)) => return Err(e),
             (tenure, _) => tenure,

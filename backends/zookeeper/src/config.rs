@@ -10,6 +10,9 @@ use zookeeper_client as zk;
 use crate::layout::check_zk_path;
 use crate::ZooKeeperBackend;
 
+mod connect_string;
+use connect_string::split_chroot;
+
 /// How long [`ZooKeeperConfig::connect`] and every session start wait for the cluster by
 /// default (10 s).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -322,24 +325,6 @@ impl ZooKeeperConfig {
     }
 }
 
-/// Splits `host:port,...[/chroot]` into the servers and the chroot, as the client parses it:
-/// the chroot follows the first '/' of the last server (after its optional scheme).
-fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
-    let last_start = connect_string.rfind(',').map_or(0, |i| i + 1);
-    let last = &connect_string[last_start..];
-    let scheme = ["tcp://", "tcp+tls://"]
-        .iter()
-        .find(|s| last.starts_with(*s))
-        .map_or(0, |s| s.len());
-    match last[scheme..].find('/') {
-        Some(i) => {
-            let at = last_start + scheme + i;
-            (&connect_string[..at], Some(&connect_string[at..]))
-        }
-        None => (connect_string, None),
-    }
-}
-
 /// Validated settings, shared by the backend and its sessions.
 #[derive(Clone)]
 pub(crate) struct Resolved {
@@ -392,14 +377,6 @@ impl Resolved {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chroot_split() {
-        assert_eq!(split_chroot("a:1"), ("a:1", None));
-        assert_eq!(split_chroot("a:1,b:2/x/y"), ("a:1,b:2", Some("/x/y")));
-        assert_eq!(split_chroot("tcp://a:1/x"), ("tcp://a:1", Some("/x")));
-        assert_eq!(split_chroot("a:1,tcp://b:2"), ("a:1,tcp://b:2", None));
-    }
 
     #[test]
     fn credentials_in_the_connect_string() {

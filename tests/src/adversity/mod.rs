@@ -113,6 +113,14 @@ impl Scenario {
         )
     }
 
+    /// The scenario (crash or gray) whose [`name`](Self::name) is `name`.
+    pub fn named(name: &str) -> Option<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .chain(Scenario::GRAY)
+            .find(|s| s.name() == name)
+    }
+
     /// A short name.
     pub fn name(self) -> &'static str {
         match self {
@@ -516,10 +524,7 @@ pub async fn run_all(label: &str, cluster: &dyn Cluster, cfg: &RunConfig, part: 
     // A mistyped selection would run nothing and pass.
     for name in only.iter().flat_map(|o| o.split(',')) {
         assert!(
-            Scenario::ALL
-                .iter()
-                .chain(&Scenario::GRAY)
-                .any(|s| s.name() == name.trim()),
+            Scenario::named(name.trim()).is_some(),
             "FENCELOCK_SCENARIO names no scenario: {name:?}"
         );
     }
