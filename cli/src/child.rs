@@ -125,7 +125,7 @@ pub(crate) async fn run_under(
     }
     let (program, args) = run.command.split_first().expect("clap requires a command");
     let foreground = tree::in_terminal_foreground();
-    let leads_session = rustix::process::getsid(None).ok() == Some(rustix::process::getpid());
+    let leads_session = tree::leads_session();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("FENCELOCK_TOKEN", grant.token().to_string())

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rustix::process::{
-    getpgrp, getpid, kill_process, kill_process_group, waitpid, Pid, Signal, WaitOptions,
+    getpid, kill_process, kill_process_group, waitpid, Pid, Signal, WaitOptions,
 };
 
 /// How often the tree is looked at while waiting for it to end.
@@ -41,11 +41,25 @@ pub(crate) fn adopt_orphans() {
 
 /// Whether fencelock runs in the foreground of its controlling terminal (then the command
 /// shares its process group; see the module's docs).
+///
+/// Read from `/proc/self/stat`, not from `getpgrp`/`tcgetpgrp`: in a PID namespace whose
+/// process group or session leader lives outside it (a container's shell, `unshare --pid`),
+/// the kernel reports those IDs as 0, which rustix's `Pid` cannot hold (it asserts in debug
+/// builds and is undefined behaviour in release ones). A 0 is "not visible": not foreground.
 pub(crate) fn in_terminal_foreground() -> bool {
-    let Ok(tty) = std::fs::File::open("/dev/tty") else {
-        return false;
-    };
-    rustix::termios::tcgetpgrp(&tty).ok() == Some(getpgrp())
+    own().is_some_and(|me| me.pgrp > 0 && me.tpgid == me.pgrp)
+}
+
+/// Whether fencelock leads its session (then a terminal's hangup reaches it alone; see
+/// `child.rs`). From `/proc/self/stat` for the reason given on [`in_terminal_foreground`].
+pub(crate) fn leads_session() -> bool {
+    own().is_some_and(|me| me.session == me.pid)
+}
+
+/// fencelock's own `/proc/self/stat`.
+fn own() -> Option<Proc> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_stat(getpid().as_raw_nonzero().get(), &stat)
 }
 
 /// The tree of one spawned command.
@@ -177,6 +191,11 @@ struct Proc {
     pid: i32,
     ppid: i32,
     pgrp: i32,
+    /// The session ID (0 if its leader is outside fencelock's PID namespace).
+    session: i32,
+    /// The foreground process group of its controlling terminal (-1 without one, 0 if not
+    /// visible from fencelock's PID namespace).
+    tpgid: i32,
     zombie: bool,
 }
 
@@ -194,18 +213,23 @@ fn processes() -> Vec<Proc> {
     .collect()
 }
 
-/// Reads `pid (comm) state ppid pgrp …`; the command name may hold spaces and parentheses,
-/// so the fields are read after its last `)`.
+/// Reads `pid (comm) state ppid pgrp session tty_nr tpgid …`; the command name may hold
+/// spaces and parentheses, so the fields are read after its last `)`.
 fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
     let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
     let state = fields.next()?;
     let ppid = fields.next()?.parse().ok()?;
     let pgrp = fields.next()?.parse().ok()?;
+    let session = fields.next()?.parse().ok()?;
+    let _tty_nr = fields.next()?;
+    let tpgid = fields.next()?.parse().ok()?;
     Some(Proc {
         pid,
         ppid,
         pgrp,
+        session,
+        tpgid,
         zombie: state == "Z" || state == "X",
     })
 }
@@ -218,8 +242,12 @@ mod tests {
     fn stat_lines() {
         let p = parse_stat(42, "42 (a) b) c) S 7 42 42 0 -1 4194560").unwrap();
         assert_eq!((p.pid, p.ppid, p.pgrp, p.zombie), (42, 7, 42, false));
-        let p = parse_stat(9, "9 (sleep) Z 1 5 5 0").unwrap();
+        assert_eq!((p.session, p.tpgid), (42, -1));
+        let p = parse_stat(9, "9 (sleep) Z 1 5 5 0 0 0").unwrap();
         assert!(p.zombie);
+        // In a PID namespace whose group and session leaders live outside it.
+        let p = parse_stat(2, "2 (cat) R 1 0 0 0 -1 4194304").unwrap();
+        assert_eq!((p.pgrp, p.session, p.tpgid), (0, 0, -1));
         assert!(parse_stat(1, "garbage").is_none());
     }
 }

@@ -571,3 +571,43 @@ async fn observe_outlives_a_lost_session() {
     assert!(r.child.signal(Signal::INT));
     assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
 }
+
+/// In a PID namespace whose session and process group leaders live outside it (a container's
+/// shell, `unshare --pid`), the kernel reports those IDs as 0: fencelock panicked reading
+/// them (rustix's `Pid` holds no 0), before running the command. It now runs it as anywhere.
+/// Skipped where this user may not create namespaces (not root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_where_its_session_leader_is_not_visible() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: unshare --pid is not permitted here");
+        return;
+    }
+    let ns = unique_namespace("cli_pidns");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args([
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        env!("CARGO_BIN_EXE_fencelock"),
+    ])
+    .args(["lock", "m", "--", "sh", "-c"])
+    .arg("echo $FENCELOCK_TOKEN > token; sleep 1000 & exit 3")
+    .env("FENCELOCK_ENDPOINTS", &t.url)
+    .env("FENCELOCK_NAMESPACE", &ns);
+    let mut r = Run::spawn(cmd, d, "pidns");
+    let status = r.exit(WITHIN).await;
+    assert_eq!(status.code(), Some(3), "{}", r.output());
+    let token = std::fs::read_to_string(d.join("token")).unwrap();
+    assert!(token.trim().parse::<u64>().unwrap() > 0, "{token}");
+    let s = t.session(&ns).await;
+    assert!(s.list_entries().await.unwrap().is_empty(), "{}", r.output());
+    s.close().await.unwrap();
+}
