@@ -238,8 +238,14 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
-    pub(crate) command: Vec<String>,
+    // Not `String`: a file name need not be UTF-8, and the command is passed on as given.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        value_name = "CMD",
+        value_parser = clap::value_parser!(std::ffi::OsString)
+    )]
+    pub(crate) command: Vec<std::ffi::OsString>,
 }
 
 /// A human duration (`500ms`, `10s`, `2m`), at most a day.
@@ -332,6 +338,25 @@ mod tests {
                 "{args:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_command_need_not_be_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        let cli = Cli::try_parse_from([
+            "fencelock".as_ref(),
+            "lock".as_ref(),
+            "x".as_ref(),
+            "--".as_ref(),
+            "cat".as_ref(),
+            name,
+        ])
+        .unwrap();
+        let Command::Lock { run, .. } = cli.command else {
+            panic!("lock")
+        };
+        assert_eq!(run.command, ["cat".as_ref(), name]);
     }
 
     #[test]

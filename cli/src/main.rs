@@ -48,6 +48,13 @@ fn main() -> ExitCode {
             _ => ExitCode::SUCCESS,
         };
     }
+    // Started with SIGCHLD ignored (some daemons and supervisors leave it so), the kernel would
+    // reap the command as it exits: its status lost, the wait for it failing (exit 70). Any
+    // handler of ours undoes that; the command gets the default back at exec.
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGCHLD,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

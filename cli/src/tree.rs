@@ -18,12 +18,19 @@
 //! fencelock waits until none of the tree is left before it releases the grant or exits. What
 //! escapes: a process that another service starts on the command's behalf (`systemd-run`,
 //! `at`, a D-Bus activation) is not a descendant and is not stopped.
+//!
+//! The tree is read from `/proc`, and only from a `/proc` of fencelock's own PID namespace
+//! (`/proc/self` names fencelock's PID): under `unshare --pid` without `--mount-proc`, `/proc`
+//! numbers another namespace's processes, and taking them for ours would signal strangers
+//! (as PID 1, "our descendants" would be the whole host). Without it, fencelock knows only the
+//! command and its process group: descendants that left the group are not found.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rustix::process::{
-    getpid, kill_process, kill_process_group, waitpid, Pid, Signal, WaitOptions,
+    getpid, kill_process, kill_process_group, test_kill_process_group, waitid, waitpgid, waitpid,
+    Pid, Signal, WaitId, WaitIdOptions, WaitOptions,
 };
 
 /// How often the tree is looked at while waiting for it to end.
@@ -56,10 +63,22 @@ pub(crate) fn leads_session() -> bool {
     own().is_some_and(|me| me.session == me.pid)
 }
 
-/// fencelock's own `/proc/self/stat`.
+/// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
+/// numbers are another namespace's, and no PID read there may be signalled.
+fn proc_is_ours(me: Pid) -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<i32>().ok())
+        == Some(me.as_raw_nonzero().get())
+}
+
+/// fencelock's own `/proc/self/stat`, its IDs as numbered by that `/proc`.
 fn own() -> Option<Proc> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    parse_stat(getpid().as_raw_nonzero().get(), &stat)
+    // Its own first field, not `getpid()`: a `/proc` of a parent PID namespace numbers every
+    // field of the file in that namespace.
+    let pid = stat.split_whitespace().next()?.parse().ok()?;
+    parse_stat(pid, &stat)
 }
 
 /// The tree of one spawned command.
@@ -90,6 +109,9 @@ impl Tree {
     /// The live processes of the tree, each with whether it is in the command's group.
     fn live(&self) -> Vec<(Pid, bool)> {
         let me = getpid();
+        if !proc_is_ours(me) {
+            return self.live_unlisted();
+        }
         let procs = processes();
         let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
         for p in &procs {
@@ -129,6 +151,37 @@ impl Tree {
             }
         }
         live
+    }
+
+    /// [`live`](Self::live) without a `/proc` of our own: the command's group (one entry, to
+    /// signal as a group) while any of it may live, else the command while it runs.
+    fn live_unlisted(&self) -> Vec<(Pid, bool)> {
+        // `NOWAIT`: the command's status stays Tokio's to collect.
+        let command = waitid(
+            WaitId::Pid(self.command),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+        );
+        let (running, reaped) = (matches!(command, Ok(None)), command.is_err());
+        let Some(group) = self.group else {
+            return if running {
+                vec![(self.command, false)]
+            } else {
+                Vec::new()
+            };
+        };
+        if reaped {
+            // The group's other exited members are orphans re-parented to us (the
+            // subreaper): reaped here, so that they stop counting. (Never while the command
+            // is unreaped: it is in the group, and its status is Tokio's.)
+            while let Ok(Some(_)) = waitpgid(group, WaitOptions::NOHANG) {}
+        }
+        // An exited command not yet reaped keeps the group alive: counted as live until
+        // Tokio reaps it (bounded by the grace and the kill wait of `stop`).
+        if test_kill_process_group(group).is_ok() {
+            vec![(group, true)]
+        } else {
+            Vec::new()
+        }
     }
 
     /// Sends `sig` once to every process of the tree: to the command's group (if it has its

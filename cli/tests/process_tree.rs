@@ -360,7 +360,7 @@ impl Drop for KillOnDrop {
 /// process group: the terminal's hangup, which the kernel sends to the session's leader alone,
 /// reaches the command (before, fencelock took it for one the terminal had sent the command
 /// too, and the command ran on, holding the lock). The terminal is `script`'s pseudo-terminal,
-/// made fencelock's controlling one by `setsid --ctty`; killing `script` hangs it up.
+/// fencelock its session's leader by `exec`; killing `script` hangs it up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hangup_of_its_terminal_reaches_the_command() {
     let Some(t) = Target::etcd().await else {
@@ -375,13 +375,17 @@ async fn a_hangup_of_its_terminal_reaches_the_command() {
          while :; do sleep 0.05; done",
     )
     .unwrap();
+    // `script`'s shell leads a new session on the pseudo-terminal, and `exec` makes fencelock
+    // that leader. (`setsid --ctty` took the terminal from the shell's session instead, which
+    // the kernel allows only with CAP_SYS_ADMIN: not in every sandbox.)
     let inner = format!(
-        "setsid --ctty --wait {} lock m -- sh {}",
+        "exec {} lock m -- sh {}",
         env!("CARGO_BIN_EXE_fencelock"),
         d.join("cmd.sh").display()
     );
     let mut cmd = std::process::Command::new("script");
     cmd.args(["-qec", &inner, "/dev/null"])
+        .env("SHELL", "/bin/sh")
         .env("FENCELOCK_ENDPOINTS", &t.url)
         .env("FENCELOCK_NAMESPACE", &ns)
         .env("FENCELOCK_TTL", "3s");
@@ -572,41 +576,108 @@ async fn observe_outlives_a_lost_session() {
     assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
 }
 
+/// Whether this user may make PID namespaces (`unshare --pid`: root); else the tests that
+/// need one say so and pass.
+fn may_unshare() -> bool {
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .output();
+    let ok = probe.is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: unshare --pid is not permitted here");
+    }
+    ok
+}
+
+/// Runs `fencelock lock m -- sh -c SCRIPT` in a new PID namespace (`unshare` with `flags`)
+/// with `--grace 60s`; returns its exit status, how long it took, and its output.
+async fn in_pid_namespace(t: &Target, flags: &[&str], script: &str) -> (Option<i32>, Duration) {
+    let ns = unique_namespace("cli_pidns");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(flags)
+        .arg(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["lock", "m", "--grace", "60s", "--", "sh", "-c"])
+        .arg(format!("echo $FENCELOCK_TOKEN > token; {script}"))
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns);
+    let start = Instant::now();
+    let mut r = Run::spawn(cmd, d, "pidns");
+    let status = r.exit(Duration::from_secs(90)).await;
+    let took = start.elapsed();
+    let token = std::fs::read_to_string(d.join("token")).unwrap_or_default();
+    assert!(
+        token.trim().parse::<u64>().is_ok_and(|t| t > 0),
+        "{}",
+        r.output()
+    );
+    let s = t.session(&ns).await;
+    assert!(s.list_entries().await.unwrap().is_empty(), "{}", r.output());
+    s.close().await.unwrap();
+    (status.code(), took)
+}
+
 /// In a PID namespace whose session and process group leaders live outside it (a container's
 /// shell, `unshare --pid`), the kernel reports those IDs as 0: fencelock panicked reading
-/// them (rustix's `Pid` holds no 0), before running the command. It now runs it as anywhere.
-/// Skipped where this user may not create namespaces (not root).
+/// them (rustix's `Pid` holds no 0), before running the command. It now runs it as anywhere,
+/// and stops what the command left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_where_its_session_leader_is_not_visible() {
     let Some(t) = Target::etcd().await else {
         return;
     };
-    let probe = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "true"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("skipped: unshare --pid is not permitted here");
+    if !may_unshare() {
         return;
     }
-    let ns = unique_namespace("cli_pidns");
+    let flags = ["--pid", "--fork", "--mount-proc"];
+    let (code, took) = in_pid_namespace(&t, &flags, "sleep 1000 & exit 3").await;
+    assert_eq!(code, Some(3));
+    assert!(
+        took < Duration::from_secs(30),
+        "{took:?}: waited out the grace"
+    );
+}
+
+/// With a `/proc` of another PID namespace (`unshare --pid` without `--mount-proc`), fencelock
+/// took that namespace's processes for its own: as PID 1 the whole host was "its" tree, which
+/// never emptied (it waited out the grace and the kill, 65 s here, and signalled PIDs of the
+/// wrong namespace). It now stops what it knows, the command's group, and ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proc_of_another_namespace_is_not_taken_for_ours() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_unshare() {
+        return;
+    }
+    let (code, took) = in_pid_namespace(&t, &["--pid", "--fork"], "sleep 1000 & exit 3").await;
+    assert_eq!(code, Some(3));
+    assert!(
+        took < Duration::from_secs(30),
+        "{took:?}: waited out the grace"
+    );
+}
+
+/// Started with SIGCHLD ignored (a daemon's child, `perl -e '$SIG{CHLD}="IGNORE"'`), fencelock
+/// still ends with its command's status: the kernel reaped the command itself and fencelock
+/// exited 70 ("waiting for the command: No child processes").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_ignoring_sigchld_still_gets_the_status() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_sigchld");
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut cmd = std::process::Command::new("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        env!("CARGO_BIN_EXE_fencelock"),
-    ])
-    .args(["lock", "m", "--", "sh", "-c"])
-    .arg("echo $FENCELOCK_TOKEN > token; sleep 1000 & exit 3")
-    .env("FENCELOCK_ENDPOINTS", &t.url)
-    .env("FENCELOCK_NAMESPACE", &ns);
-    let mut r = Run::spawn(cmd, d, "pidns");
+    let mut cmd = std::process::Command::new("perl");
+    cmd.args(["-e", "$SIG{CHLD} = 'IGNORE'; exec @ARGV or die", "--"])
+        .arg(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["lock", "m", "--", "sh", "-c", "exit 3"])
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns);
+    let mut r = Run::spawn(cmd, dir.path(), "sigchld");
     let status = r.exit(WITHIN).await;
     assert_eq!(status.code(), Some(3), "{}", r.output());
-    let token = std::fs::read_to_string(d.join("token")).unwrap();
-    assert!(token.trim().parse::<u64>().unwrap() > 0, "{token}");
     let s = t.session(&ns).await;
     assert!(s.list_entries().await.unwrap().is_empty(), "{}", r.output());
     s.close().await.unwrap();

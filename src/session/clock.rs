@@ -91,7 +91,9 @@ impl Clock {
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn suspend_counting_now() -> Option<Duration> {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    // The fallible form: the infallible one unwraps the call's result, and a sandbox that
+    // refuses the clock (a seccomp filter, an emulator) must cost the suspend check, not panic.
+    let ts = rustix::time::clock_gettime_dynamic(rustix::time::DynamicClockId::Boottime).ok()?;
     Some(Duration::new(
         u64::try_from(ts.tv_sec).ok()?,
         u32::try_from(ts.tv_nsec).ok()?,
