@@ -4,6 +4,9 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tracing::{info, warn};
 
@@ -33,6 +36,12 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 ///
 /// Errors end supervision only when they are permanent: a temporary error, a lost session, or a
 /// waiting entry deleted by someone else (an operator) leads to another try.
+///
+/// Terms lost one after the other soon after they began (an operator or a script deleting each
+/// new entry, a session lost as soon as it starts) are spaced by the retry policy's growing
+/// pauses (from 20 ms up to 1 s, with jitter), so that supervision never loops at the speed of
+/// the cluster's replies. A term that lasted [`QUICK_LOSS`](Self::QUICK_LOSS) or longer is
+/// taken up again at once, and the pauses start again from the shortest.
 ///
 /// ```
 /// # #[tokio::main] async fn main() -> fencelock::Result<()> {
@@ -65,6 +74,10 @@ enum TermEnd {
 }
 
 impl Supervisor {
+    /// A term lost sooner than this after it began counts as a quick loss: the next term waits
+    /// for a growing pause (see [`Supervisor`]).
+    pub const QUICK_LOSS: Duration = Duration::from_secs(10);
+
     /// A supervisor that starts its sessions with `builder`.
     pub fn new(builder: SessionBuilder) -> Self {
         Supervisor { builder }
@@ -170,6 +183,8 @@ impl Supervisor {
         // The session of the last term, if it lives on; taken and put back by each try.
         let session: Mutex<Option<Session>> = Mutex::new(None);
         let acquire = Mutex::new(&mut acquire);
+        // The pauses between terms lost quickly, one after the other.
+        let mut quick_losses = Backoff::new();
         loop {
             // A session (a new one after a loss), then the lock or leadership.
             let obtained = Retry::new(Backoff::new()).run(
@@ -183,10 +198,7 @@ impl Supervisor {
                 First::Right(Ok(got)) => got,
                 ended => {
                     // Shutdown, or a permanent error: the session kept for a next try goes.
-                    let kept = session.lock().unwrap().take();
-                    if let Some(s) = kept {
-                        let _ = s.close().await;
-                    }
+                    close_kept(&session).await;
                     return match ended {
                         First::Right(Err(e)) => Err(e),
                         _ => Ok(()),
@@ -196,6 +208,7 @@ impl Supervisor {
             // The user's future lives in this block alone: dropped (and whatever it holds and
             // started with it) before the session is closed on a shutdown, so that no work of
             // the old term runs on while a successor takes over.
+            let began = Instant::now();
             let end = {
                 let (lost, user) = start(tenure);
                 let mut user = pin!(user);
@@ -226,6 +239,14 @@ impl Supervisor {
                         session.lock().unwrap().take();
                     } else {
                         *session.lock().unwrap() = Some(s);
+                    }
+                    if began.elapsed() >= Self::QUICK_LOSS {
+                        quick_losses.reset();
+                    } else if let First::Left(()) =
+                        race(shutdown.as_mut(), quick_losses.pause()).await
+                    {
+                        close_kept(&session).await;
+                        return Ok(());
                     }
                 }
             }
@@ -276,5 +297,13 @@ impl Supervisor {
                 Err(e)
             }
         }
+    }
+}
+
+/// Closes the session kept for a next try, if any.
+async fn close_kept(session: &Mutex<Option<Session>>) {
+    let kept = session.lock().unwrap().take();
+    if let Some(s) = kept {
+        let _ = s.close().await;
     }
 }

@@ -45,6 +45,54 @@ pub async fn supervisor_keeps_leading(f: &dyn Factory) {
     probe.close().await.unwrap();
 }
 
+/// Terms lost as soon as they begin (an operator deleting each new entry) are spaced by
+/// growing pauses: seven terms take at least the six shortest pauses of the retry policy
+/// (20 + 40 + … + 640 ms). Without them the supervisor looped at the speed of the cluster's
+/// replies.
+pub async fn supervisor_spaces_quick_losses(f: &dyn Factory) {
+    let ns = unique_namespace("supervisor_quick");
+    let builder = crate::Session::builder(f.backend()).namespace(&ns).ttl(TTL);
+    let supervisor = crate::Supervisor::new(builder);
+    let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
+    let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        supervisor
+            .hold(
+                "m",
+                async move {
+                    let _ = stop.await;
+                },
+                move |guard| {
+                    let tx = terms_tx.clone();
+                    async move {
+                        let _ = tx.send(guard.key().to_string());
+                        std::future::pending::<()>().await;
+                        drop(guard);
+                    }
+                },
+            )
+            .await
+    });
+    let mut first = None;
+    for n in 0..7 {
+        let key = bounded(WAIT, "next term", terms.recv()).await.unwrap();
+        first.get_or_insert_with(tokio::time::Instant::now);
+        if n < 6 {
+            f.delete_as_admin(&key).await.unwrap();
+        }
+    }
+    let took = first.unwrap().elapsed();
+    assert!(
+        took >= Duration::from_millis(1_260),
+        "seven quickly lost terms within {took:?}: no pause between them"
+    );
+    let _ = stop_tx.send(());
+    bounded(WAIT, "shutdown", run).await.unwrap().unwrap();
+    let probe = open(f, &ns, TTL).await;
+    wait_entries(&probe, "released on shutdown", |l| l.is_empty()).await;
+    probe.close().await.unwrap();
+}
+
 /// A supervised future that releases its own grant (`hold` with `release()`, `hold` dropping
 /// the guard, `lead` with `resign()`) is not deposed: it runs exactly once, its release
 /// completes (`Ok`), the code after it runs, and supervision then ends with `Ok(())` and no
