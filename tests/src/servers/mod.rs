@@ -87,6 +87,9 @@ pub struct ServerTls {
     pub client_ca: Option<std::path::PathBuf>,
 }
 
+/// The free space `/dev/shm` needs for the servers' data directories to go there.
+const SHM_ROOM: u64 = 512 << 20;
+
 /// A temporary data directory for a server named by `prefix`, in memory (`/dev/shm`) where
 /// the machine has it: a server's fsyncs then cost nothing, so a shared disk's stalls (another
 /// job writing gigabytes) cannot pass for the faults the tests inject. Removed on drop.
@@ -94,7 +97,12 @@ pub fn data_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
     let mut b = tempfile::Builder::new();
     b.prefix(prefix);
     let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
+    // Only with room to spare: a container's /dev/shm is often 64 MiB, and an etcd member
+    // preallocates a 64 MB write-ahead log (the second member of a cluster would fail).
+    let room = rustix::fs::statvfs(shm)
+        .map(|v| v.f_bavail.saturating_mul(v.f_frsize))
+        .unwrap_or(0);
+    if shm.is_dir() && room >= SHM_ROOM {
         if let Ok(dir) = b.tempdir_in(shm) {
             return Ok(dir);
         }

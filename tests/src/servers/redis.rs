@@ -347,6 +347,12 @@ fn spawn(
     if let Some(p) = primary {
         cmd.args(["--replicaof", "127.0.0.1", &p.to_string()]);
     }
+    // A full resynchronisation starts at once (Redis 7 waits 5 s by default for more replicas
+    // to share it): after a failover the other replica resyncs from the new primary, and no
+    // write waiting for a replica's acknowledgement (a session's heartbeat with
+    // `wait_for_replicas`) succeeds meanwhile. A clean-clone CI run lost a holder's session
+    // at TTL 20 s that way, the failover done in 2.2 s.
+    cmd.args(["--repl-diskless-sync-delay", "0"]);
     if let (Some(_), Some(_)) = (cluster, tls) {
         cmd.args(["--tls-cluster", "yes"]);
     }
@@ -359,8 +365,6 @@ fn spawn(
             "nodes.conf",
         ])
         .args(["--cluster-node-timeout", "1000"])
-        // Replicas in sync at once (a replica that never synced is never promoted).
-        .args(["--repl-diskless-sync-delay", "0"])
         // The other shards go on serving while one fails over (by default the whole
         // cluster answers CLUSTERDOWN until every slot has a primary again).
         .args(["--cluster-require-full-coverage", "no"])
