@@ -1,6 +1,6 @@
 //! A TCP proxy the tests control, placed between a client and a server on loopback: it can
-//! pass traffic, delay it, black-hole it (connections stay open, nothing flows) or reset every
-//! connection.
+//! pass traffic, delay it, black-hole it (connections stay open, nothing flows), hold a gRPC
+//! client's requests and deliver them late, or reset every connection.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +23,11 @@ pub enum Mode {
     BlackHoleReplies,
     /// Close every connection and refuse new ones.
     Reset,
+    /// Nothing flows, but the client's bytes are read and kept; at the next mode they are
+    /// delivered first, less the client's HTTP/2 stream cancellations, pings and goaways: a
+    /// member that resumes from a pause and then serves the requests its clients gave up on
+    /// (cancellations the client sent later are lost in the pause). For gRPC (etcd) only.
+    Hold,
 }
 
 /// A running proxy; stops when dropped.
@@ -124,8 +129,16 @@ async fn pipe(
     mut mode: watch::Receiver<Mode>,
     replies: bool,
 ) {
-    let held = |m: Mode| m == Mode::BlackHole || (replies && m == Mode::BlackHoleReplies);
+    // Replies are not read while requests are held (as in a black hole); requests are.
+    let held = |m: Mode| {
+        m == Mode::BlackHole || (replies && (m == Mode::BlackHoleReplies || m == Mode::Hold))
+    };
     let mut buf = vec![0u8; 64 * 1024];
+    // The client's frames, followed from the start of the connection, and those kept by
+    // `Mode::Hold`.
+    let mut frames = H2Frames::default();
+    let mut kept: Vec<u8> = Vec::new();
+    let mut client_gone = false;
     loop {
         // Wait while black-holed; stop on reset.
         let current = loop {
@@ -137,13 +150,45 @@ async fn pipe(
                     }
                 }
                 Mode::Reset => return,
+                Mode::Hold if client_gone => {
+                    if mode.changed().await.is_err() {
+                        return;
+                    }
+                }
                 other => break other,
             }
         };
+        if current != Mode::Hold
+            && !kept.is_empty()
+            && to.write_all(&std::mem::take(&mut kept)).await.is_err()
+        {
+            return;
+        }
+        if client_gone {
+            // What was kept is delivered: the server gets time to serve it before it sees the
+            // connection end (which would cancel it).
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return;
+        }
         let n = tokio::select! {
-            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) if current == Mode::Hold => {
+                    client_gone = true;
+                    continue;
+                }
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
             _ = mode.changed() => continue,
         };
+        if !replies {
+            let mut out = Vec::with_capacity(n);
+            frames.pass(&buf[..n], current == Mode::Hold, &mut out);
+            if current == Mode::Hold {
+                kept.extend_from_slice(&out);
+                continue;
+            }
+        }
         if let Mode::Delay(d) = current {
             tokio::time::sleep(d).await;
         }
@@ -151,10 +196,110 @@ async fn pipe(
         match *mode.borrow() {
             m if held(m) => continue,
             Mode::Reset => return,
+            Mode::Hold => {
+                kept.extend_from_slice(&buf[..n]);
+                continue;
+            }
             _ => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
+            if replies {
+                // The client left: drain the server (its end is the connection's end).
+                while matches!(from.read(&mut buf).await, Ok(n) if n > 0) {}
+            }
             return;
         }
+    }
+}
+
+/// A client's HTTP/2 byte stream, split into its frames as it passes (after the 24-byte
+/// connection preface), so that some can be left out.
+#[derive(Debug)]
+struct H2Frames {
+    preface_left: usize,
+    header: Vec<u8>,
+    body_left: usize,
+    dropping: bool,
+}
+
+impl Default for H2Frames {
+    fn default() -> Self {
+        H2Frames {
+            preface_left: 24,
+            header: Vec::with_capacity(9),
+            body_left: 0,
+            dropping: false,
+        }
+    }
+}
+
+impl H2Frames {
+    /// Appends `data` to `out`, less (if `filter`) the frames that would cancel or end what
+    /// came before them: RST_STREAM, PING (a burst of them is taken for abuse) and GOAWAY.
+    fn pass(&mut self, mut data: &[u8], filter: bool, out: &mut Vec<u8>) {
+        while !data.is_empty() {
+            if self.preface_left > 0 {
+                let n = self.preface_left.min(data.len());
+                out.extend_from_slice(&data[..n]);
+                self.preface_left -= n;
+                data = &data[n..];
+            } else if self.body_left > 0 {
+                let n = self.body_left.min(data.len());
+                if !self.dropping {
+                    out.extend_from_slice(&data[..n]);
+                }
+                self.body_left -= n;
+                data = &data[n..];
+            } else {
+                let n = (9 - self.header.len()).min(data.len());
+                self.header.extend_from_slice(&data[..n]);
+                data = &data[n..];
+                if self.header.len() == 9 {
+                    let h = &self.header;
+                    self.body_left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                    self.dropping = filter && matches!(h[3], 0x3 | 0x6 | 0x7);
+                    if !self.dropping {
+                        out.extend_from_slice(h);
+                    }
+                    self.header.clear();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::H2Frames;
+
+    #[test]
+    fn held_frames_lose_their_cancellations() {
+        let mut stream = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let frame = |kind: u8, body: &[u8]| {
+            let mut f = vec![0, 0, body.len() as u8, kind, 0, 0, 0, 0, 1];
+            f.extend_from_slice(body);
+            f
+        };
+        let (headers, data, rst) = (
+            frame(0x1, b"hdr"),
+            frame(0x0, b"body"),
+            frame(0x3, b"\0\0\0\x08"),
+        );
+        for f in [&headers, &data, &rst] {
+            stream.extend_from_slice(f);
+        }
+        // Passed whole, byte by byte: unchanged.
+        let mut f = H2Frames::default();
+        let mut out = Vec::new();
+        for b in &stream {
+            f.pass(std::slice::from_ref(b), false, &mut out);
+        }
+        assert_eq!(out, stream);
+        // Filtered in two pieces: the RST_STREAM is gone.
+        let mut f = H2Frames::default();
+        let mut out = Vec::new();
+        f.pass(&stream[..30], true, &mut out);
+        f.pass(&stream[30..], true, &mut out);
+        assert_eq!(out, [&stream[..24], &headers[..], &data[..]].concat());
     }
 }

@@ -4,7 +4,9 @@
 //! keep-alive stream; a lock or election queue is a key prefix; an entry is the key
 //! `{namespace}/{name}/{lease id in lowercase hex}` attached to the lease — the layout of etcd's
 //! Go `clientv3/concurrency` `Mutex` and `Election`, so Go services and ours contend on the same
-//! lock. The fencing token is the key's create revision.
+//! lock. The fencing token is the key's create revision. A session may also keep one *fence*
+//! key, `{namespace}/./{lease id in hex}`: a create the cluster applies after the session gave
+//! it up fails against it instead of leaving an entry that nobody holds.
 //!
 //! ```no_run
 //! # async fn run() -> fencelock::Result<()> {
@@ -24,6 +26,7 @@
 mod config;
 mod connect;
 mod error;
+mod fence;
 mod guarded;
 mod layout;
 mod lifecycle;

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex};
 use tracing::debug;
 
 use crate::error::{map, temporary, unreachable};
+use crate::fence::Fence;
 use crate::request::{hedged, request_bound, within};
 use crate::rotation::Rotation;
 use crate::watch::KeyWatcher;
@@ -41,6 +42,8 @@ pub(crate) struct EtcdSession {
     pub(crate) watcher: KeyWatcher,
     /// What the streams learn by themselves (a broken stream: `Disconnected`).
     pub(crate) events: AsyncMutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    /// The fence that makes a create applied after it was given up fail.
+    pub(crate) fence: Fence,
     pub(crate) events_tx: mpsc::UnboundedSender<SessionEvent>,
 }
 
@@ -231,6 +234,7 @@ impl EtcdSession {
             watcher: KeyWatcher::new(client.clone(), events_tx.clone(), rotation, bound),
             events: AsyncMutex::new(events),
             events_tx,
+            fence: Fence::default(),
         })
     }
 

@@ -11,6 +11,7 @@ use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::temporary;
+use crate::fence::{fence_key, FENCE_TRIES};
 use crate::layout::{ahead_range, entry_of, key_of, peer_of, prefix_of, queue_order};
 use crate::lifecycle::{gets, keys_only, queue_keys, same, EtcdSession};
 use crate::request::hedged;
@@ -40,15 +41,50 @@ pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> R
     };
     let own_read = TxnOp::get(key.as_str(), Some(keys_only()));
     let queue_read = TxnOp::get(range.as_str(), Some(queue_read));
-    // Create if absent (with our lease), else find it again: the key is derived from the
-    // lease, so a retry after a lost reply finds our own entry. Either way, read the queue
-    // in the same round trip. A create's revision is the txn's: no read of our own key.
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then([session.put(&key, req.value), queue_read.clone()])
-        .or_else([own_read, queue_read]);
-    let resp = session.txn("enqueue", txn).await?;
-    let created = resp.succeeded();
+    let namespace = req.queue.namespace.as_str();
+    let fence_read = TxnOp::get(fence_key(namespace, session.lease), Some(keys_only()));
+    // Create if absent (with our lease) and the fence is where we know it (see `fence.rs`),
+    // else find it again: the key is derived from the lease, so a retry after a lost reply
+    // finds our own entry. Either way, read the queue in the same round trip. A create's
+    // revision is the txn's: no read of our own key.
+    let mut tries = 0;
+    let (resp, created) = loop {
+        let (fenced, sent) = session.fence.compare(namespace, session.lease);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                fenced,
+            ])
+            .and_then([session.put(&key, req.value), queue_read.clone()])
+            .or_else([own_read.clone(), queue_read.clone(), fence_read.clone()]);
+        let resp = match session.txn("enqueue", txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Unanswered: it may still be applied, later than its removal.
+                session.fence.unanswered(namespace, &key);
+                return Err(e);
+            }
+        };
+        if resp.succeeded() {
+            break (resp, true);
+        }
+        let reads = gets(&resp);
+        let own_found = reads.first().is_some_and(|own| !own.is_empty());
+        tries += 1;
+        if own_found
+            || !session
+                .fence
+                .moved(namespace, sent, reads.get(2).map_or(&[][..], Vec::as_slice))
+        {
+            break (resp, false);
+        }
+        if tries >= FENCE_TRIES {
+            return Err(temporary(
+                "enqueue",
+                "the session's create fence kept moving",
+            ));
+        }
+    };
     let mut reads = gets(&resp).into_iter();
     let own_rev = if created {
         resp.header().map(|h| h.revision())
@@ -105,17 +141,46 @@ pub(crate) async fn enqueue_all(
         .iter()
         .map(|p| TxnOp::get(p.as_str(), Some(queue_keys())))
         .collect();
+    // The fences of the queues' namespaces (see `fence.rs`), read back when a txn fails.
+    let mut namespaces: Vec<&str> = reqs.iter().map(|r| r.queue.namespace.as_str()).collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    let fence_reads: Vec<TxnOp> = namespaces
+        .iter()
+        .map(|ns| TxnOp::get(fence_key(ns, session.lease), Some(keys_only())))
+        .collect();
     // First: every queue empty (a range compare: no key under the prefix) → create all.
+    // Then (`second`): nothing under any prefix changed since the read that found only our
+    // own entries → create what is missing.
     let empty: Vec<Compare> = prefixes
         .iter()
         .map(|p| Compare::create_revision(p.as_str(), CompareOp::Equal, 0).with_prefix())
         .collect();
-    let mut txn = Txn::new()
-        .when(empty)
-        .and_then([puts.clone(), own_reads.clone()].concat())
-        .or_else(queue_reads.clone());
-    for _ in 0..ENQUEUE_ALL_TRIES {
-        let resp = session.txn("enqueue all", txn).await?;
+    let mut second: Option<(Vec<Compare>, Vec<TxnOp>)> = None;
+    let (mut tries, mut fence_tries) = (0, 0);
+    while tries < ENQUEUE_ALL_TRIES {
+        let (fences, sent): (Vec<Compare>, Vec<i64>) = namespaces
+            .iter()
+            .map(|ns| session.fence.compare(ns, session.lease))
+            .unzip();
+        let (compares, writes) = match &second {
+            None => (empty.clone(), puts.clone()),
+            Some((unchanged, creates)) => (unchanged.clone(), creates.clone()),
+        };
+        let txn = Txn::new()
+            .when([compares, fences].concat())
+            .and_then([writes, own_reads.clone()].concat())
+            .or_else([queue_reads.clone(), fence_reads.clone()].concat());
+        let resp = match session.txn("enqueue all", txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Unanswered: its creates may still be applied, later than their removal.
+                for (req, key) in reqs.iter().zip(&keys) {
+                    session.fence.unanswered(&req.queue.namespace, key);
+                }
+                return Err(e);
+            }
+        };
         let reads = gets(&resp);
         if resp.succeeded() {
             let entries = reads
@@ -129,10 +194,27 @@ pub(crate) async fn enqueue_all(
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Some(entries));
         }
+        let (queues, fenced) = reads.split_at(reads.len().min(queue_reads.len()));
+        let mut moved = false;
+        for ((ns, sent), kvs) in namespaces.iter().zip(sent).zip(fenced) {
+            moved |= session.fence.moved(ns, sent, kvs);
+        }
+        if moved {
+            // The same txn again, expecting the fences where they now are.
+            fence_tries += 1;
+            if fence_tries >= FENCE_TRIES {
+                return Err(temporary(
+                    "enqueue all",
+                    "the session's create fence kept moving",
+                ));
+            }
+            continue;
+        }
+        tries += 1;
         // A prefix was not empty: taken, unless all it holds is our own entry (a retry) or
         // deeper keys of other locks (`a/b/…` under `a/`).
         let mut must_create = Vec::new();
-        for (((kvs, prefix), (key, put)), req) in reads
+        for (((kvs, prefix), (key, put)), req) in queues
             .iter()
             .zip(&prefixes)
             .zip(keys.iter().zip(&puts))
@@ -143,20 +225,15 @@ pub(crate) async fn enqueue_all(
                 return Ok(None);
             }
             if direct.is_empty() {
-                must_create.push((key.clone(), put.clone()));
+                must_create.push(put.clone());
             }
         }
-        // Then: nothing under any prefix changed since that read → create what is missing.
         let read_at = resp.header().map_or(0, |h| h.revision());
         let unchanged: Vec<Compare> = prefixes
             .iter()
             .map(|p| Compare::mod_revision(p.as_str(), CompareOp::Less, read_at + 1).with_prefix())
             .collect();
-        let creates: Vec<TxnOp> = must_create.into_iter().map(|(_, put)| put).collect();
-        txn = Txn::new()
-            .when(unchanged)
-            .and_then([creates, own_reads.clone()].concat())
-            .or_else(queue_reads.clone());
+        second = Some((unchanged, must_create));
     }
     Ok(None)
 }
@@ -259,9 +336,20 @@ pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<
 }
 
 pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool> {
-    let txn = Txn::new()
-        .when([same(entry)])
-        .and_then([TxnOp::delete(entry.key.as_str(), None)]);
+    let delete = TxnOp::delete(entry.key.as_str(), None);
+    // A create of this key that went unanswered may still be applied: the fence moves with
+    // the removal, whether or not the entry is still there (see `fence.rs`).
+    let fence = session.fence.must_move(&entry.key);
+    let txn = match &fence {
+        None => Txn::new().when([same(entry)]).and_then([delete]),
+        Some(namespace) => {
+            let put = session.put(&fence_key(namespace, session.lease), b"");
+            Txn::new()
+                .when([same(entry)])
+                .and_then([delete, put.clone()])
+                .or_else([put])
+        }
+    };
     // Hedged although it writes: guarded by the entry's create revision, a copy can delete
     // only this entry, never one created later under the same key, so a late copy changes
     // nothing. (A release sent to a member that hangs held the lock for the whole request
@@ -276,6 +364,12 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
         async move { kv.txn(txn).await.map(|r| (copy, r)) }
     })
     .await?;
+    if let Some(namespace) = fence {
+        if let Some(h) = resp.header() {
+            session.fence.moved_to(&namespace, h.revision());
+        }
+        session.fence.settled(&entry.key);
+    }
     Ok(resp.succeeded() || copy > 0)
 }
 
@@ -291,7 +385,24 @@ pub(crate) async fn abandon(
     // that reaches the cluster late (sent through a member that died, say) must not delete
     // an entry this session creates afterwards.
     let key = key_of(queue, session.lease, kind, attempt);
-    if let Some(rev) = session.create_rev("abandon", &key).await? {
+    let rev = match session.fence.must_move(&key) {
+        // A create of it went unanswered: move the fence and read the key in one txn, so
+        // that the create, applied before, is found, and applied after, fails.
+        Some(namespace) => {
+            let fence = session.put(&fence_key(&namespace, session.lease), b"");
+            let txn = Txn::new().and_then([fence, TxnOp::get(key.as_str(), Some(keys_only()))]);
+            let resp = session.txn("abandon", txn).await?;
+            if let Some(h) = resp.header() {
+                session.fence.moved_to(&namespace, h.revision());
+            }
+            session.fence.settled(&key);
+            gets(&resp)
+                .first()
+                .and_then(|kvs| kvs.first().map(|kv| kv.create_revision() as u64))
+        }
+        None => session.create_rev("abandon", &key).await?,
+    };
+    if let Some(rev) = rev {
         session.remove(&entry_of(key, kind, rev as i64)).await?;
     }
     Ok(())

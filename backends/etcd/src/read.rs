@@ -6,6 +6,7 @@ use fencelock::backend::{BackendSession, Entry, EntryInfo, QueueId};
 use fencelock::{FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
+use crate::fence::is_fence_key;
 use crate::layout::{entry_of, key_string, prefix_of, queue_order};
 use crate::lifecycle::{queue_keys, EtcdSession};
 use crate::request::{hedged, within};
@@ -124,10 +125,12 @@ pub(crate) async fn list(session: &EtcdSession, namespace: &str) -> Result<Vec<S
     let resp = within(session.bound, "list", get).await?;
     // A foreign key that is not UTF-8 is left out (fencelock's names are UTF-8): shown
     // lossily it would pass for a queue that no read can find.
+    // Sessions' create fences (`fence.rs`) are no entries.
     let mut keys: Vec<String> = resp
         .kvs()
         .iter()
         .filter_map(|kv| kv.key_str().ok().map(str::to_string))
+        .filter(|k| !is_fence_key(namespace, k))
         .collect();
     keys.sort();
     Ok(keys)
