@@ -24,7 +24,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT): while connecting or waiting, fencelock removes its
 /// entry and ends by the same signal (SIGQUIT: exits 131, no core). While the command runs: in a terminal's foreground the
 /// command shares fencelock's process group and gets the terminal's signals (Ctrl-C, Ctrl-\,
-/// Ctrl-Z) directly, and SIGTERM is passed on; elsewhere the command has a process group of its
+/// Ctrl-Z) directly, SIGTERM is passed on, and a SIGTSTP sent to fencelock alone stops the
+/// command too; elsewhere the command has a process group of its
 /// own and every one of them is passed on to its tree (SIGTSTP too: the tree stops with
 /// fencelock, and continued past the TTL it is stopped for good). While releasing, they are
 /// held back. A

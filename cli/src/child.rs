@@ -13,6 +13,10 @@ use crate::exit;
 use crate::signals::{self, status_of, Signals};
 use crate::tree::{self, Tree};
 
+/// How long a Ctrl-Z is given to stop the command's processes (each gets it from the terminal)
+/// before fencelock stops those still running itself.
+const TSTP_WAIT: Duration = Duration::from_millis(200);
+
 /// What the command runs under.
 pub(crate) enum Grant {
     /// A held lock.
@@ -188,11 +192,16 @@ pub(crate) async fn run_under(
             sig = signals.recv() => {
                 if sig == Signal::TSTP {
                     // Job control (Ctrl-Z, `kill -TSTP`): the command stops with fencelock. In
-                    // a terminal's foreground it got the signal from the terminal already, and
-                    // the shell continues both (one group); elsewhere it is stopped here, and
-                    // continued once fencelock is, if the grant was not lost meanwhile (then
-                    // the lost path stops it without letting it run again).
-                    if !foreground {
+                    // a terminal's foreground it got the signal from the terminal already (a
+                    // Ctrl-Z), and the shell continues both (one group); what a `kill -TSTP`
+                    // aimed at fencelock alone left running is stopped here. Elsewhere it is
+                    // stopped here. Either way it is continued once fencelock is, if the
+                    // grant was not lost meanwhile (then the lost path stops it without
+                    // letting it run again).
+                    let mut stopped_here = Vec::new();
+                    if foreground {
+                        stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
+                    } else {
                         tree.signal(Signal::TSTP);
                     }
                     signals::stop_self();
@@ -200,6 +209,10 @@ pub(crate) async fn run_under(
                         tick.reset_immediately();
                     } else if !foreground {
                         tree.signal(Signal::CONT);
+                    } else {
+                        for pid in stopped_here {
+                            let _ = rustix::process::kill_process(pid, Signal::CONT);
+                        }
                     }
                     continue;
                 }

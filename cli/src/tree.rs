@@ -184,6 +184,46 @@ impl Tree {
         }
     }
 
+    /// The processes of the tree that run (not stopped), from `/proc` (none without one of
+    /// our own: then nothing is known of their states).
+    fn running(&self) -> Vec<Pid> {
+        if !proc_is_ours(getpid()) {
+            return Vec::new();
+        }
+        let stopped: HashSet<i32> = processes()
+            .into_iter()
+            .filter(|p| p.stopped)
+            .map(|p| p.pid)
+            .collect();
+        self.members()
+            .into_iter()
+            .filter(|p| !stopped.contains(&p.as_raw_nonzero().get()))
+            .collect()
+    }
+
+    /// After SIGTSTP in a terminal's foreground: waits up to `within` for the tree to stop (a
+    /// Ctrl-Z reaches the whole group from the terminal), then stops what still runs with
+    /// SIGSTOP and returns it, to continue when fencelock is. A `kill -TSTP` aimed at fencelock
+    /// alone stopped it alone, and the command ran on while fencelock sent no heartbeat, past
+    /// the TTL. (SIGSTOP, not SIGTSTP: a process that handles SIGTSTP, such as an editor,
+    /// would take a second one for a second Ctrl-Z once continued.)
+    pub(crate) async fn stopped_with_us(&self, within: Duration) -> Vec<Pid> {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            let running = self.running();
+            if running.is_empty() {
+                return running;
+            }
+            if tokio::time::Instant::now() >= until {
+                for &pid in &running {
+                    let _ = kill_process(pid, Signal::STOP);
+                }
+                return running;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Sends `sig` once to every process of the tree: to the command's group (if it has its
     /// own), and to each other descendant.
     pub(crate) fn signal(&self, sig: Signal) {
@@ -250,6 +290,8 @@ struct Proc {
     /// visible from fencelock's PID namespace).
     tpgid: i32,
     zombie: bool,
+    /// Stopped by a signal (or traced): `T` or `t`.
+    stopped: bool,
 }
 
 /// Every process of the machine that can be read (the others are not ours to stop).
@@ -284,6 +326,7 @@ fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
         session,
         tpgid,
         zombie: state == "Z" || state == "X",
+        stopped: state == "T" || state == "t",
     })
 }
 

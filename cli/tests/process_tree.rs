@@ -682,3 +682,57 @@ async fn a_parent_ignoring_sigchld_still_gets_the_status() {
     assert!(s.list_entries().await.unwrap().is_empty(), "{}", r.output());
     s.close().await.unwrap();
 }
+
+/// In a terminal's foreground (the command shares fencelock's process group), a `kill -TSTP`
+/// aimed at fencelock alone stops the command too, and SIGCONT to fencelock continues it: the
+/// command ran on while fencelock, stopped, sent no heartbeat (past the TTL, beside the next
+/// holder). The terminal is `script`'s, fencelock the leader of its session by `exec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targeted_tstp_in_the_foreground_stops_the_command() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_fg_tstp");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+    )
+    .unwrap();
+    let inner = format!(
+        "exec {} lock m -- sh {}",
+        env!("CARGO_BIN_EXE_fencelock"),
+        d.join("cmd.sh").display()
+    );
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &inner, "/dev/null"])
+        .env("SHELL", "/bin/sh")
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns)
+        .env("FENCELOCK_TTL", "3s");
+    let r = Run::spawn(cmd, d, "fg_tstp");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    file_contains(&d.join("out"), "x").await;
+    let signal = |pid: i32, sig: Signal| {
+        rustix::process::kill_process(Pid::from_raw(pid).unwrap(), sig).unwrap()
+    };
+    signal(fencelock, Signal::TSTP);
+    until_stopped(&[fencelock, command], true, "stopped").await;
+    signal(fencelock, Signal::CONT);
+    until_stopped(&[fencelock, command], false, "continued").await;
+    let out = d.join("out");
+    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    let start = Instant::now();
+    while size() == before {
+        assert!(
+            start.elapsed() < WITHIN,
+            "the command did not go on: {}",
+            r.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
