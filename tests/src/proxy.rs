@@ -2,6 +2,7 @@
 //! pass traffic, delay it, black-hole it (connections stay open, nothing flows), hold a gRPC
 //! client's requests and deliver them late, or reset every connection.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +27,8 @@ pub enum Mode {
     /// Nothing flows, but the client's bytes are read and kept; at the next mode they are
     /// delivered first, less the client's HTTP/2 stream cancellations, pings and goaways: a
     /// member that resumes from a pause and then serves the requests its clients gave up on
-    /// (cancellations the client sent later are lost in the pause). For gRPC (etcd) only.
+    /// (cancellations the client sent later are lost in the pause). For plaintext gRPC (etcd)
+    /// only.
     Hold,
 }
 
@@ -70,9 +72,11 @@ impl Proxy {
                         let _ = server.set_nodelay(true);
                         let (cr, cw) = client.into_split();
                         let (sr, sw) = server.into_split();
+                        // Set once the client's bytes were kept (`Mode::Hold`).
+                        let kept = Arc::new(AtomicBool::new(false));
                         tokio::select! {
-                            _ = pipe(cr, sw, rx.clone(), false) => {}
-                            _ = pipe(sr, cw, rx, true) => {}
+                            _ = pipe(cr, sw, rx.clone(), false, kept.clone()) => {}
+                            _ = pipe(sr, cw, rx, true, kept) => {}
                         }
                     }
                 });
@@ -122,20 +126,23 @@ impl Drop for Proxy {
     }
 }
 
-/// Forwards `from` to `to` as the mode says; `replies`: the server-to-client direction.
+/// Forwards `from` to `to` as the mode says; `replies`: the server-to-client direction;
+/// `kept`: set once the client's bytes were held back (`Mode::Hold`), for both directions.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
     replies: bool,
+    kept_once: Arc<AtomicBool>,
 ) {
     // Replies are not read while requests are held (as in a black hole); requests are.
     let held = |m: Mode| {
         m == Mode::BlackHole || (replies && (m == Mode::BlackHoleReplies || m == Mode::Hold))
     };
     let mut buf = vec![0u8; 64 * 1024];
-    // The client's frames, followed from the start of the connection, and those kept by
-    // `Mode::Hold`.
+    // The client's frames, followed from the start of the connection (what goes to the server
+    // is always the parser's output, so that a change of mode mid-frame keeps the framing),
+    // and those kept by `Mode::Hold`.
     let mut frames = H2Frames::default();
     let mut kept: Vec<u8> = Vec::new();
     let mut client_gone = false;
@@ -181,31 +188,35 @@ async fn pipe(
             },
             _ = mode.changed() => continue,
         };
+        let mut data = buf[..n].to_vec();
         if !replies {
             let mut out = Vec::with_capacity(n);
-            frames.pass(&buf[..n], current == Mode::Hold, &mut out);
-            if current == Mode::Hold {
-                kept.extend_from_slice(&out);
-                continue;
-            }
+            frames.pass(&data, current == Mode::Hold, &mut out);
+            data = out;
         }
         if let Mode::Delay(d) = current {
             tokio::time::sleep(d).await;
         }
-        // Data read just before a black-hole or reset is dropped, like a lost packet.
         match *mode.borrow() {
-            m if held(m) => continue,
             Mode::Reset => return,
-            Mode::Hold => {
-                kept.extend_from_slice(&buf[..n]);
+            // The client's bytes, kept to be served late.
+            Mode::Hold if !replies => {
+                kept_once.store(true, Ordering::SeqCst);
+                kept.extend_from_slice(&data);
                 continue;
             }
+            // Replies read before a pause began are delivered.
+            Mode::Hold => {}
+            // Data read just before a black-hole is dropped, like a lost packet.
+            m if held(m) => continue,
             _ => {}
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            if replies {
-                // The client left: drain the server (its end is the connection's end).
-                while matches!(from.read(&mut buf).await, Ok(n) if n > 0) {}
+        if to.write_all(&data).await.is_err() {
+            if replies && kept_once.load(Ordering::SeqCst) {
+                // The client left while its kept requests are served: the connection ends with
+                // the server's side (bounded), not at once, which would cancel them.
+                let drain = async { while matches!(from.read(&mut buf).await, Ok(n) if n > 0) {} };
+                let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
             }
             return;
         }

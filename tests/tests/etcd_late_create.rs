@@ -1,12 +1,13 @@
 //! A create that the cluster applies after the session gave it up (its request held up on a
 //! member that pauses, served when the member resumes) leaves no entry: the session's create
-//! fence makes it fail. Before, the entry stayed on the session's live lease, ahead of every
-//! later waiter, and nobody released it.
+//! fence makes it fail, or the removal that follows finds and removes what it made. Before,
+//! the entry stayed on the session's live lease, ahead of every later waiter, and nobody
+//! released it.
 
 use std::time::Duration;
 
-use fencelock::conformance::unique_namespace;
-use fencelock::Session;
+use fencelock::conformance::{unique_namespace, Factory};
+use fencelock::{Guard, Session};
 use fencelock_etcd::EtcdBackend;
 use fencelock_integration::proxy::{Mode, Proxy};
 use fencelock_integration::servers::etcd::EtcdFactory;
@@ -18,63 +19,63 @@ const TTL: Duration = Duration::from_secs(6);
 /// TTL).
 const WITHIN: Duration = Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_create_served_after_its_release_leaves_no_entry() {
-    let Some(f) = EtcdFactory::shared().await else {
-        return;
-    };
+/// A session with two ways to one member (`paused` holds its requests, to serve them late
+/// when set back to `Pass`), a probe session on the member directly, and a lock of the first
+/// session whose first create went the paused way and is held there (granted by its retry,
+/// which went the other).
+struct Setup {
+    paused: Proxy,
+    _open: Proxy,
+    s: Session,
+    probe: Session,
+    guard: Guard,
+}
+
+async fn setup(f: &EtcdFactory, label: &str) -> Setup {
     let member = f.cluster.endpoint(0);
-    // Two ways to the same member: one pauses (its requests held, then served late), the
-    // other goes on.
     let (paused, open) = (Proxy::start(&member).await, Proxy::start(&member).await);
-    let ns = unique_namespace("late_create");
+    let ns = unique_namespace(label);
     let backend = EtcdBackend::connect([paused.addr(), open.addr()])
         .await
         .unwrap();
-    let s = Session::builder(backend)
-        .namespace(&ns)
-        .ttl(TTL)
-        .start()
-        .await
-        .unwrap();
-    let probe = Session::builder(EtcdBackend::connect([member.clone()]).await.unwrap())
-        .namespace(&ns)
-        .ttl(TTL)
-        .start()
+    let start = |backend: EtcdBackend| Session::builder(backend).namespace(&ns).ttl(TTL).start();
+    let s = start(backend).await.unwrap();
+    let probe = start(EtcdBackend::connect([member]).await.unwrap())
         .await
         .unwrap();
     // The client balances requests over both ways, to the one with fewer in flight: pause
     // one, lock at once, and try again until a create goes the paused way (it is not answered
-    // at once); its retry then goes the other.
-    let mut held_up = false;
+    // at once).
     for _ in 0..40 {
         paused.set(Mode::Hold);
         let m = s.mutex("m").unwrap();
         let mut lock = tokio::spawn(async move { m.lock_timeout(WITHIN).await });
-        let quick = tokio::time::timeout(Duration::from_millis(300), &mut lock).await;
-        let guard = match quick {
-            Ok(done) => done.unwrap().unwrap(),
+        match tokio::time::timeout(Duration::from_millis(300), &mut lock).await {
+            Ok(done) => done.unwrap().unwrap().release().await.unwrap(),
             Err(_) => {
-                held_up = true;
-                tokio::time::timeout(WITHIN, lock)
+                let guard = tokio::time::timeout(WITHIN, lock)
                     .await
                     .expect("the retry past the paused way was not granted")
                     .unwrap()
-                    .unwrap()
+                    .unwrap();
+                return Setup {
+                    paused,
+                    _open: open,
+                    s,
+                    probe,
+                    guard,
+                };
             }
-        };
-        guard.release().await.unwrap();
-        if held_up {
-            break;
         }
         // Whatever went the paused way meanwhile is served, before the next try.
         paused.set(Mode::Pass);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(held_up, "no create went the paused way");
-    assert!(probe.list_entries().await.unwrap().is_empty());
-    // The member resumes: the held create is served, after the release.
-    paused.set(Mode::Pass);
+    panic!("no create went the paused way");
+}
+
+/// Checks for 3 s that the namespace holds no entry, then that another session gets the lock.
+async fn nothing_left(probe: &Session) {
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         let left = probe.list_entries().await.unwrap();
@@ -84,10 +85,45 @@ async fn a_create_served_after_its_release_leaves_no_entry() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The session goes on: the lock is free for another session.
     let other = probe.mutex("m").unwrap().try_lock().await.unwrap();
     assert!(other.is_some(), "the lock stayed taken");
     other.unwrap().release().await.unwrap();
-    s.close().await.unwrap();
-    probe.close().await.unwrap();
+}
+
+/// Released, then the held create is served: it fails against the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_served_after_its_release_leaves_no_entry() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let t = setup(&f, "late_create").await;
+    t.guard.release().await.unwrap();
+    assert!(t.probe.list_entries().await.unwrap().is_empty());
+    t.paused.set(Mode::Pass);
+    nothing_left(&t.probe).await;
+    t.s.close().await.unwrap();
+    t.probe.close().await.unwrap();
+}
+
+/// The entry deleted by an operator while held, the held create served (the key is free, and
+/// the fence has not moved: it succeeds), then the holder releases: the release finds the key
+/// made again and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_served_after_an_operator_deleted_the_entry_leaves_no_entry() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let t = setup(&f, "late_create_deleted").await;
+    f.delete_as_admin(t.guard.key()).await.unwrap();
+    t.paused.set(Mode::Pass);
+    let until = Instant::now() + WITHIN;
+    while t.probe.list_entries().await.unwrap().is_empty() {
+        assert!(Instant::now() < until, "the held create was never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Deleted under it: the release reports the loss, and removes what the late create made.
+    let _ = t.guard.release().await;
+    nothing_left(&t.probe).await;
+    t.s.close().await.unwrap();
+    t.probe.close().await.unwrap();
 }

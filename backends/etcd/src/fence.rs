@@ -47,10 +47,11 @@ pub(crate) fn fence_key(namespace: &str, lease: i64) -> String {
     format!("{namespace}/./{lease:x}")
 }
 
-/// Whether `key`, found under `{namespace}/`, is a fence key (not an entry).
+/// Whether `key`, found under `{namespace}/`, is a fence key (not an entry): of this namespace
+/// or of one nested in it (`a/b/./…` under `a`). No valid name or namespace has a `.` segment.
 pub(crate) fn is_fence_key(namespace: &str, key: &str) -> bool {
     key.strip_prefix(namespace)
-        .is_some_and(|rest| rest.starts_with("/./"))
+        .is_some_and(|rest| rest.contains("/./"))
 }
 
 impl Fence {
@@ -101,5 +102,22 @@ impl Fence {
     /// The fence moved after every create of `key` that went unanswered.
     pub(crate) fn settled(&self, key: &str) {
         self.state().unsettled.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_keys_are_told_from_entries() {
+        let key = fence_key("ns", 0xab);
+        assert_eq!(key, "ns/./ab");
+        assert!(is_fence_key("ns", &key));
+        // A nested namespace's, and the empty namespace's.
+        assert!(is_fence_key("ns", &fence_key("ns/team", 1)));
+        assert!(is_fence_key("", &fence_key("", 1)));
+        assert!(!is_fence_key("ns", "ns/jobs/ab"));
+        assert!(!is_fence_key("ns", "ns/jobs/read/ab_1"));
     }
 }

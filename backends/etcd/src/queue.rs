@@ -342,12 +342,14 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
     let fence = session.fence.must_move(&entry.key);
     let txn = match &fence {
         None => Txn::new().when([same(entry)]).and_then([delete]),
+        // Not the same entry any more (deleted by someone else): an unanswered create may
+        // have made the key again meanwhile; read in the same txn, it is removed below.
         Some(namespace) => {
             let put = session.put(&fence_key(namespace, session.lease), b"");
             Txn::new()
                 .when([same(entry)])
                 .and_then([delete, put.clone()])
-                .or_else([put])
+                .or_else([put, TxnOp::get(entry.key.as_str(), Some(keys_only()))])
         }
     };
     // Hedged although it writes: guarded by the entry's create revision, a copy can delete
@@ -369,6 +371,18 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
             session.fence.moved_to(&namespace, h.revision());
         }
         session.fence.settled(&entry.key);
+        // The key made again by a create served late: ours (derived from our lease, and the
+        // caller holds the queue's local slot), and fenced now, so removed for good.
+        let again = gets(&resp)
+            .first()
+            .and_then(|kvs| kvs.first().map(KeyValue::create_revision));
+        if let Some(rev) = again.filter(|&rev| rev as u64 != entry.order) {
+            Box::pin(remove(
+                session,
+                &entry_of(entry.key.clone(), entry.kind, rev),
+            ))
+            .await?;
+        }
     }
     Ok(resp.succeeded() || copy > 0)
 }
