@@ -127,3 +127,30 @@ async fn a_create_served_after_an_operator_deleted_the_entry_leaves_no_entry() {
     t.s.close().await.unwrap();
     t.probe.close().await.unwrap();
 }
+
+/// The fence key deleted by an operator once it was put: the session puts it again when a
+/// create of its own finds it gone, so the held create, served then, still fails against it
+/// (without that, the session's next create re-learnt the fence as absent and the held create,
+/// sent expecting it absent, passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_fence_is_put_again() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let t = setup(&f, "late_create_fence_deleted").await;
+    t.guard.release().await.unwrap();
+    let ns = t.s.namespace().to_string();
+    f.delete_as_admin(&format!("{ns}/./{}", t.s.id()))
+        .await
+        .unwrap();
+    // A create of the session meets the missing fence.
+    let other = t.s.mutex("n").unwrap().lock().await.unwrap();
+    other.release().await.unwrap();
+    eprintln!("DEBUG before pass: {:?}", t.probe.list_entries().await);
+    t.paused.set(Mode::Pass);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("DEBUG after pass: {:?}", t.probe.list_entries().await);
+    nothing_left(&t.probe).await;
+    t.s.close().await.unwrap();
+    t.probe.close().await.unwrap();
+}

@@ -69,13 +69,20 @@ impl Fence {
 
     /// A create that expected the fence at `sent` failed and read it (`kvs`, the reply to a
     /// get of the fence key in the same txn): whether the fence is elsewhere (then the create
-    /// is sent again, expecting it where it now is).
+    /// is sent again, expecting it where it now is, after [`restore`](Self::restore) if it is
+    /// [gone](Self::gone)).
     pub(crate) fn moved(&self, namespace: &str, sent: i64, kvs: &[KeyValue]) -> bool {
         let now = kvs.first().map_or(0, KeyValue::mod_revision);
         // Read in the txn whose compare failed: the cluster's truth, whatever replies of
         // removals said before.
         self.state().revs.insert(namespace.to_string(), now);
         now != sent
+    }
+
+    /// Whether the fence key in `namespace` was deleted by someone else (an operator) after
+    /// it had been put: creates sent before it was put would pass again.
+    pub(crate) fn gone(&self, namespace: &str, sent: i64) -> bool {
+        sent > 0 && self.state().revs.get(namespace).is_none_or(|&rev| rev == 0)
     }
 
     /// The fence in `namespace` was put at revision `rev` (a removal's txn).

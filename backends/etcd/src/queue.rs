@@ -78,6 +78,9 @@ pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> R
         {
             break (resp, false);
         }
+        if session.fence.gone(namespace, sent) {
+            restore_fence(session, namespace).await?;
+        }
         if tries >= FENCE_TRIES {
             return Err(temporary(
                 "enqueue",
@@ -197,7 +200,12 @@ pub(crate) async fn enqueue_all(
         let (queues, fenced) = reads.split_at(reads.len().min(queue_reads.len()));
         let mut moved = false;
         for ((ns, sent), kvs) in namespaces.iter().zip(sent).zip(fenced) {
-            moved |= session.fence.moved(ns, sent, kvs);
+            if session.fence.moved(ns, sent, kvs) {
+                moved = true;
+                if session.fence.gone(ns, sent) {
+                    restore_fence(session, ns).await?;
+                }
+            }
         }
         if moved {
             // The same txn again, expecting the fences where they now are.
@@ -236,6 +244,17 @@ pub(crate) async fn enqueue_all(
         second = Some((unchanged, must_create));
     }
     Ok(None)
+}
+
+/// Puts the fence key of `namespace` again (deleted by someone else after it was put), so
+/// that the creates it fenced off stay fenced off.
+async fn restore_fence(session: &EtcdSession, namespace: &str) -> Result<()> {
+    let put = session.put(&fence_key(namespace, session.lease), b"");
+    let resp = session.txn("fence", Txn::new().and_then([put])).await?;
+    if let Some(h) = resp.header() {
+        session.fence.moved_to(namespace, h.revision());
+    }
+    Ok(())
 }
 
 pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> Result<()> {
