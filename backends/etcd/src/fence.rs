@@ -35,11 +35,19 @@ pub(crate) struct Fence {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Each namespace's fence revision as last known (absent: 0, no fence key yet).
-    revs: HashMap<String, i64>,
+    /// Each namespace's fence key, made once (every create names it), and its revision as
+    /// last known (0: no fence key yet).
+    revs: HashMap<String, Known>,
     /// The keys whose create went unanswered, with their namespace: their next removal must
     /// move the fence.
     unsettled: HashMap<String, String>,
+}
+
+/// A namespace's fence, as last known.
+#[derive(Debug)]
+struct Known {
+    key: String,
+    rev: i64,
 }
 
 /// The fence key of `lease` in `namespace`.
@@ -59,38 +67,49 @@ impl Fence {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The compare that every create in `namespace` carries (the fence as last known), with
-    /// the revision it expects.
-    pub(crate) fn compare(&self, namespace: &str, lease: i64) -> (Compare, i64) {
-        let rev = self.state().revs.get(namespace).copied().unwrap_or(0);
-        let key = fence_key(namespace, lease);
-        (Compare::mod_revision(key, CompareOp::Equal, rev), rev)
+    /// The fence of `namespace` as last known, made on first use.
+    fn known<'a>(s: &'a mut State, namespace: &str, lease: i64) -> &'a mut Known {
+        // Looked up before a key is made: once per create.
+        if !s.revs.contains_key(namespace) {
+            let key = fence_key(namespace, lease);
+            s.revs.insert(namespace.to_string(), Known { key, rev: 0 });
+        }
+        s.revs.get_mut(namespace).expect("inserted above")
+    }
+
+    /// The compare that every create in `namespace` carries (the fence as last known), the
+    /// fence key (to read it back if the create fails), and the revision it expects.
+    pub(crate) fn compare(&self, namespace: &str, lease: i64) -> (Compare, String, i64) {
+        let mut s = self.state();
+        let k = Self::known(&mut s, namespace, lease);
+        let compare = Compare::mod_revision(k.key.as_str(), CompareOp::Equal, k.rev);
+        (compare, k.key.clone(), k.rev)
     }
 
     /// A create that expected the fence at `sent` failed and read it (`kvs`, the reply to a
     /// get of the fence key in the same txn): whether the fence is elsewhere (then the create
-    /// is sent again, expecting it where it now is, after [`restore`](Self::restore) if it is
+    /// is sent again, expecting it where it now is, after putting it again if it is
     /// [gone](Self::gone)).
-    pub(crate) fn moved(&self, namespace: &str, sent: i64, kvs: &[KeyValue]) -> bool {
+    pub(crate) fn moved(&self, namespace: &str, lease: i64, sent: i64, kvs: &[KeyValue]) -> bool {
         let now = kvs.first().map_or(0, KeyValue::mod_revision);
         // Read in the txn whose compare failed: the cluster's truth, whatever replies of
         // removals said before.
-        self.state().revs.insert(namespace.to_string(), now);
+        Self::known(&mut self.state(), namespace, lease).rev = now;
         now != sent
     }
 
     /// Whether the fence key in `namespace` was deleted by someone else (an operator) after
     /// it had been put: creates sent before it was put would pass again.
     pub(crate) fn gone(&self, namespace: &str, sent: i64) -> bool {
-        sent > 0 && self.state().revs.get(namespace).is_none_or(|&rev| rev == 0)
+        sent > 0 && self.state().revs.get(namespace).is_none_or(|k| k.rev == 0)
     }
 
     /// The fence in `namespace` was put at revision `rev` (a removal's txn).
-    pub(crate) fn moved_to(&self, namespace: &str, rev: i64) {
+    pub(crate) fn moved_to(&self, namespace: &str, lease: i64, rev: i64) {
         let mut s = self.state();
-        let e = s.revs.entry(namespace.to_string()).or_insert(0);
+        let k = Self::known(&mut s, namespace, lease);
         // Replies of several removals may come in any order: the fence only grows.
-        *e = (*e).max(rev);
+        k.rev = k.rev.max(rev);
     }
 
     /// The create of `key` (in `namespace`) went unanswered: it may still be applied.

@@ -42,21 +42,21 @@ pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> R
     let own_read = TxnOp::get(key.as_str(), Some(keys_only()));
     let queue_read = TxnOp::get(range.as_str(), Some(queue_read));
     let namespace = req.queue.namespace.as_str();
-    let fence_read = TxnOp::get(fence_key(namespace, session.lease), Some(keys_only()));
     // Create if absent (with our lease) and the fence is where we know it (see `fence.rs`),
     // else find it again: the key is derived from the lease, so a retry after a lost reply
     // finds our own entry. Either way, read the queue in the same round trip. A create's
     // revision is the txn's: no read of our own key.
     let mut tries = 0;
     let (resp, created) = loop {
-        let (fenced, sent) = session.fence.compare(namespace, session.lease);
+        let (fenced, fence, sent) = session.fence.compare(namespace, session.lease);
+        let fence_read = TxnOp::get(fence, Some(keys_only()));
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                 fenced,
             ])
             .and_then([session.put(&key, req.value), queue_read.clone()])
-            .or_else([own_read.clone(), queue_read.clone(), fence_read.clone()]);
+            .or_else([own_read.clone(), queue_read.clone(), fence_read]);
         let resp = match session.txn("enqueue", txn).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -72,9 +72,12 @@ pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> R
         let own_found = reads.first().is_some_and(|own| !own.is_empty());
         tries += 1;
         if own_found
-            || !session
-                .fence
-                .moved(namespace, sent, reads.get(2).map_or(&[][..], Vec::as_slice))
+            || !session.fence.moved(
+                namespace,
+                session.lease,
+                sent,
+                reads.get(2).map_or(&[][..], Vec::as_slice),
+            )
         {
             break (resp, false);
         }
@@ -164,7 +167,10 @@ pub(crate) async fn enqueue_all(
     while tries < ENQUEUE_ALL_TRIES {
         let (fences, sent): (Vec<Compare>, Vec<i64>) = namespaces
             .iter()
-            .map(|ns| session.fence.compare(ns, session.lease))
+            .map(|ns| {
+                let (compare, _, rev) = session.fence.compare(ns, session.lease);
+                (compare, rev)
+            })
             .unzip();
         let (compares, writes) = match &second {
             None => (empty.clone(), puts.clone()),
@@ -200,7 +206,7 @@ pub(crate) async fn enqueue_all(
         let (queues, fenced) = reads.split_at(reads.len().min(queue_reads.len()));
         let mut moved = false;
         for ((ns, sent), kvs) in namespaces.iter().zip(sent).zip(fenced) {
-            if session.fence.moved(ns, sent, kvs) {
+            if session.fence.moved(ns, session.lease, sent, kvs) {
                 moved = true;
                 if session.fence.gone(ns, sent) {
                     restore_fence(session, ns).await?;
@@ -252,7 +258,9 @@ async fn restore_fence(session: &EtcdSession, namespace: &str) -> Result<()> {
     let put = session.put(&fence_key(namespace, session.lease), b"");
     let resp = session.txn("fence", Txn::new().and_then([put])).await?;
     if let Some(h) = resp.header() {
-        session.fence.moved_to(namespace, h.revision());
+        session
+            .fence
+            .moved_to(namespace, session.lease, h.revision());
     }
     Ok(())
 }
@@ -387,7 +395,9 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
     .await?;
     if let Some(namespace) = fence {
         if let Some(h) = resp.header() {
-            session.fence.moved_to(&namespace, h.revision());
+            session
+                .fence
+                .moved_to(&namespace, session.lease, h.revision());
         }
         session.fence.settled(&entry.key);
         // The key made again by a create served late: ours (derived from our lease, and the
@@ -426,7 +436,9 @@ pub(crate) async fn abandon(
             let txn = Txn::new().and_then([fence, TxnOp::get(key.as_str(), Some(keys_only()))]);
             let resp = session.txn("abandon", txn).await?;
             if let Some(h) = resp.header() {
-                session.fence.moved_to(&namespace, h.revision());
+                session
+                    .fence
+                    .moved_to(&namespace, session.lease, h.revision());
             }
             session.fence.settled(&key);
             gets(&resp)
