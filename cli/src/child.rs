@@ -14,8 +14,8 @@ use crate::signals::{self, status_of, Signals};
 use crate::tree::{self, Tree};
 
 /// How long a Ctrl-Z is given to stop the command's processes (each gets it from the terminal)
-/// before fencelock stops those still running itself.
-const TSTP_WAIT: Duration = Duration::from_millis(200);
+/// before fencelock sends SIGTSTP to those still running, and that before SIGSTOP.
+const TSTP_WAIT: Duration = Duration::from_millis(300);
 
 /// What the command runs under.
 pub(crate) enum Grant {
@@ -239,8 +239,12 @@ pub(crate) async fn run_under(
                 "the {} {name:?} was lost ({reason}): stopping the command",
                 grant.what()
             );
-            tree.stop(run.grace).await;
-            let _ = tokio::time::timeout(run.grace, child.wait()).await;
+            // The command reaped as it exits (not once the tree is gone): without a `/proc`
+            // of our own, its zombie would keep its process group counted as alive.
+            let _ = tokio::join!(
+                tree.stop(run.grace),
+                tokio::time::timeout(run.grace + tree::KILL_WAIT, child.wait())
+            );
             break End::Lost;
         }
     };

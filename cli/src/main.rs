@@ -50,7 +50,8 @@ fn main() -> ExitCode {
     }
     // Started with SIGCHLD ignored (some daemons and supervisors leave it so), the kernel would
     // reap the command as it exits: its status lost, the wait for it failing (exit 70). Any
-    // handler of ours undoes that; the command gets the default back at exec.
+    // handler of ours undoes that; the command gets the default back at exec (unlike the
+    // signals of `signals.rs`, an ignored SIGCHLD does not stay ignored for it).
     let _ = signal_hook::flag::register(
         signal_hook::consts::SIGCHLD,
         std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),

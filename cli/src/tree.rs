@@ -23,7 +23,10 @@
 //! (`/proc/self` names fencelock's PID): under `unshare --pid` without `--mount-proc`, `/proc`
 //! numbers another namespace's processes, and taking them for ours would signal strangers
 //! (as PID 1, "our descendants" would be the whole host). Without it, fencelock knows only the
-//! command and its process group: descendants that left the group are not found.
+//! command and its process group: descendants that left the group are not found, nor (in a
+//! terminal's foreground, where the command shares fencelock's group) any process but the
+//! command; orphans re-parented to fencelock are reaped only once the command is; and
+//! fencelock takes itself to be outside a terminal's foreground.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -37,7 +40,7 @@ use rustix::process::{
 const POLL: Duration = Duration::from_millis(20);
 /// How long SIGKILL is given to take effect (it cannot be caught; a process in an
 /// uninterruptible sleep takes as long as its I/O).
-const KILL_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// Makes fencelock the reaper of the command's orphans (Linux; elsewhere a no-op). Call before
 /// spawning.
@@ -66,6 +69,17 @@ pub(crate) fn leads_session() -> bool {
 /// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
 /// numbers are another namespace's, and no PID read there may be signalled.
 fn proc_is_ours(me: Pid) -> bool {
+    // `NSpid` lists our PID in each namespace from `/proc`'s down to ours: one field when they
+    // are the same. (Without it, an old kernel: `/proc/self` must name our PID, which a PID
+    // that happens to be the same number in both namespaces would also pass.)
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        if let Some(pids) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) {
+            let mut pids = pids.split_whitespace();
+            return pids.next().and_then(|p| p.parse::<i32>().ok())
+                == Some(me.as_raw_nonzero().get())
+                && pids.next().is_none();
+        }
+    }
     std::fs::read_link("/proc/self")
         .ok()
         .and_then(|p| p.to_str()?.parse::<i32>().ok())
@@ -202,26 +216,36 @@ impl Tree {
     }
 
     /// After SIGTSTP in a terminal's foreground: waits up to `within` for the tree to stop (a
-    /// Ctrl-Z reaches the whole group from the terminal), then stops what still runs with
-    /// SIGSTOP and returns it, to continue when fencelock is. A `kill -TSTP` aimed at fencelock
-    /// alone stopped it alone, and the command ran on while fencelock sent no heartbeat, past
-    /// the TTL. (SIGSTOP, not SIGTSTP: a process that handles SIGTSTP, such as an editor,
-    /// would take a second one for a second Ctrl-Z once continued.)
+    /// Ctrl-Z reaches the whole group from the terminal), then stops what still runs and
+    /// returns it, to continue when fencelock is. A `kill -TSTP` aimed at fencelock alone
+    /// stopped it alone, and the command ran on while fencelock sent no heartbeat, past the
+    /// TTL. First with SIGTSTP, so that a program that handles it (an editor) puts the terminal
+    /// back (SIGSTOP would freeze it in raw mode); then, `within` later, SIGSTOP for what still
+    /// runs: one that ignores or blocks SIGTSTP, or any process of an orphaned process group
+    /// (fencelock leading its session, `ssh -t host fencelock …`), where the kernel discards
+    /// SIGTSTP.
     pub(crate) async fn stopped_with_us(&self, within: Duration) -> Vec<Pid> {
-        let until = tokio::time::Instant::now() + within;
-        loop {
-            let running = self.running();
-            if running.is_empty() {
-                return running;
-            }
-            if tokio::time::Instant::now() >= until {
-                for &pid in &running {
-                    let _ = kill_process(pid, Signal::STOP);
+        let mut signalled: Vec<Pid> = Vec::new();
+        for sig in [Signal::TSTP, Signal::STOP] {
+            let until = tokio::time::Instant::now() + within;
+            let running = loop {
+                let running = self.running();
+                if running.is_empty() || tokio::time::Instant::now() >= until {
+                    break running;
                 }
-                return running;
+                tokio::time::sleep(POLL).await;
+            };
+            if running.is_empty() {
+                break;
             }
-            tokio::time::sleep(POLL).await;
+            for &pid in &running {
+                let _ = kill_process(pid, sig);
+                if !signalled.contains(&pid) {
+                    signalled.push(pid);
+                }
+            }
         }
+        signalled
     }
 
     /// Sends `sig` once to every process of the tree: to the command's group (if it has its

@@ -224,11 +224,15 @@ async fn pipe(
 }
 
 /// A client's HTTP/2 byte stream, split into its frames as it passes (after the 24-byte
-/// connection preface), so that some can be left out.
+/// connection preface), so that some can be left out. Bytes pass on at once unless they are
+/// filtered: a frame header is kept back only while filtering, until its type is known (other
+/// protocols, which the same proxy carries, never see their bytes held back).
 #[derive(Debug)]
 struct H2Frames {
     preface_left: usize,
     header: Vec<u8>,
+    /// The bytes of the current header already passed on (it began while not filtering).
+    header_passed: bool,
     body_left: usize,
     dropping: bool,
 }
@@ -238,6 +242,7 @@ impl Default for H2Frames {
         H2Frames {
             preface_left: 24,
             header: Vec::with_capacity(9),
+            header_passed: false,
             body_left: 0,
             dropping: false,
         }
@@ -262,14 +267,21 @@ impl H2Frames {
                 self.body_left -= n;
                 data = &data[n..];
             } else {
+                if self.header.is_empty() {
+                    self.header_passed = !filter;
+                }
                 let n = (9 - self.header.len()).min(data.len());
+                if self.header_passed {
+                    out.extend_from_slice(&data[..n]);
+                }
                 self.header.extend_from_slice(&data[..n]);
                 data = &data[n..];
                 if self.header.len() == 9 {
                     let h = &self.header;
                     self.body_left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
-                    self.dropping = filter && matches!(h[3], 0x3 | 0x6 | 0x7);
-                    if !self.dropping {
+                    // A header already passed on keeps its frame whole.
+                    self.dropping = !self.header_passed && matches!(h[3], 0x3 | 0x6 | 0x7);
+                    if !self.dropping && !self.header_passed {
                         out.extend_from_slice(h);
                     }
                     self.header.clear();
@@ -306,6 +318,14 @@ mod tests {
             f.pass(std::slice::from_ref(b), false, &mut out);
         }
         assert_eq!(out, stream);
+        // Not filtering, every byte passes on at once (a Redis or ZooKeeper request is never
+        // held back waiting for a "frame header" to complete).
+        let mut f = H2Frames::default();
+        let mut out = Vec::new();
+        for (i, b) in stream.iter().enumerate() {
+            f.pass(std::slice::from_ref(b), false, &mut out);
+            assert_eq!(out.len(), i + 1);
+        }
         // Filtered in two pieces: the RST_STREAM is gone.
         let mut f = H2Frames::default();
         let mut out = Vec::new();
