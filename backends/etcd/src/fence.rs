@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use etcd_client::{Compare, CompareOp, KeyValue};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, TxnOp, TxnResponse};
 
 /// How often a create is sent again because the fence moved under it, before it fails with a
 /// temporary error (the core then retries it, after a pause).
@@ -104,8 +104,17 @@ impl Fence {
         sent > 0 && self.state().revs.get(namespace).is_none_or(|k| k.rev == 0)
     }
 
-    /// The fence in `namespace` was put at revision `rev` (a removal's txn).
-    pub(crate) fn moved_to(&self, namespace: &str, lease: i64, rev: i64) {
+    /// The put that moves the fence of `namespace` (in a removal's txn), on `lease`.
+    pub(crate) fn put(&self, namespace: &str, lease: i64) -> TxnOp {
+        let key = Self::known(&mut self.state(), namespace, lease).key.clone();
+        TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease)))
+    }
+
+    /// The fence of `namespace` was put by the txn that answered `resp` (its revision).
+    pub(crate) fn moved_by(&self, namespace: &str, lease: i64, resp: &TxnResponse) {
+        let Some(rev) = resp.header().map(|h| h.revision()) else {
+            return;
+        };
         let mut s = self.state();
         let k = Self::known(&mut s, namespace, lease);
         // Replies of several removals may come in any order: the fence only grows.

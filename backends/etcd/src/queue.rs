@@ -255,13 +255,9 @@ pub(crate) async fn enqueue_all(
 /// Puts the fence key of `namespace` again (deleted by someone else after it was put), so
 /// that the creates it fenced off stay fenced off.
 async fn restore_fence(session: &EtcdSession, namespace: &str) -> Result<()> {
-    let put = session.put(&fence_key(namespace, session.lease), b"");
+    let put = session.fence.put(namespace, session.lease);
     let resp = session.txn("fence", Txn::new().and_then([put])).await?;
-    if let Some(h) = resp.header() {
-        session
-            .fence
-            .moved_to(namespace, session.lease, h.revision());
-    }
+    session.fence.moved_by(namespace, session.lease, &resp);
     Ok(())
 }
 
@@ -372,7 +368,7 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
         // Not the same entry any more (deleted by someone else): an unanswered create may
         // have made the key again meanwhile; read in the same txn, it is removed below.
         Some(namespace) => {
-            let put = session.put(&fence_key(namespace, session.lease), b"");
+            let put = session.fence.put(namespace, session.lease);
             Txn::new()
                 .when([same(entry)])
                 .and_then([delete, put.clone()])
@@ -394,11 +390,7 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
     })
     .await?;
     if let Some(namespace) = fence {
-        if let Some(h) = resp.header() {
-            session
-                .fence
-                .moved_to(&namespace, session.lease, h.revision());
-        }
+        session.fence.moved_by(&namespace, session.lease, &resp);
         session.fence.settled(&entry.key);
         // The key made again by a create served late: ours (derived from our lease, and the
         // caller holds the queue's local slot), and fenced now, so removed for good.
@@ -432,14 +424,10 @@ pub(crate) async fn abandon(
         // A create of it went unanswered: move the fence and read the key in one txn, so
         // that the create, applied before, is found, and applied after, fails.
         Some(namespace) => {
-            let fence = session.put(&fence_key(&namespace, session.lease), b"");
+            let fence = session.fence.put(&namespace, session.lease);
             let txn = Txn::new().and_then([fence, TxnOp::get(key.as_str(), Some(keys_only()))]);
             let resp = session.txn("abandon", txn).await?;
-            if let Some(h) = resp.header() {
-                session
-                    .fence
-                    .moved_to(&namespace, session.lease, h.revision());
-            }
+            session.fence.moved_by(&namespace, session.lease, &resp);
             session.fence.settled(&key);
             gets(&resp)
                 .first()
