@@ -371,6 +371,27 @@ fn may_use_a_pty() -> bool {
     ok
 }
 
+/// Runs `fencelock lock m -- sh cmd.sh` (`cmd.sh` in `d` holding `script`) on a pseudo-terminal
+/// of `script`'s, fencelock leading its session (TTL 3 s): `script`'s shell leads a new session
+/// on the terminal, and `exec` makes fencelock that leader. (`setsid --ctty` took the terminal
+/// from the shell's session instead, which the kernel allows only with CAP_SYS_ADMIN: not in
+/// every sandbox.)
+fn on_a_pty(t: &Target, ns: &str, d: &Path, script: &str, label: &str) -> Run {
+    std::fs::write(d.join("cmd.sh"), script).unwrap();
+    let inner = format!(
+        "exec {} lock m -- sh {}",
+        env!("CARGO_BIN_EXE_fencelock"),
+        d.join("cmd.sh").display()
+    );
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &inner, "/dev/null"])
+        .env("SHELL", "/bin/sh")
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", ns)
+        .env("FENCELOCK_TTL", "3s");
+    Run::spawn(cmd, d, label)
+}
+
 /// fencelock leading a session on a terminal (`ssh -t host fencelock …`), the command in its
 /// process group: the terminal's hangup, which the kernel sends to the session's leader alone,
 /// reaches the command (before, fencelock took it for one the terminal had sent the command
@@ -387,27 +408,14 @@ async fn a_hangup_of_its_terminal_reaches_the_command() {
     let ns = unique_namespace("cli_tty_hup");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
+    let r = on_a_pty(
+        &t,
+        &ns,
+        d,
         "trap 'echo HUP >> hups; exit 0' HUP; echo $PPID > fencelock; echo $$ > pid; \
          while :; do sleep 0.05; done",
-    )
-    .unwrap();
-    // `script`'s shell leads a new session on the pseudo-terminal, and `exec` makes fencelock
-    // that leader. (`setsid --ctty` took the terminal from the shell's session instead, which
-    // the kernel allows only with CAP_SYS_ADMIN: not in every sandbox.)
-    let inner = format!(
-        "exec {} lock m -- sh {}",
-        env!("CARGO_BIN_EXE_fencelock"),
-        d.join("cmd.sh").display()
+        "tty",
     );
-    let mut cmd = std::process::Command::new("script");
-    cmd.args(["-qec", &inner, "/dev/null"])
-        .env("SHELL", "/bin/sh")
-        .env("FENCELOCK_ENDPOINTS", &t.url)
-        .env("FENCELOCK_NAMESPACE", &ns)
-        .env("FENCELOCK_TTL", "3s");
-    let r = Run::spawn(cmd, d, "tty");
     let command = pid_in(&d.join("pid")).await;
     // Outside our process tree once `script` is killed: killed here if the test fails.
     let _left = KillOnDrop(vec![pid_in(&d.join("fencelock")).await, command]);
@@ -716,23 +724,13 @@ async fn a_targeted_tstp_in_the_foreground_stops_the_command() {
     let ns = unique_namespace("cli_fg_tstp");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
+    let r = on_a_pty(
+        &t,
+        &ns,
+        d,
         "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
-    )
-    .unwrap();
-    let inner = format!(
-        "exec {} lock m -- sh {}",
-        env!("CARGO_BIN_EXE_fencelock"),
-        d.join("cmd.sh").display()
+        "fg_tstp",
     );
-    let mut cmd = std::process::Command::new("script");
-    cmd.args(["-qec", &inner, "/dev/null"])
-        .env("SHELL", "/bin/sh")
-        .env("FENCELOCK_ENDPOINTS", &t.url)
-        .env("FENCELOCK_NAMESPACE", &ns)
-        .env("FENCELOCK_TTL", "3s");
-    let r = Run::spawn(cmd, d, "fg_tstp");
     let command = pid_in(&d.join("pid")).await;
     let fencelock = pid_in(&d.join("fencelock")).await;
     let _left = KillOnDrop(vec![fencelock, command]);
