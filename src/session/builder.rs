@@ -183,6 +183,10 @@ impl SessionBuilder {
 
 fn check_ttl(backend: &dyn Backend, ttl: Duration) -> Result<()> {
     let (min, max) = (backend.min_ttl(), backend.max_ttl());
+    // Whatever a backend's minimum says: a session that ends as it begins holds nothing.
+    if ttl.is_zero() {
+        return Err(Error::invalid_ttl(ttl, "a TTL must be positive"));
+    }
     if ttl < min {
         return Err(Error::invalid_ttl(
             ttl,

@@ -57,3 +57,40 @@ pub fn free_port() -> u16 {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// A server that hangs: a loopback listener that accepts every connection and never reads or
+/// answers (a stopped or wedged process whose kernel still completes TCP handshakes). Stops
+/// accepting, and drops what it took, when dropped.
+#[derive(Debug)]
+pub struct HungServer {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HungServer {
+    /// Listens on a free loopback port (in a Tokio runtime).
+    pub async fn start() -> HungServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("its address");
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        HungServer { addr, task }
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for HungServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

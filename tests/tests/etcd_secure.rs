@@ -13,6 +13,7 @@ use fencelock_integration::pki::TestPki;
 use fencelock_integration::servers::etcd::{self as harness, EtcdCluster, EtcdOptions, ServerTls};
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
+use fencelock_integration::HungServer;
 use futures::StreamExt;
 
 /// How long a wrong setting may take to be reported.
@@ -127,6 +128,36 @@ async fn mutual_tls() {
         async { TlsConfig::from_ca_pem("not a certificate") },
     )
     .await;
+}
+
+/// A member that takes the connection and never completes the TLS handshake (hung, stopped)
+/// is unreachable for now, a temporary error within the connect timeout, like a hung
+/// plaintext one: not a port that does not speak TLS (a configuration error, which ends every
+/// retry loop, the CLI's with 78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_with_tls_is_a_temporary_error() {
+    let hung = HungServer::start().await;
+    let pki = TestPki::generate();
+    for tls in [true, false] {
+        let mut config = EtcdConfig::new([hung.addr()]);
+        if tls {
+            config = config.tls(pki.client_tls());
+        }
+        let start = std::time::Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(15), connect(config))
+            .await
+            .expect("the connect hung");
+        assert!(
+            matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+            "TLS {tls}: {}",
+            r.err().map(|e| chain(&e)).unwrap_or_default()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "TLS {tls}: took {:?}",
+            start.elapsed()
+        );
+    }
 }
 
 /// With authentication enabled: the right user works in its namespace; a wrong password, a

@@ -90,10 +90,29 @@ async fn unreachable_and_bad_settings() {
         "{r:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(5));
-    for bad in ["redis://[::1", "http://x"] {
+    for bad in [
+        "redis://[::1",
+        "http://x",
+        "redis://127.0.0.1:0",
+        "127.0.0.1:0",
+        "redis://u:p@127.0.0.1:0/1",
+    ] {
         let r = RedisBackend::connect(bad).await;
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{bad}: {r:?}");
     }
+    // A Unix socket's URL carries its password in the query: masked in errors and `Debug`.
+    let unix = "redis+unix:///nonexistent/fencelock.sock?pass=s3cret";
+    let r = RedisConfig::new(unix)
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    let shown = format!(
+        "{} {:?} {:?}",
+        r.as_ref().unwrap_err(),
+        r.as_ref().unwrap_err(),
+        RedisConfig::new(unix)
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
     let r = RedisConfig::new("127.0.0.1:1")
         .timeout(Duration::MAX)
         .connect()

@@ -10,6 +10,7 @@ use fencelock::{Error, Session};
 use fencelock_integration::errors::{chain, expect_permanent};
 use fencelock_integration::pki::TestPki;
 use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+use fencelock_integration::HungServer;
 use fencelock_redis::{RedisBackend, RedisConfig, Redlock, RedlockTiming, TlsConfig};
 
 /// How long a wrong setting may take to be reported.
@@ -201,15 +202,8 @@ async fn server_tls_and_acl_users() {
 /// without: never a hang, and never a configuration error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_server_is_a_temporary_connect_error_within_the_timeout() {
-    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = hung.local_addr().unwrap();
-    // Accepts, holds every connection open, says nothing.
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = hung.accept().await {
-            open.push(socket);
-        }
-    });
+    let hung = HungServer::start().await;
+    let addr = hung.addr();
     let pki = TestPki::generate();
     let timeout = Duration::from_secs(1);
     for config in [
@@ -239,5 +233,5 @@ async fn a_hung_server_is_a_temporary_connect_error_within_the_timeout() {
             "{what}: took {took:?}"
         );
     }
-    held.abort();
+    drop(hung);
 }

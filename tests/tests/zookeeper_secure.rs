@@ -14,6 +14,7 @@ use fencelock_integration::servers::zookeeper::{
 };
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
+use fencelock_integration::HungServer;
 use fencelock_zookeeper::{AclMode, TlsConfig, ZooKeeperBackend, ZooKeeperConfig};
 
 /// How long a wrong setting may take to be reported.
@@ -36,6 +37,32 @@ async fn ensemble(options: ZkOptions) -> Arc<ZkEnsemble> {
             .await
             .unwrap(),
     )
+}
+
+/// A server that takes the connection and never completes the TLS handshake (hung, stopped)
+/// is unreachable for now, a temporary error within the connect timeout: not a port that does
+/// not speak TLS (a configuration error, which ends every retry loop, the CLI's with 78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_with_tls_is_a_temporary_error() {
+    let hung = HungServer::start().await;
+    let pki = TestPki::generate();
+    let start = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(15),
+        builder(&hung.addr()).tls(pki.client_tls()).connect(),
+    )
+    .await
+    .expect("the connect hung");
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+        "{}",
+        r.err().map(|e| chain(&e)).unwrap_or_default()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 /// With the CA and a client certificate, a TLS-only server works; every wrong TLS setting

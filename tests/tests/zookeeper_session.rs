@@ -10,6 +10,7 @@ use fencelock_integration::proxy::{Mode, Proxy};
 use fencelock_integration::servers::zookeeper::{
     ZkFactory, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
 };
+use fencelock_integration::HungServer;
 use fencelock_zookeeper::{AclMode, ZooKeeperBackend};
 use zookeeper_client as zk;
 
@@ -180,14 +181,8 @@ async fn unreachable_cluster_fails_to_connect() {
     );
 
     // A server that accepts and then says nothing.
-    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = hung.local_addr().unwrap().to_string();
-    let held = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        while let Ok((c, _)) = hung.accept().await {
-            conns.push(c);
-        }
-    });
+    let hung = HungServer::start().await;
+    let addr = hung.addr();
     let backend = ZooKeeperBackend::builder(addr.as_str())
         .connect_timeout(timeout)
         .connect()
@@ -212,7 +207,7 @@ async fn unreachable_cluster_fails_to_connect() {
         "hung: bounded, took {:?}",
         start.elapsed()
     );
-    held.abort();
+    drop(hung);
 }
 
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.

@@ -52,7 +52,16 @@ pub struct EtcdConfig {
 impl std::fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
+            // An endpoint may carry a user and password (refused by validation, but shown here
+            // before it runs).
+            .field(
+                "endpoints",
+                &self
+                    .endpoints
+                    .iter()
+                    .map(|e| fencelock_net::redact(e))
+                    .collect::<Vec<_>>(),
+            )
             .field("connect_timeout", &self.connect_timeout)
             .field("keep_alive_interval", &self.keep_alive_interval)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
@@ -205,6 +214,8 @@ mod tests {
         assert!(bad(EtcdConfig::new(["a:1"]).user("", "p")));
         let dbg = format!("{:?}", EtcdConfig::new(["a:1"]).user("u", "secret"));
         assert!(!dbg.contains("secret"));
+        let dbg = format!("{:?}", EtcdConfig::new(["http://u:secret@a:1"]));
+        assert!(!dbg.contains("secret"), "{dbg}");
         // Credentials in an endpoint are refused (never silently ignored), and not echoed.
         let e = EtcdConfig::new(["http://u:secret@a:1"])
             .validate()

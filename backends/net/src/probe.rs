@@ -87,8 +87,12 @@ impl fmt::Display for Probe {
 
 /// Splits an endpoint (`host:port`, with an optional scheme such as `http://`, `https://`,
 /// `tcp://` or `tcp+tls://`, and an optional path) into its host and port; `None` if it has
-/// no valid port. `[v6]:port` is understood.
+/// no valid port (port 0 is none: nothing can be reached there). `[v6]:port` is understood.
 pub fn split_host_port(endpoint: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+    split(endpoint, default_port).filter(|(_, port)| *port != 0)
+}
+
+fn split(endpoint: &str, default_port: Option<u16>) -> Option<(String, u16)> {
     let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
     let rest = rest.split('/').next().unwrap_or(rest);
     if let Some(v6) = rest.strip_prefix('[') {
@@ -146,7 +150,10 @@ async fn probe_tls(host: &str, tcp: TcpStream, tls: &TlsConfig, within: Duration
     };
     let connector = TlsConnector::from(Arc::new(config));
     let mut stream = match timeout(within, connector.connect(name, tcp)).await {
-        Err(_) => return Probe::NotTls("no TLS handshake in time".into()),
+        // No evidence either way: a hung or stalled server completes nothing, while a
+        // plaintext etcd or ZooKeeper server closes or resets the connection on the greeting
+        // (read below as `NotTls`).
+        Err(_) => return Probe::TimedOut,
         Ok(Err(e)) => return tls_failure(&e),
         Ok(Ok(s)) => s,
     };
@@ -252,6 +259,8 @@ mod tests {
         assert_eq!(split_host_port("zk", None), None);
         assert_eq!(split_host_port("zk:port", None), None);
         assert_eq!(split_host_port(":2181", None), None);
+        assert_eq!(split_host_port("zk:0", None), None);
+        assert_eq!(split_host_port("[::1]:0", None), None);
         // Unbracketed IPv6 is refused, not read as a host and a port.
         assert_eq!(split_host_port("::1", Some(2181)), None);
         assert_eq!(split_host_port("fe80::1", Some(2181)), None);

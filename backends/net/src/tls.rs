@@ -61,11 +61,15 @@ impl TlsConfig {
         if n == 0 {
             return Err(Error::invalid_config("CA", "no certificate in the PEM"));
         }
-        Ok(TlsConfig {
+        let tls = TlsConfig {
             ca_pem,
             identity: None,
             server_name: None,
-        })
+        };
+        // Well-formed PEM may still hold no certificate a client can use (a garbage body):
+        // parsed now, so that it is a bad setting here rather than a failed handshake later.
+        tls.client_config()?;
+        Ok(tls)
     }
 
     /// Trusts the certificate authorities in the PEM file at `path`.
@@ -99,6 +103,8 @@ impl TlsConfig {
             )
         })?;
         self.identity = Some((cert_pem, key_pem));
+        // The key itself parsed (and matched with the certificate), as the CA above.
+        self.client_config()?;
         Ok(self)
     }
 
@@ -214,5 +220,45 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
         crate::provider()
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(r: Result<TlsConfig>) -> String {
+        match r {
+            Err(Error::InvalidConfig(e)) => e.to_string(),
+            other => panic!("not InvalidConfig: {other:?}"),
+        }
+    }
+
+    /// A self-signed certificate and its key, PEM.
+    fn self_signed() -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// PEM that frames no usable certificate or key is refused when given, not at the
+    /// handshake (where it read as the server refusing the client).
+    #[test]
+    fn garbage_inside_well_formed_pem_is_refused_at_once() {
+        let garbage =
+            |label: &str| format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
+        invalid(TlsConfig::from_ca_pem("not a certificate"));
+        invalid(TlsConfig::from_ca_pem(garbage("CERTIFICATE")));
+        let (cert, key) = self_signed();
+        let ca = TlsConfig::from_ca_pem(cert.clone()).unwrap();
+        assert!(ca.clone().with_identity_pem(&*cert, &*key).is_ok());
+        invalid(ca.clone().with_identity_pem(&*cert, garbage("PRIVATE KEY")));
+        invalid(ca.clone().with_identity_pem(garbage("CERTIFICATE"), &*key));
+        // A key that is not the certificate's.
+        let (_, other_key) = self_signed();
+        invalid(ca.with_identity_pem(&*cert, &*other_key));
     }
 }

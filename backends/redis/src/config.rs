@@ -5,7 +5,7 @@ use std::time::Duration;
 use fencelock::{Error, Result};
 pub(crate) use fencelock_net::redact;
 use fencelock_net::TlsConfig;
-use redis::{ClientTlsConfig, TlsCertificates};
+use redis::{ClientTlsConfig, ConnectionAddr, TlsCertificates};
 
 use crate::cluster::ClusterUrl;
 use crate::sentinel::{SentinelUrl, Sentinels};
@@ -288,8 +288,19 @@ impl RedisConfig {
             .map_err(|e| Error::invalid_config(redact(&self.url), e.to_string()))
     }
 
-    /// A client of the server at `url`, with the TLS settings.
+    /// A client of the server at `url`, with the TLS settings; port 0 refused (nothing can be
+    /// reached there: a connect would fail as if the server were down, a temporary error).
     fn client(&self, url: &str) -> Result<redis::Client> {
+        let client = self.client_unchecked(url)?;
+        match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => Err(
+                Error::invalid_config(redact(&self.url), "port 0: expected the server's port"),
+            ),
+            _ => Ok(client),
+        }
+    }
+
+    fn client_unchecked(&self, url: &str) -> Result<redis::Client> {
         let bad = |e: redis::RedisError| Error::invalid_config(redact(&self.url), e.to_string());
         let Some(tls) = &self.tls else {
             return redis::Client::open(url).map_err(bad);

@@ -215,10 +215,17 @@ pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) 
     };
     let found = probe(host, port, tls, within).await;
     // A TLS greeting that a plaintext Redis takes for the start of a command is never
-    // answered, as nothing is by a hung server: only a plaintext server answers a PING.
-    if matches!(found, Probe::NotTls(_)) && !answers_plaintext(host, port, within / 2).await {
-        return None;
-    }
+    // answered (the probe times out), as nothing is by a hung server: only a plaintext server
+    // answers a PING.
+    let found = match found {
+        Probe::NotTls(_) | Probe::TimedOut => {
+            if !answers_plaintext(host, port, within / 2).await {
+                return None;
+            }
+            Probe::NotTls("it answers in plaintext: use redis://".into())
+        }
+        other => other,
+    };
     found.is_permanent().then(|| {
         connect_error(
             NAME,

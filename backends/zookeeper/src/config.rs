@@ -78,7 +78,12 @@ pub struct ZooKeeperConfig {
 impl fmt::Debug for ZooKeeperConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZooKeeperConfig")
-            .field("connect_string", &self.connect_string)
+            // It may carry a user and password (refused by validation, but shown here before it
+            // runs).
+            .field(
+                "connect_string",
+                &fencelock_net::redact(&self.connect_string),
+            )
             .field("chroot", &self.chroot)
             .field("create_chroot", &self.create_chroot)
             .field("connect_timeout", &self.connect_timeout)
@@ -166,6 +171,8 @@ impl ZooKeeperConfig {
 
     /// The smallest TTL the backend accepts (default [`DEFAULT_MIN_TTL`]). Set it to your
     /// servers' `minSessionTimeout` (`2 × tickTime` unless configured) if that is lower.
+    /// Between 1 ms and [`MAX_TTL`](crate::MAX_TTL), else [`connect`](Self::connect) fails
+    /// with [`Error::InvalidConfig`].
     pub fn min_ttl(mut self, min_ttl: Duration) -> Self {
         self.min_ttl = min_ttl;
         self
@@ -269,6 +276,17 @@ impl ZooKeeperConfig {
                 Some(root.to_string())
             }
         };
+        // Session timeouts are whole milliseconds, and 0 is the client's "use the default"
+        // (6 s): a TTL that became 0 would run at a TTL nobody asked for.
+        if self.min_ttl < Duration::from_millis(1) || self.min_ttl > crate::MAX_TTL {
+            return Err(invalid(
+                &format!("{:?}", self.min_ttl),
+                format!(
+                    "the minimum TTL must be at least 1ms and at most {:?}",
+                    crate::MAX_TTL
+                ),
+            ));
+        }
         if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
             return Err(invalid(
                 &format!("{:?}", self.connect_timeout),
@@ -418,6 +436,17 @@ mod tests {
             ZooKeeperConfig::new("a:1").connect_timeout(Duration::MAX)
         ));
         assert!(bad(ZooKeeperConfig::new("a:1").sasl_digest_md5("", "p")));
+        assert!(bad(ZooKeeperConfig::new("a:1").min_ttl(Duration::ZERO)));
+        assert!(bad(
+            ZooKeeperConfig::new("a:1").min_ttl(Duration::from_micros(999))
+        ));
+        assert!(bad(
+            ZooKeeperConfig::new("a:1").min_ttl(crate::MAX_TTL + Duration::from_millis(1))
+        ));
+        assert!(ZooKeeperConfig::new("a:1")
+            .min_ttl(Duration::from_millis(1))
+            .resolve()
+            .is_ok());
         let r = ZooKeeperConfig::new("a:1/").resolve().unwrap();
         assert_eq!(r.chroot, None);
         let dbg = format!(
@@ -427,5 +456,7 @@ mod tests {
                 .sasl_digest_md5("v", "secret")
         );
         assert!(!dbg.contains("secret"));
+        let dbg = format!("{:?}", ZooKeeperConfig::new("u:secret@a:1"));
+        assert!(!dbg.contains("secret"), "{dbg}");
     }
 }
