@@ -64,6 +64,15 @@ impl MemoryBackend {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Fault injection: every session hears of a connection break
+    /// ([`SessionEvent::Disconnected`](crate::backend::SessionEvent::Disconnected), as from a
+    /// link or a member that keeps resetting streams) while its keep-alives go on being
+    /// answered: it is `Suspended` until a heartbeat confirms it.
+    #[cfg(feature = "testing")]
+    pub fn report_disconnect(&self) {
+        self.inner.disconnects.send_modify(|n| *n += 1);
+    }
+
     /// Resolves when a keep-alive held by [`hold_keep_alives`](Self::hold_keep_alives) starts
     /// waiting.
     #[cfg(feature = "testing")]

@@ -62,6 +62,9 @@ struct Inner {
     /// Signalled when a keep-alive starts waiting that way, and when the hold ends.
     keep_alive_held: tokio::sync::Notify,
     keep_alives_released: tokio::sync::Notify,
+    /// Fault injection: how many connection breaks were reported; each change is a
+    /// `SessionEvent::Disconnected` to every session waiting for an event.
+    disconnects: watch::Sender<u64>,
 }
 
 impl MemoryBackend {

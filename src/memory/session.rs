@@ -11,7 +11,7 @@ use super::cluster::{entry, State};
 use super::{Inner, NAME};
 use crate::backend::{
     key_value_entry_key, BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind,
-    Peer, QueueId, REVOKE_MARKER,
+    Peer, QueueId, SessionEvent, REVOKE_MARKER,
 };
 use crate::{Error, FencingToken, Result};
 
@@ -82,6 +82,17 @@ impl BackendSession for MemorySession {
         let s = st.sessions.get_mut(&self.id).expect("alive session");
         s.expires = Instant::now() + s.ttl;
         Ok(())
+    }
+
+    /// A break reported by fault injection
+    /// ([`MemoryBackend::report_disconnect`](super::MemoryBackend::report_disconnect)).
+    async fn next_event(&self) -> SessionEvent {
+        let mut reported = self.inner.disconnects.subscribe();
+        match reported.changed().await {
+            Ok(()) => SessionEvent::Disconnected,
+            // The sender lives as long as the cluster, which this session holds.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     async fn close(&self) -> Result<()> {

@@ -121,8 +121,11 @@ pub(crate) async fn run(
                         }
                         SessionEvent::Disconnected => {
                             shared.set_state(SessionState::Suspended);
-                            // Confirm (or find the session lost) without waiting a period.
-                            next = Instant::now() + pause(&mut retry, &"the connection broke");
+                            // Confirm (or find the session lost) without waiting a period;
+                            // never later than the beat already due: a stream of these (a link
+                            // that keeps resetting streams) must not put the beats off until
+                            // the deadline.
+                            next = next.min(Instant::now() + pause(&mut retry, &"the connection broke"));
                         }
                         // Confirm with a heartbeat right away.
                         SessionEvent::Reconnected => next = Instant::now(),

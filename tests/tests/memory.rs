@@ -103,6 +103,40 @@ async fn dropped_during_a_heartbeat_the_session_is_still_closed() {
     backend.release_keep_alives();
 }
 
+/// Connection breaks reported faster than the heartbeat's retry pause (a link or member that
+/// keeps resetting streams) while every keep-alive is answered: the beats still go out and the
+/// session lives. (Each break put the next beat off by a fresh pause, so that none went out
+/// and the session was lost at its deadline with the cluster answering.)
+#[tokio::test(start_paused = true)]
+async fn a_stream_of_connection_breaks_does_not_put_the_heartbeat_off() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_millis(600);
+    let s = Session::builder(backend.clone())
+        .ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let beats_before = s.deadline();
+    let mut reported = 0;
+    let until = tokio::time::Instant::now() + ttl * 4;
+    while tokio::time::Instant::now() < until {
+        backend.report_disconnect();
+        reported += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !matches!(s.state(), fencelock::SessionState::Lost(_)),
+            "lost after {reported} breaks reported: {:?}",
+            s.state()
+        );
+    }
+    assert!(reported >= 200, "{reported}");
+    assert!(
+        s.deadline() > beats_before + ttl * 3,
+        "no heartbeat went out"
+    );
+    s.close().await.unwrap();
+}
+
 /// On shutdown the Supervisor drops the term's future (and what it holds) before it closes the
 /// session, as its docs say: no work of the old term runs on while a successor takes over.
 /// (It closed the session first, with the future still alive.)
