@@ -10,7 +10,7 @@ use tokio::process::Command;
 
 use crate::args::RunArgs;
 use crate::exit;
-use crate::signals::{self, status_of, Signals};
+use crate::signals::{self, status_of, Caught, Signals};
 use crate::tree::{self, Tree};
 
 /// How long a Ctrl-Z is given to stop the command's processes (each gets it from the terminal)
@@ -101,17 +101,19 @@ enum End {
 /// Runs `run.command` holding `grant` (named `name`) and returns fencelock's exit status.
 ///
 /// The command's whole tree (see [`crate::tree`]) is stopped together:
-/// - SIGTERM that fencelock gets is passed on to the tree once; so are SIGINT, SIGHUP and
-///   SIGQUIT, except in the foreground of a terminal, where the terminal sends those to the
-///   command itself (it shares fencelock's process group there) — but a hangup, which the
-///   kernel sends to the session's leader alone, when fencelock leads the session.
-/// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace`; the status
-///   is [`exit::LOST`].
+/// - Every signal fencelock catches (see [`crate::signals`]) is passed on to the tree once,
+///   but those the terminal sent the command itself ([`passes_on`]).
+/// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace` or half the
+///   session's safety `margin`, whichever is shorter: at the latest when the cluster may expire
+///   the session and grant the lock to another (the local deadline comes `margin` before
+///   that); the status is [`exit::LOST`].
 /// - When the command exits, whatever it left running is stopped the same way before the grant
 ///   is released: nothing of it runs on without the lock. If the grant was lost by then (say,
 ///   fencelock was paused past its TTL), the status is [`exit::LOST`], not the command's.
 /// - SIGTSTP (job control) stops the command with fencelock; continued with a grant lost
-///   meanwhile, the command is stopped for good without running again.
+///   meanwhile, the command is stopped for good without running again. In an orphaned process
+///   group (`ssh -t host fencelock …`: nobody to continue it), SIGTSTP is ignored, as the
+///   kernel discards it for the command.
 /// - A signal that arrived before the command could start stops fencelock without running it.
 ///
 /// The grant is released (confirmed, or bounded by `release_within`) before this returns.
@@ -122,13 +124,19 @@ pub(crate) async fn run_under(
     env: &[(String, Option<String>)],
     signals: &mut Signals,
     release_within: Duration,
+    margin: Duration,
 ) -> u8 {
     if let Some(sig) = signals.pending() {
         let _ = grant.release(release_within).await;
         return status_of(sig);
     }
     let (program, args) = run.command.split_first().expect("clap requires a command");
-    let foreground = tree::in_terminal_foreground();
+    // With a terminal, the command shares fencelock's process group, which is the terminal's
+    // job: in the foreground it reads the terminal and gets its signals; in the background
+    // (`fencelock … &`), a read stops the whole job (SIGTTIN) and the shell's `fg` continues
+    // it, as it would a command run alone (in a group of its own it stopped alone, unseen by
+    // the shell, and `fg` could not reach it).
+    let shared_group = tree::has_terminal();
     let leads_session = tree::leads_session();
     let mut cmd = Command::new(program);
     cmd.args(args)
@@ -136,7 +144,7 @@ pub(crate) async fn run_under(
         .env("FENCELOCK_KEY", grant.key())
         .env("FENCELOCK_NAME", name)
         .kill_on_drop(true);
-    if !foreground {
+    if !shared_group {
         cmd.process_group(0);
     }
     for (var, value) in env {
@@ -163,7 +171,7 @@ pub(crate) async fn run_under(
     let Some(tree) = child
         .id()
         .and_then(|p| Pid::from_raw(p as i32))
-        .map(|pid| Tree::new(pid, !foreground))
+        .map(|pid| Tree::new(pid, !shared_group))
     else {
         say!("the command has no process id");
         let _ = grant.release(release_within).await;
@@ -189,17 +197,21 @@ pub(crate) async fn run_under(
                     }
                 });
             }
-            sig = signals.recv() => {
+            caught = signals.recv() => {
+                let sig = caught.signal;
+                if sig == Signal::TSTP && !signals.may_stop() {
+                    continue;
+                }
                 if sig == Signal::TSTP {
                     // Job control (Ctrl-Z, `kill -TSTP`): the command stops with fencelock. In
-                    // a terminal's foreground it got the signal from the terminal already (a
-                    // Ctrl-Z), and the shell continues both (one group); what a `kill -TSTP`
+                    // a terminal's job it got the signal already (a Ctrl-Z, a shell's `kill
+                    // -TSTP %1`), and the shell continues both (one group); what a `kill -TSTP`
                     // aimed at fencelock alone left running is stopped here. Elsewhere it is
                     // stopped here. Either way it is continued once fencelock is, if the
                     // grant was not lost meanwhile (then the lost path stops it without
                     // letting it run again).
                     let mut stopped_here = Vec::new();
-                    if foreground {
+                    if shared_group {
                         stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
                     } else {
                         tree.signal(Signal::TSTP);
@@ -207,7 +219,7 @@ pub(crate) async fn run_under(
                     signals::stop_self();
                     if !grant.is_held() {
                         tick.reset_immediately();
-                    } else if !foreground {
+                    } else if !shared_group {
                         tree.signal(Signal::CONT);
                     } else {
                         for pid in stopped_here {
@@ -216,10 +228,7 @@ pub(crate) async fn run_under(
                     }
                     continue;
                 }
-                // In a terminal's foreground the terminal sent these to the command already;
-                // but a hangup goes to the session's leader alone, which fencelock may be
-                // (`ssh -t host fencelock …`): then the command hears of it only from us.
-                if !foreground || sig == Signal::TERM || (sig == Signal::HUP && leads_session) {
+                if passes_on(caught, shared_group, leads_session) {
                     tree.signal(sig);
                     tree.signal(Signal::CONT);
                 }
@@ -241,9 +250,10 @@ pub(crate) async fn run_under(
             );
             // The command reaped as it exits (not once the tree is gone): without a `/proc`
             // of our own, its zombie would keep its process group counted as alive.
+            let grace = run.grace.min(margin / 2);
             let _ = tokio::join!(
-                tree.stop(run.grace),
-                tokio::time::timeout(run.grace + tree::KILL_WAIT, child.wait())
+                tree.stop(grace),
+                tokio::time::timeout(grace + tree::KILL_WAIT, child.wait())
             );
             break End::Lost;
         }
@@ -274,6 +284,19 @@ pub(crate) async fn run_under(
     }
 }
 
+/// Whether `caught` is passed on to the command's tree: every signal but one the kernel sent
+/// the command itself. A terminal's Ctrl-C, Ctrl-\ and hangup go from the kernel to its whole
+/// foreground process group, the command's too where it shares fencelock's
+/// (`shared_group`); but the hangup of a terminal goes to its session's leader alone, which
+/// fencelock may be (`ssh -t host fencelock …`), and then the command hears of it only from
+/// fencelock. A signal a process sent (`kill`) reached fencelock alone — unless it was sent to
+/// fencelock's whole group (`kill -- -PGID`), in which case the command gets it twice.
+fn passes_on(caught: Caught, shared_group: bool, leads_session: bool) -> bool {
+    let from_the_terminal =
+        !caught.sent && matches!(caught.signal, Signal::INT | Signal::QUIT | Signal::HUP);
+    !shared_group || !from_the_terminal || (caught.signal == Signal::HUP && leads_session)
+}
+
 /// The grant was found lost once the command had exited: the command may have run part of its
 /// work without it, so its status cannot stand.
 fn lost_meanwhile(grant: &Grant, name: &str, reason: Option<LostReason>) -> u8 {
@@ -286,4 +309,26 @@ fn lost_meanwhile(grant: &Grant, name: &str, reason: Option<LostReason>) -> u8 {
         exit::LOST
     );
     exit::LOST
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_passed_on() {
+        let c = |signal, sent| Caught { signal, sent };
+        // Of its own group (no terminal): everything.
+        assert!(passes_on(c(Signal::INT, false), false, false));
+        assert!(passes_on(c(Signal::USR1, true), false, false));
+        // Sharing the terminal's group: not what the terminal sent the command too.
+        assert!(!passes_on(c(Signal::INT, false), true, false));
+        assert!(!passes_on(c(Signal::QUIT, false), true, false));
+        assert!(!passes_on(c(Signal::HUP, false), true, false));
+        // ... but a hangup to the session's leader alone, and what a process sent.
+        assert!(passes_on(c(Signal::HUP, false), true, true));
+        assert!(passes_on(c(Signal::INT, true), true, false));
+        assert!(passes_on(c(Signal::TERM, true), true, false));
+        assert!(passes_on(c(Signal::USR2, true), true, false));
+    }
 }

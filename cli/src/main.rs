@@ -77,8 +77,8 @@ fn main() -> ExitCode {
 }
 
 /// Signal handling, by phase: while connecting, waiting for the grant, reading (`leader`,
-/// `list`) or observing, SIGINT / SIGTERM / SIGHUP / SIGQUIT stop fencelock: whatever it queued
-/// is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
+/// `list`) or observing, every caught signal (see `signals.rs`; SIGTSTP stops it instead)
+/// ends fencelock: whatever it queued is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
 /// it (see `child::run_under`). While releasing and closing they are held back: both are
 /// bounded, and they are what hands the lock to the next holder at once.
 async fn run(cli: Cli) -> u8 {
@@ -163,7 +163,16 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
                 Stopped::Done(Ok(Some(g))) => {
-                    child::run_under(Grant::Lock(g), &name, &run, ctx.env, signals, ctx.bound).await
+                    child::run_under(
+                        Grant::Lock(g),
+                        &name,
+                        &run,
+                        ctx.env,
+                        signals,
+                        ctx.bound,
+                        session.safety_margin(),
+                    )
+                    .await
                 }
                 Stopped::Done(Ok(None)) => {
                     say!("{name:?} is held: not acquired");
@@ -191,8 +200,16 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
                 Stopped::Done(Ok(Some(l))) => {
-                    child::run_under(Grant::Leader(l), &name, &run, ctx.env, signals, ctx.bound)
-                        .await
+                    child::run_under(
+                        Grant::Leader(l),
+                        &name,
+                        &run,
+                        ctx.env,
+                        signals,
+                        ctx.bound,
+                        session.safety_margin(),
+                    )
+                    .await
                 }
                 Stopped::Done(Ok(None)) => {
                     say!("{name:?} has a leader: not elected");

@@ -1,29 +1,62 @@
 //! The signals fencelock acts on, caught from its first moment to its last.
 //!
-//! SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught once, before anything connects, and stay
-//! caught until fencelock exits: none of them can kill fencelock between two phases (while it
-//! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the TTL.
-//! Those that fencelock was started with ignored (`nohup`) stay ignored, for its command too.
+//! Every signal whose default action would end fencelock and that a user can send is caught
+//! once, before anything connects, and stays caught until fencelock exits: SIGINT, SIGTERM,
+//! SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT and
+//! the real-time signals. None of them can kill fencelock between two phases (while it
+//! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the
+//! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
+//! and another holder ran beside it once the TTL had passed). Those that fencelock was started
+//! with ignored (`nohup`) stay ignored, for its command too.
 //! SIGTSTP (Ctrl-Z) is caught too, so that a command in a process group of its own stops with
 //! fencelock: stopped alone, fencelock would stop heartbeating while the command ran on, and
-//! past the TTL another holder would run beside it.
-//! What each phase does with them is in `fencelock --help` and in [`crate::child`].
+//! past the TTL another holder would run beside it. In an orphaned process group it is ignored
+//! ([`Signals::may_stop`]).
+//!
+//! Each signal comes with whether a process sent it (`kill`) or the kernel did (a terminal's
+//! Ctrl-C, Ctrl-\ or hangup, which reach the terminal's whole foreground process group, the
+//! command included when it shares fencelock's): see [`crate::child`] for what each phase
+//! does with them, and `fencelock --help`.
 
 use std::future::Future;
 
 use futures_util::FutureExt;
 use rustix::process::Signal;
-use tokio::signal::unix::{signal, SignalKind};
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::low_level::siginfo::Cause;
+use tokio::sync::mpsc;
 
-/// The caught signals (`None`: ignored when fencelock started, see [`Signals::catch`]).
+/// The signals caught by name (the real-time ones are added by number).
+const NAMED: [Signal; 13] = [
+    Signal::INT,
+    Signal::TERM,
+    Signal::HUP,
+    Signal::QUIT,
+    Signal::TSTP,
+    Signal::USR1,
+    Signal::USR2,
+    Signal::ALARM,
+    Signal::VTALARM,
+    Signal::PROF,
+    Signal::IO,
+    Signal::POWER,
+    Signal::STKFLT,
+];
+
+/// One caught signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caught {
+    /// The signal.
+    pub(crate) signal: Signal,
+    /// Whether a process sent it (`kill`, `sigqueue`) rather than the kernel (a terminal's
+    /// Ctrl-C, Ctrl-\, Ctrl-Z or hangup).
+    pub(crate) sent: bool,
+}
+
+/// The caught signals, as a channel fed by a thread of their own.
 pub(crate) struct Signals {
-    int: Option<tokio::signal::unix::Signal>,
-    term: Option<tokio::signal::unix::Signal>,
-    hup: Option<tokio::signal::unix::Signal>,
-    quit: Option<tokio::signal::unix::Signal>,
-    /// Job control's stop (Ctrl-Z): fencelock stops itself, and while the command runs in a
-    /// process group of its own, the command with it (see [`crate::child`]).
-    tstp: Option<tokio::signal::unix::Signal>,
+    caught: mpsc::UnboundedReceiver<Caught>,
 }
 
 /// A future's outcome, or the signal that stopped it first.
@@ -35,58 +68,63 @@ pub(crate) enum Stopped<T> {
 }
 
 impl Signals {
-    /// Catches the signals (needs a Tokio runtime with I/O enabled), but those that fencelock
-    /// was started with ignored: `nohup fencelock …` ignores SIGHUP, a non-interactive shell's
-    /// `fencelock … &` SIGINT and SIGQUIT, and both mean it for fencelock and its command alike
-    /// (an ignored signal stays ignored across `exec`; a caught one would be reset for it).
+    /// Catches the signals (the tasks that wait for them need a Tokio runtime), but those that
+    /// fencelock was started with ignored: `nohup fencelock …` ignores SIGHUP, a
+    /// non-interactive shell's `fencelock … &` SIGINT and SIGQUIT, and both mean it for
+    /// fencelock and its command alike (an ignored signal stays ignored across `exec`; a caught
+    /// one would be reset for it).
     pub(crate) fn catch() -> std::io::Result<Signals> {
         let ignored = ignored_at_start();
-        let catch = |kind: SignalKind| -> std::io::Result<_> {
-            let bit = 1u64 << (kind.as_raw_value() - 1);
-            if ignored & bit != 0 {
-                return Ok(None);
-            }
-            signal(kind).map(Some)
-        };
-        Ok(Signals {
-            int: catch(SignalKind::interrupt())?,
-            term: catch(SignalKind::terminate())?,
-            hup: catch(SignalKind::hangup())?,
-            quit: catch(SignalKind::quit())?,
-            tstp: catch(SignalKind::from_raw(Signal::TSTP.as_raw()))?,
-        })
+        let mut numbers: Vec<i32> = NAMED.iter().map(|s| s.as_raw()).collect();
+        numbers.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+        numbers.retain(|&n| (1..=64).contains(&n) && ignored & (1u64 << (n - 1)) == 0);
+        let mut info = SignalsInfo::<WithOrigin>::new(&numbers)?;
+        let (tx, caught) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for origin in info.forever() {
+                    let Some(signal) = signal_of(origin.signal) else {
+                        continue;
+                    };
+                    let sent = matches!(origin.cause, Cause::Sent(_));
+                    if tx.send(Caught { signal, sent }).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Signals { caught })
     }
 
     /// The next caught signal, SIGTSTP included (see [`stop`](Self::stop) for the others).
-    pub(crate) async fn recv(&mut self) -> Signal {
-        /// A caught signal's next delivery; never, for one that is not caught.
-        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
-            match s {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            _ = next(&mut self.int) => Signal::INT,
-            _ = next(&mut self.term) => Signal::TERM,
-            _ = next(&mut self.hup) => Signal::HUP,
-            _ = next(&mut self.quit) => Signal::QUIT,
-            _ = next(&mut self.tstp) => Signal::TSTP,
+    pub(crate) async fn recv(&mut self) -> Caught {
+        match self.caught.recv().await {
+            Some(c) => c,
+            // The thread that reads them is gone (it never ends while the process lives).
+            None => std::future::pending().await,
         }
     }
 
-    /// The next signal that stops fencelock (SIGINT, SIGTERM, SIGHUP, SIGQUIT). A SIGTSTP
+    /// Whether a SIGTSTP is to stop fencelock: not where its process group is orphaned
+    /// (`ssh -t host fencelock …`: no shell to continue it), where the kernel discards
+    /// SIGTSTP for its command, and fencelock does the same (it stopped the whole tree with
+    /// SIGSTOP, which nothing there could continue: the lock was lost after the TTL).
+    pub(crate) fn may_stop(&self) -> bool {
+        !crate::tree::group_is_orphaned()
+    }
+
+    /// The next signal that stops fencelock (every caught one but SIGTSTP). A SIGTSTP
     /// meanwhile stops fencelock as its default action would ([`stop_self`]), and the wait goes
     /// on once it is continued.
     pub(crate) async fn stop(&mut self) -> Signal {
         loop {
-            let sig = self.recv().await;
-            if sig != Signal::TSTP {
-                return sig;
+            let caught = self.recv().await;
+            if caught.signal != Signal::TSTP {
+                return caught.signal;
             }
-            stop_self();
+            if self.may_stop() {
+                stop_self();
+            }
         }
     }
 
@@ -106,6 +144,17 @@ impl Signals {
             sig = self.stop() => Stopped::Signal(sig),
         }
     }
+}
+
+/// `Signal` of a caught signal's number: a named one, or a real-time one.
+fn signal_of(n: i32) -> Option<Signal> {
+    Signal::from_named_raw(n).or_else(|| {
+        (libc::SIGRTMIN()..=libc::SIGRTMAX())
+            .contains(&n)
+            // SAFETY: a real-time signal the C library leaves to applications (from its
+            // SIGRTMIN on); fencelock only passes it on to the command's processes.
+            .then(|| unsafe { Signal::from_raw_unchecked(n) })
+    })
 }
 
 /// Stops fencelock (SIGSTOP, the whole process), as SIGTSTP's default action would; returns
@@ -130,4 +179,18 @@ fn ignored_at_start() -> u64 {
             u64::from_str_radix(line.trim(), 16).ok()
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_time_signals_are_named_by_number() {
+        assert_eq!(signal_of(Signal::USR1.as_raw()), Some(Signal::USR1));
+        let rt = libc::SIGRTMIN() + 3;
+        assert_eq!(signal_of(rt).map(|s| s.as_raw()), Some(rt));
+        assert_eq!(signal_of(0), None);
+        assert_eq!(signal_of(libc::SIGRTMAX() + 1), None);
+    }
 }

@@ -5,15 +5,16 @@
 //! `setsid`) is re-parented to fencelock rather than to init, so every process the command
 //! started is a descendant of fencelock. How signals reach them depends on where fencelock runs:
 //!
-//! - **In the foreground of a terminal** (the terminal's foreground process group is
-//!   fencelock's), the command stays in fencelock's process group, as with `timeout
-//!   --foreground`: it reads the terminal, and the terminal's signals (Ctrl-C, Ctrl-\, Ctrl-Z,
-//!   hangup) reach it once, from the kernel; Ctrl-Z stops fencelock with it, as one job.
-//!   fencelock signals the tree's processes one by one (never its own group, which a shell
-//!   pipeline may share).
-//! - **Elsewhere** (a service, a script without a terminal, a pipeline in the background), the
-//!   command leads a process group of its own: a signal sent to fencelock's group reaches only
-//!   fencelock, which passes it on to the command's group, and to any descendant that left it.
+//! - **With a terminal** (fencelock has a controlling terminal), the command stays in
+//!   fencelock's process group, the terminal's job, as with `timeout --foreground`: in the
+//!   foreground it reads the terminal, and the terminal's signals (Ctrl-C, Ctrl-\, Ctrl-Z,
+//!   hangup) reach it once, from the kernel; Ctrl-Z stops fencelock with it, as one job. In
+//!   the background (`fencelock … &`), a read of the terminal stops the whole job and the
+//!   shell's `fg` continues it. fencelock signals the tree's processes one by one (never its
+//!   own group, which a shell pipeline may share).
+//! - **Without one** (a service, cron, a script under `setsid`), the command leads a process
+//!   group of its own: a signal sent to fencelock's group reaches only fencelock, which passes
+//!   it on to the command's group, and to any descendant that left it.
 //!
 //! fencelock waits until none of the tree is left before it releases the grant or exits. What
 //! escapes: a process that another service starts on the command's behalf (`systemd-run`,
@@ -49,19 +50,43 @@ pub(crate) fn adopt_orphans() {
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
 }
 
-/// Whether fencelock runs in the foreground of its controlling terminal (then the command
-/// shares its process group; see the module's docs).
+/// Whether fencelock has a controlling terminal (then the command shares its process group,
+/// the terminal's job; see the module's docs).
 ///
 /// Read from `/proc/self/stat`, not from `getpgrp`/`tcgetpgrp`: in a PID namespace whose
 /// process group or session leader lives outside it (a container's shell, `unshare --pid`),
 /// the kernel reports those IDs as 0, which rustix's `Pid` cannot hold (it asserts in debug
-/// builds and is undefined behaviour in release ones). A 0 is "not visible": not foreground.
-pub(crate) fn in_terminal_foreground() -> bool {
-    own().is_some_and(|me| me.pgrp > 0 && me.tpgid == me.pgrp)
+/// builds and is undefined behaviour in release ones). The terminal's foreground group there
+/// is -1 without a terminal (0 when it is not visible: a terminal all the same).
+pub(crate) fn has_terminal() -> bool {
+    own().is_some_and(|me| me.tpgid != -1)
+}
+
+/// Whether fencelock's process group is orphaned (POSIX: no process of it has its parent in
+/// another group of the same session): nobody is there to continue it once stopped, and the
+/// kernel discards a SIGTSTP sent to its processes. So it is under `ssh -t host fencelock …`
+/// (fencelock leads its session) or a shell without job control that leads its session;
+/// never for a job of an interactive shell, which is the parent in another group. Only read,
+/// never signalled: any `/proc` numbers its processes consistently (without one, fencelock
+/// leading its session is taken for it).
+pub(crate) fn group_is_orphaned() -> bool {
+    let Some(me) = own() else {
+        return false;
+    };
+    if me.pgrp <= 0 || me.session <= 0 {
+        return me.session == me.pid;
+    }
+    let procs = processes();
+    let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+    !procs
+        .iter()
+        .filter(|p| p.pgrp == me.pgrp && !p.zombie)
+        .filter_map(|p| by_pid.get(&p.ppid))
+        .any(|parent| parent.pgrp != me.pgrp && parent.session == me.session)
 }
 
 /// Whether fencelock leads its session (then a terminal's hangup reaches it alone; see
-/// `child.rs`). From `/proc/self/stat` for the reason given on [`in_terminal_foreground`].
+/// `child.rs`). From `/proc/self/stat` for the reason given on [`has_terminal`].
 pub(crate) fn leads_session() -> bool {
     own().is_some_and(|me| me.session == me.pid)
 }
@@ -221,9 +246,8 @@ impl Tree {
     /// stopped it alone, and the command ran on while fencelock sent no heartbeat, past the
     /// TTL. First with SIGTSTP, so that a program that handles it (an editor) puts the terminal
     /// back (SIGSTOP would freeze it in raw mode); then, `within` later, SIGSTOP for what still
-    /// runs: one that ignores or blocks SIGTSTP, or any process of an orphaned process group
-    /// (fencelock leading its session, `ssh -t host fencelock …`), where the kernel discards
-    /// SIGTSTP.
+    /// runs: one that ignores or blocks SIGTSTP. (In an orphaned process group, where the
+    /// kernel discards SIGTSTP, fencelock ignores it too: see `signals.rs`.)
     pub(crate) async fn stopped_with_us(&self, within: Duration) -> Vec<Pid> {
         let mut signalled: Vec<Pid> = Vec::new();
         for sig in [Signal::TSTP, Signal::STOP] {

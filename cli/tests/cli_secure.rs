@@ -266,4 +266,18 @@ fn credentials_never_printed() {
         );
         assert_eq!(code, 78, "{scheme}: {out}");
     }
+    // A password that starts with `-` is the option's value, not echoed in a usage error as an
+    // unexpected argument.
+    let url = format!("redis://127.0.0.1:{dead}");
+    for (option, rest) in [
+        ("--password", &["--user", "app"][..]),
+        ("--sentinel-password", &[][..]),
+    ] {
+        let mut args = vec!["--endpoints", url.as_str()];
+        args.extend_from_slice(rest);
+        args.extend_from_slice(&[option, "--S3CRET-pw", "lock", "m", "--", "true"]);
+        let (code, out) = fencelock(&[], &args);
+        assert_ne!(code, 2, "{option}: {out}");
+        assert!(!out.contains("S3CRET"), "{option}: {out}");
+    }
 }

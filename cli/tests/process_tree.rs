@@ -709,12 +709,59 @@ async fn a_parent_ignoring_sigchld_still_gets_the_status() {
     s.close().await.unwrap();
 }
 
-/// In a terminal's foreground (the command shares fencelock's process group), a `kill -TSTP`
-/// aimed at fencelock alone stops the command too, and SIGCONT to fencelock continues it: the
-/// command ran on while fencelock, stopped, sent no heartbeat (past the TTL, beside the next
-/// holder). The terminal is `script`'s, fencelock the leader of its session by `exec`.
+/// An interactive bash (job control on) on a pseudo-terminal of `script`'s, in `d`, lines
+/// typed into it through `script`'s input; its output in `d/{label}.log`. `$FL` in a line is
+/// fencelock, with the cluster and namespace in its environment and TTL `ttl`.
+struct Shell {
+    run: Run,
+    input: std::process::ChildStdin,
+}
+
+impl Shell {
+    fn start(t: &Target, ns: &str, d: &Path, label: &str, ttl: &str) -> Shell {
+        let log = d.join(format!("{label}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let mut child = std::process::Command::new("script")
+            .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+            .current_dir(d)
+            .env("SHELL", "/bin/sh")
+            .env("PS1", "$ ")
+            .env("FL", env!("CARGO_BIN_EXE_fencelock"))
+            .env("FENCELOCK_ENDPOINTS", &t.url)
+            .env("FENCELOCK_NAMESPACE", ns)
+            .env("FENCELOCK_TTL", ttl)
+            .stdin(std::process::Stdio::piped())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start script");
+        let input = child.stdin.take().unwrap();
+        let child = fencelock_integration::process::ManagedChild::adopt(label, child, &log);
+        Shell {
+            run: Run { child, log },
+            input,
+        }
+    }
+
+    /// Types `text` (a `\n` ends a line; `\x03` is Ctrl-C).
+    fn type_in(&mut self, text: &str) {
+        use std::io::Write;
+        self.input.write_all(text.as_bytes()).unwrap();
+        self.input.flush().unwrap();
+    }
+}
+
+/// Sends `sig` to process `pid`.
+fn signal(pid: i32, sig: Signal) {
+    rustix::process::kill_process(Pid::from_raw(pid).unwrap(), sig).unwrap()
+}
+
+/// A job of an interactive shell (the command shares fencelock's process group): a `kill
+/// -TSTP` aimed at fencelock alone stops the command too, and SIGCONT to fencelock continues
+/// it (the command ran on while fencelock, stopped, sent no heartbeat: past the TTL, beside
+/// the next holder).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_targeted_tstp_in_the_foreground_stops_the_command() {
+async fn a_targeted_tstp_stops_the_command_of_a_job() {
     let Some(t) = Target::etcd().await else {
         return;
     };
@@ -724,20 +771,17 @@ async fn a_targeted_tstp_in_the_foreground_stops_the_command() {
     let ns = unique_namespace("cli_fg_tstp");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let r = on_a_pty(
-        &t,
-        &ns,
-        d,
+    std::fs::write(
+        d.join("cmd.sh"),
         "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
-        "fg_tstp",
-    );
+    )
+    .unwrap();
+    let mut sh = Shell::start(&t, &ns, d, "fg_tstp", "10s");
+    sh.type_in("$FL lock m -- sh cmd.sh\n");
     let command = pid_in(&d.join("pid")).await;
     let fencelock = pid_in(&d.join("fencelock")).await;
     let _left = KillOnDrop(vec![fencelock, command]);
     file_contains(&d.join("out"), "x").await;
-    let signal = |pid: i32, sig: Signal| {
-        rustix::process::kill_process(Pid::from_raw(pid).unwrap(), sig).unwrap()
-    };
     signal(fencelock, Signal::TSTP);
     until_stopped(&[fencelock, command], true, "stopped").await;
     signal(fencelock, Signal::CONT);
@@ -750,8 +794,245 @@ async fn a_targeted_tstp_in_the_foreground_stops_the_command() {
         assert!(
             start.elapsed() < WITHIN,
             "the command did not go on: {}",
-            r.output()
+            sh.run.output()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// fencelock leading its session on a terminal (`ssh -t host fencelock …`): its process group
+/// is orphaned, nothing could continue it, and the kernel discards SIGTSTP for the command; so
+/// does fencelock (it stopped itself and its tree, for good, and the lock was lost after the
+/// TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tstp_is_ignored_where_nothing_could_continue_it() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_orphan_tstp");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = on_a_pty(
+        &t,
+        &ns,
+        d,
+        "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+        "orphan_tstp",
+    );
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    file_contains(&d.join("out"), "x").await;
+    signal(fencelock, Signal::TSTP);
+    // Given time to stop (fencelock waits 300 ms for the tree, then 300 ms more).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for pid in [fencelock, command] {
+        assert_ne!(state(pid), Some('T'), "{pid} stopped: {}", r.output());
+    }
+    let out = d.join("out");
+    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(size() > before, "the command stopped: {}", r.output());
+}
+
+/// A job started in the background whose command reads the terminal: the whole job stops
+/// (SIGTTIN), the shell's `fg` brings it back, and the command reads what is typed, as with
+/// `flock`. (The command had a process group of its own: stopped alone, unseen by the shell,
+/// which `fg` could not reach; the lock stayed held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_job_reading_the_terminal_comes_back_with_fg() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_bg_read");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "echo $PPID > fencelock; echo $$ > pid; read line; echo \"got:$line\" > got",
+    )
+    .unwrap();
+    let mut sh = Shell::start(&t, &ns, d, "bg_read", "20s");
+    sh.type_in("$FL lock m -- sh cmd.sh &\n");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    until_stopped(&[command], true, "the read stops the command").await;
+    sh.type_in("fg\n");
+    until_stopped(&[command], false, "fg continues it").await;
+    sh.type_in("hello\n");
+    let got = file_contains(&d.join("got"), "\n").await;
+    assert_eq!(got.trim(), "got:hello", "{}", sh.run.output());
+    let s = t.session(&ns).await;
+    let start = Instant::now();
+    while !s.list_entries().await.unwrap().is_empty() {
+        assert!(
+            start.elapsed() < WITHIN,
+            "not released: {}",
+            sh.run.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.close().await.unwrap();
+}
+
+/// A job in a terminal's foreground: SIGINT sent to fencelock alone (`kill -INT`) is passed on
+/// to the command (it was dropped: taken for the terminal's, which the command gets itself),
+/// while a Ctrl-C typed at the terminal reaches the command once, from the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigint_sent_to_fencelock_alone_reaches_the_command_once() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_fg_int");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "trap 'echo INT >> ints' INT; echo $PPID > fencelock; echo $$ > pid; \
+         while :; do sleep 0.05; done",
+    )
+    .unwrap();
+    let mut sh = Shell::start(&t, &ns, d, "fg_int", "10s");
+    sh.type_in("$FL lock m -- sh cmd.sh\n");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    let lines = |path: &Path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    signal(fencelock, Signal::INT);
+    file_contains(&d.join("ints"), "INT").await;
+    sh.type_in("\x03");
+    let start = Instant::now();
+    while lines(&d.join("ints")) < 2 {
+        assert!(start.elapsed() < WITHIN, "Ctrl-C: {}", sh.run.output());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(lines(&d.join("ints")), 2, "{}", sh.run.output());
+    assert!(alive(fencelock) && alive(command), "{}", sh.run.output());
+}
+
+/// SIGUSR1, SIGUSR2, SIGALRM and a real-time signal sent to fencelock while the command runs
+/// are passed on to it, and fencelock goes on to exit with the command's status. (SIGUSR1
+/// killed fencelock, and the command ran on without the lock: after the TTL, beside the next
+/// holder.) Sent while fencelock waits, SIGALRM ends it by SIGALRM with its entry removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_terminating_signal_is_passed_on_or_ends_the_wait() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_usr1");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rt = libc::SIGRTMIN() + 3;
+    let script = format!(
+        "for s in USR1 USR2 ALRM {rt}; do trap \"echo $s >> got\" $s; done; echo $$ > pid; \
+         while [ ! -e done ]; do sleep 0.05; done; exit 7"
+    );
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "usr1",
+        &["lock", "m", "--", "bash", "-c", &script],
+    );
+    let fencelock = r.child.pid().unwrap() as i32;
+    pid_in(&d.join("pid")).await;
+    // SAFETY: a real-time signal applications may use; only sent.
+    let rt_signal = unsafe { Signal::from_raw_unchecked(rt) };
+    for (sig, name) in [
+        (Signal::USR1, "USR1".to_string()),
+        (Signal::USR2, "USR2".to_string()),
+        (Signal::ALARM, "ALRM".to_string()),
+        (rt_signal, rt.to_string()),
+    ] {
+        signal(fencelock, sig);
+        file_contains(&d.join("got"), &format!("{name}\n")).await;
+        assert!(alive(fencelock), "{name} ended fencelock: {}", r.output());
+    }
+    std::fs::write(d.join("done"), "").unwrap();
+    assert_eq!(r.code(WITHIN).await, 7, "{}", r.output());
+
+    // While waiting for the lock.
+    let s = t.session(&ns).await;
+    let held = s.mutex("m").unwrap().lock().await.unwrap();
+    let mut r = Run::start(&t.url, &ns, d, "alrm", &["lock", "m", "--", "true"]);
+    let start = Instant::now();
+    while s.list_entries().await.unwrap().len() < 2 {
+        assert!(start.elapsed() < WITHIN, "never queued: {}", r.output());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(r.child.signal(Signal::ALARM));
+    assert_eq!(
+        r.code(WITHIN).await,
+        128 + Signal::ALARM.as_raw(),
+        "{}",
+        r.output()
+    );
+    assert_eq!(
+        s.list_entries().await.unwrap().len(),
+        1,
+        "the entry was left"
+    );
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A lost grant whose command ignores SIGTERM: SIGKILL comes after half the session's safety
+/// margin (here 0.5 s), not after `--grace` (60 s): by the time the cluster may expire the
+/// session and grant the lock to another, nothing of the tree runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_grant_kills_before_the_lock_can_move() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_grace_margin");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let s = t.session(&ns).await;
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "margin",
+        &[
+            "lock",
+            "m",
+            "--grace",
+            "60s",
+            "--",
+            "bash",
+            "-c",
+            "trap '' TERM; echo $$ > pid; while :; do sleep 0.05; done",
+        ],
+    );
+    let command = pid_in(&d.join("pid")).await;
+    let holder = s.mutex("m").unwrap().holder().await.unwrap().expect("held");
+    let lost_at = Instant::now();
+    t.factory.delete_as_admin(&holder.key).await.unwrap();
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    assert!(!alive(command), "{}", r.output());
+    // The margin of a 3 s TTL is 1 s; the loss is seen within a few hundred ms.
+    assert!(
+        lost_at.elapsed() < Duration::from_secs(5),
+        "took {:?}: {}",
+        lost_at.elapsed(),
+        r.output()
+    );
+    s.close().await.unwrap();
 }
