@@ -210,6 +210,46 @@ async fn unreachable_cluster_fails_to_connect() {
     drop(hung);
 }
 
+/// One server of the connect string takes connections and never answers (hung), the other is
+/// healthy: every session starts within the connect timeout, whichever server is tried first.
+/// (The first server tried was given the whole connect timeout, the client's own wait being
+/// 0.6 x the TTL: a session start failed whenever the hung one came first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_in_the_connect_string_is_passed_over() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let hung = HungServer::start().await;
+    let connect = format!("{},{}", hung.addr(), f.server().connect_string());
+    let timeout = Duration::from_secs(4);
+    let backend = ZooKeeperBackend::builder(connect.as_str())
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    for i in 0..6 {
+        let start = Instant::now();
+        let s = bounded(
+            Duration::from_secs(30),
+            "a session start",
+            Session::builder(backend.clone())
+                .ttl(Duration::from_secs(20))
+                .start_timeout(Duration::ZERO)
+                .start(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("start {i}: {e}"));
+        assert!(
+            start.elapsed() < timeout,
+            "start {i}: {:?}",
+            start.elapsed()
+        );
+        s.close().await.unwrap();
+    }
+    drop(hung);
+}
+
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.
 async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();

@@ -20,6 +20,9 @@ use zookeeper_client as zk;
 use crate::config::Resolved;
 use crate::error::{self, NAME};
 
+/// The least time a server is given to take a new session when several are tried in turn.
+const PER_SERVER_MIN: Duration = Duration::from_secs(1);
+
 impl Resolved {
     /// Probes every server (at most until the connect timeout): `Ok` if one is reachable as
     /// configured.
@@ -95,10 +98,20 @@ impl Resolved {
             )
             .await?;
         debug!(session = %client.session_id(), timeout = ?client.session_timeout(), server = %self.each[server], "zookeeper session established");
+        // The checks below go to the server that took the session, which may hang right after
+        // its handshake: bounded by the same deadline.
+        let hung = |what: &str| {
+            Error::Connect {
+            backend: NAME,
+            endpoints: self.each[server].clone(),
+            temporary: true,
+            source: format!("the server took the session, then did not answer ({what}) within the connect timeout").into(),
+        }
+        };
         if self.sasl.is_some() {
-            let users = client
-                .list_auth_users()
+            let users = timeout_at(deadline, client.list_auth_users())
                 .await
+                .map_err(|_| hung("authentication check"))?
                 .map_err(|e| error::map("check authentication", e))?;
             if !users.iter().any(|u| u.scheme() == "sasl") {
                 return Err(Error::Unauthenticated {
@@ -108,7 +121,9 @@ impl Resolved {
             }
         }
         if let Some(root) = &self.chroot {
-            self.check_chroot(&client, root).await?;
+            timeout_at(deadline, self.check_chroot(&client, root))
+                .await
+                .map_err(|_| hung("chroot check"))??;
         }
         Ok((self.rooted(client)?, server))
     }
@@ -123,10 +138,16 @@ impl Resolved {
         deadline: Instant,
     ) -> Result<(zk::Client, usize)> {
         let mut failure = String::new();
-        for _ in 0..self.each.len() {
-            let server = next.fetch_add(1, Ordering::Relaxed) % self.each.len();
+        let n = self.each.len();
+        for tried in 0..n {
+            let server = next.fetch_add(1, Ordering::Relaxed) % n;
             let attempt = connector.clone().connect(&self.each[server]);
-            failure = match timeout_at(deadline, attempt).await {
+            // Each server its share of the time left (at least a second): one that takes the
+            // connection and never answers (hung, stopped) must not use up the whole connect
+            // timeout while the others are healthy (the client itself waits 0.6 x the TTL).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = (left / (n - tried) as u32).max(PER_SERVER_MIN).min(left);
+            failure = match timeout_at(Instant::now() + share, attempt).await {
                 Ok(Ok(client)) => return Ok((client, server)),
                 Ok(Err(zk::Error::AuthFailed)) => {
                     return Err(Error::Unauthenticated {
@@ -136,7 +157,7 @@ impl Resolved {
                 }
                 Ok(Err(e)) if retry_connect(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(error::map("connect", e)),
-                Err(_) => "no session within the connect timeout".to_string(),
+                Err(_) => format!("{}: no session within {share:?}", self.each[server]),
             };
             if Instant::now() >= deadline {
                 break;
@@ -220,10 +241,16 @@ impl Resolved {
                 Ok(client) => {
                     let mut state = client.state_watcher();
                     drop(client); // the only clone: CloseSession is sent
-                    while !state.state().is_terminated() {
-                        state.changed().await;
+                    let closed = async {
+                        while !state.state().is_terminated() {
+                            state.changed().await;
+                        }
+                    };
+                    // A server that took the session and then hangs: the next one is tried.
+                    if tokio::time::timeout(per_try, closed).await.is_ok() {
+                        return Ok(());
                     }
-                    return Ok(());
+                    last = Some(zk::Error::Timeout);
                 }
                 Err(zk::Error::SessionExpired) => return Ok(()),
                 Err(e) => last = Some(e),

@@ -102,7 +102,9 @@ impl Runner {
         match load {
             Ok(_) => {}
             Err(e) if unsupported(&e) => return Ok(Fcall::Unsupported),
-            Err(e) => return Err(e),
+            // On a cluster the load goes to every primary, and fails while one is down or hung:
+            // this call runs as a script (sent to its key's node alone), the next tries again.
+            Err(_) => return Ok(Fcall::Missing),
         }
         match fcall.query_async::<Value>(con).await {
             Ok(v) => {
