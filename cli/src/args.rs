@@ -18,23 +18,25 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 ///
 /// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a
 /// daemon that called setsid). If the grant is lost, the tree gets SIGTERM, then SIGKILL after
-/// --grace or half the session's safety margin (TTL/5, at least 1s), whichever is shorter: by
-/// the time the cluster may grant the lock to another, nothing of the tree runs. fencelock then
-/// exits 76. When the command exits, whatever it left running is stopped the same way before
-/// the lock is released.
+/// --grace, cut to what is left before the cluster may grant the lock to another (half the
+/// session's safety margin past its local deadline; the margin is TTL/5, at least 1s, at most
+/// TTL/2), and at once if that moment has passed or the cluster ended the grant itself (the
+/// session expired, the entry deleted). fencelock then exits 76. When the command exits,
+/// whatever it left running is stopped the same way before the lock is released.
 ///
-/// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM and every other one
-/// whose default action would end fencelock, but SIGKILL): while connecting or waiting,
-/// fencelock removes its entry and ends by the same signal (SIGQUIT: exits 131, no core).
-/// While the command runs, each is passed on to the command's tree, and fencelock waits for
-/// the command. With a terminal, the command shares fencelock's process group (the terminal's
-/// job): what the terminal sends that group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup) reaches the
-/// command directly and is not passed on again; what a process sends fencelock (kill) is; a
-/// read of the terminal in the background stops the job, which `fg` continues. SIGTSTP sent to
-/// fencelock alone stops the command too; stopped past the TTL, the command is stopped for good
-/// once continued (in an orphaned process group, as under ssh -t, SIGTSTP is ignored: nothing
-/// could continue it). While releasing, signals are held back. A signal fencelock was started with
-/// ignored (SIGHUP under nohup) stays ignored, by the command too.
+/// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
+/// SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU, SIGXFSZ, the real-time signals): while connecting or
+/// waiting, fencelock removes its entry and ends by the same signal (SIGQUIT: exits 131, no
+/// core). While the command runs, each is passed on to the command's tree, and fencelock waits
+/// for the command; but in a terminal's foreground the command shares fencelock's process
+/// group, and what the terminal sends that group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup) reaches
+/// it directly and is not passed on again (what a process sends fencelock alone, kill -INT,
+/// is). A SIGTSTP sent to fencelock alone stops the command too; stopped past the TTL, the
+/// command is stopped for good once continued. On a terminal, in an orphaned process group (as
+/// under ssh -t), SIGTSTP is ignored: nothing could continue it. A shell's background job
+/// (fencelock … &) whose command reads the terminal is seen stopped, and fg brings it back.
+/// While releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP
+/// under nohup) stays ignored, by the command too.
 ///
 /// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
 /// a shell; a signal that dumps a core, such as SIGQUIT or SIGSEGV, gives 128 + N without
@@ -245,9 +247,8 @@ pub(crate) struct WaitArgs {
 /// The command to run under the grant.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RunArgs {
-    /// When the grant is lost: how long CMD has to exit after SIGTERM before SIGKILL (at most
-    /// half the session's safety margin, TTL/5 with at least 1s: the lock may go to another
-    /// holder after the margin).
+    /// When the grant is lost: how long CMD has to exit after SIGTERM before SIGKILL (cut to
+    /// what is left before the cluster may grant the lock to another: see above).
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,
     /// The command and its arguments (after `--`).

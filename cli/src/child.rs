@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencelock::{Error, FencingToken, Guard, Leadership, LostReason};
+use fencelock::{Error, FencingToken, Guard, Leadership, LostReason, Session, SessionEnd};
 use futures_util::FutureExt;
 use rustix::process::{Pid, Signal};
 use tokio::process::Command;
@@ -11,6 +11,7 @@ use tokio::process::Command;
 use crate::args::RunArgs;
 use crate::exit;
 use crate::signals::{self, status_of, Caught, Signals};
+use crate::terminal;
 use crate::tree::{self, Tree};
 
 /// How long a Ctrl-Z is given to stop the command's processes (each gets it from the terminal)
@@ -103,17 +104,18 @@ enum End {
 /// The command's whole tree (see [`crate::tree`]) is stopped together:
 /// - Every signal fencelock catches (see [`crate::signals`]) is passed on to the tree once,
 ///   but those the terminal sent the command itself ([`passes_on`]).
-/// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace` or half the
-///   session's safety `margin`, whichever is shorter: at the latest when the cluster may expire
-///   the session and grant the lock to another (the local deadline comes `margin` before
-///   that); the status is [`exit::LOST`].
+/// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace`, cut to what
+///   is left before the cluster may grant the lock to another ([`grace_after_loss`]): SIGKILL
+///   at once when that moment has passed or the cluster ended the grant itself; the status is
+///   [`exit::LOST`].
 /// - When the command exits, whatever it left running is stopped the same way before the grant
 ///   is released: nothing of it runs on without the lock. If the grant was lost by then (say,
 ///   fencelock was paused past its TTL), the status is [`exit::LOST`], not the command's.
 /// - SIGTSTP (job control) stops the command with fencelock; continued with a grant lost
-///   meanwhile, the command is stopped for good without running again. In an orphaned process
-///   group (`ssh -t host fencelock …`: nobody to continue it), SIGTSTP is ignored, as the
-///   kernel discards it for the command.
+///   meanwhile, the command is stopped for good without running again. On a terminal, in an
+///   orphaned process group (`ssh -t host fencelock …`: nobody to continue it), SIGTSTP is
+///   ignored, as the kernel discards a Ctrl-Z for the command. For a shell's background job,
+///   job control is relayed ([`relay_job_control`]).
 /// - A signal that arrived before the command could start stops fencelock without running it.
 ///
 /// The grant is released (confirmed, or bounded by `release_within`) before this returns.
@@ -124,19 +126,18 @@ pub(crate) async fn run_under(
     env: &[(String, Option<String>)],
     signals: &mut Signals,
     release_within: Duration,
-    margin: Duration,
+    session: &Session,
 ) -> u8 {
     if let Some(sig) = signals.pending() {
         let _ = grant.release(release_within).await;
         return status_of(sig);
     }
     let (program, args) = run.command.split_first().expect("clap requires a command");
-    // With a terminal, the command shares fencelock's process group, which is the terminal's
-    // job: in the foreground it reads the terminal and gets its signals; in the background
-    // (`fencelock … &`), a read stops the whole job (SIGTTIN) and the shell's `fg` continues
-    // it, as it would a command run alone (in a group of its own it stopped alone, unseen by
-    // the shell, and `fg` could not reach it).
-    let shared_group = tree::has_terminal();
+    // In a terminal's foreground the command shares fencelock's process group; elsewhere it
+    // has its own (see `tree.rs`). In a terminal's background (a shell's `fencelock … &`),
+    // fencelock relays job control between the shell and the command's group (below).
+    let shared_group = tree::in_terminal_foreground();
+    let job = !shared_group && tree::has_terminal();
     let leads_session = tree::leads_session();
     let mut cmd = Command::new(program);
     cmd.args(args)
@@ -240,17 +241,24 @@ pub(crate) async fn run_under(
                 if ticks.is_multiple_of(10) {
                     tree.reap();
                 }
+                if job && grant.is_held() {
+                    relay_job_control(&tree, &grant);
+                }
                 (!grant.is_held()).then(|| grant.lost().now_or_never()).flatten()
             }
         };
         if let Some(reason) = reason {
+            let grace = grace_after_loss(reason, run.grace, session);
+            if grace.is_zero() {
+                // The lock may be another's already: not one more instruction of the tree.
+                tree.signal(Signal::KILL);
+            }
             say!(
                 "the {} {name:?} was lost ({reason}): stopping the command",
                 grant.what()
             );
             // The command reaped as it exits (not once the tree is gone): without a `/proc`
             // of our own, its zombie would keep its process group counted as alive.
-            let grace = run.grace.min(margin / 2);
             let _ = tokio::join!(
                 tree.stop(grace),
                 tokio::time::timeout(grace + tree::KILL_WAIT, child.wait())
@@ -258,14 +266,24 @@ pub(crate) async fn run_under(
             break End::Lost;
         }
     };
+    if let (true, Some(group)) = (job, tree.group()) {
+        terminal::take_back_from(group);
+    }
     let code = match end {
         End::Lost => return exit::LOST,
         End::Exited(code) => code,
     };
-    // The command is gone; what it started must not run on once the grant is released.
+    // The command is gone; what it started must not run on once the grant is released, nor
+    // once it is lost meanwhile.
     if !tree.members().is_empty() {
         say!("the command exited, leaving processes behind: stopping them");
-        tree.stop(run.grace).await;
+        tokio::select! {
+            () = tree.stop(run.grace) => {}
+            reason = grant.lost() => {
+                let grace = grace_after_loss(reason, run.grace, session);
+                tree.stop(grace).await;
+            }
+        }
     }
     if !grant.is_held() {
         let reason = grant.lost().now_or_never();
@@ -281,6 +299,61 @@ pub(crate) async fn run_under(
         }
         // Deleted at some moment we cannot place: maybe while the command still ran.
         Err(reason) => lost_meanwhile(&grant, name, Some(reason)),
+    }
+}
+
+/// How long the tree may take to exit after SIGTERM once the grant is found lost for
+/// `reason`: `grace`, cut to what is left before the cluster may give the lock to another
+/// (half the session's safety margin past its local deadline, the other half left for the
+/// clocks' drift); nothing at all (SIGKILL at once) once that moment has passed (fencelock was
+/// stopped or paused meanwhile), or when the cluster ended the grant itself (expired it, or
+/// its entry was deleted): the lock may be another's already.
+fn grace_after_loss(reason: LostReason, grace: Duration, session: &Session) -> Duration {
+    match reason {
+        LostReason::Session(SessionEnd::LocalDeadline) => {
+            let kill_by = session.deadline() + session.safety_margin() / 2;
+            grace.min(kill_by.saturating_duration_since(tokio::time::Instant::now()))
+        }
+        _ => Duration::ZERO,
+    }
+}
+
+/// Job control for a job's command, in a process group of its own (a shell's `fencelock … &`;
+/// the shell knows fencelock alone, and waits for it):
+/// - The job brought to the foreground (`fg`: fencelock's group has the terminal): the
+///   terminal goes to the command's group, which then reads it and gets its Ctrl-C.
+/// - The command stopped by itself (SIGTTIN for a read of the terminal from the background,
+///   SIGTTOU for a write under `stty tostop`, SIGTSTP for a Ctrl-Z once it has the terminal):
+///   fencelock stops too, so that the shell sees the job stopped, and once continued (`fg`,
+///   `bg`) continues the command, the terminal handed over if the job is in the foreground —
+///   unless the grant was lost meanwhile (the caller's lost path then stops it for good). A
+///   terminal read stopped in the foreground only because the terminal was not handed over
+///   yet is continued at once. In an orphaned group nothing could continue fencelock: it does
+///   not stop (and the kernel stops nothing there for a terminal read: the read fails).
+fn relay_job_control(tree: &Tree, grant: &Grant) {
+    let Some(group) = tree.group() else {
+        return;
+    };
+    let Some(stopped_by) = tree.command_stopped_by() else {
+        terminal::hand_to(group);
+        return;
+    };
+    let terminal_read = matches!(stopped_by, Signal::TTIN | Signal::TTOU);
+    if !(terminal_read && tree::in_terminal_foreground()) {
+        if tree::group_is_orphaned() {
+            return;
+        }
+        if terminal_read {
+            // Its default action stops fencelock, and the shell reports why.
+            let _ = signal_hook::low_level::raise(stopped_by.as_raw());
+        } else {
+            // SIGTSTP is fencelock's own to handle: stopped the plain way.
+            signals::stop_self();
+        }
+    }
+    if grant.is_held() {
+        terminal::hand_to(group);
+        tree.signal(Signal::CONT);
     }
 }
 

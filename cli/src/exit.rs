@@ -87,13 +87,12 @@ const NOT_PLAIN_TERMINATION: [i32; 18] = {
 pub(crate) fn end(status: u8) -> u8 {
     let sig = END_BY.load(Ordering::SeqCst);
     if sig > 0 && i32::from(status) == 128 + sig && !NOT_PLAIN_TERMINATION.contains(&sig) {
-        // Restores the default action of a signal fencelock caught, then raises it. A signal
-        // outside signal-hook's table (a real-time one) gets its default action back here.
-        if signal_hook::low_level::emulate_default_handler(sig).is_err() {
-            // SAFETY: `signal` with SIG_DFL installs no handler of ours; the process is ending.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
-            let _ = signal_hook::low_level::raise(sig);
-        }
+        // Restores the default action of a signal fencelock caught, then raises it (by hand:
+        // signal-hook's emulation knows no real-time signal, and takes SIGIO's default for
+        // "ignore").
+        // SAFETY: `signal` with SIG_DFL installs no handler of ours; the process is ending.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        let _ = signal_hook::low_level::raise(sig);
     }
     status
 }

@@ -19,6 +19,7 @@ mod message;
 mod observe;
 mod show;
 mod signals;
+mod terminal;
 mod tree;
 mod url;
 
@@ -170,7 +171,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                         ctx.env,
                         signals,
                         ctx.bound,
-                        session.safety_margin(),
+                        session,
                     )
                     .await
                 }
@@ -207,7 +208,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                         ctx.env,
                         signals,
                         ctx.bound,
-                        session.safety_margin(),
+                        session,
                     )
                     .await
                 }

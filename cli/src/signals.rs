@@ -2,16 +2,17 @@
 //!
 //! Every signal whose default action would end fencelock and that a user can send is caught
 //! once, before anything connects, and stays caught until fencelock exits: SIGINT, SIGTERM,
-//! SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT and
-//! the real-time signals. None of them can kill fencelock between two phases (while it
+//! SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT,
+//! SIGXCPU, SIGXFSZ and the real-time signals (not the fault signals, SIGABRT, SIGTRAP and
+//! SIGSYS, which report fencelock's own failure). None of them can kill fencelock between two phases (while it
 //! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the
 //! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
 //! and another holder ran beside it once the TTL had passed). Those that fencelock was started
 //! with ignored (`nohup`) stay ignored, for its command too.
 //! SIGTSTP (Ctrl-Z) is caught too, so that a command in a process group of its own stops with
 //! fencelock: stopped alone, fencelock would stop heartbeating while the command ran on, and
-//! past the TTL another holder would run beside it. In an orphaned process group it is ignored
-//! ([`Signals::may_stop`]).
+//! past the TTL another holder would run beside it. On a terminal, in an orphaned process group,
+//! it is ignored ([`Signals::may_stop`]).
 //!
 //! Each signal comes with whether a process sent it (`kill`) or the kernel did (a terminal's
 //! Ctrl-C, Ctrl-\ or hangup, which reach the terminal's whole foreground process group, the
@@ -28,7 +29,7 @@ use signal_hook::low_level::siginfo::Cause;
 use tokio::sync::mpsc;
 
 /// The signals caught by name (the real-time ones are added by number).
-const NAMED: [Signal; 13] = [
+const NAMED: [Signal; 15] = [
     Signal::INT,
     Signal::TERM,
     Signal::HUP,
@@ -42,6 +43,8 @@ const NAMED: [Signal; 13] = [
     Signal::IO,
     Signal::POWER,
     Signal::STKFLT,
+    Signal::XCPU,
+    Signal::XFSZ,
 ];
 
 /// One caught signal.
@@ -105,12 +108,15 @@ impl Signals {
         }
     }
 
-    /// Whether a SIGTSTP is to stop fencelock: not where its process group is orphaned
-    /// (`ssh -t host fencelock …`: no shell to continue it), where the kernel discards
-    /// SIGTSTP for its command, and fencelock does the same (it stopped the whole tree with
-    /// SIGSTOP, which nothing there could continue: the lock was lost after the TTL).
+    /// Whether a SIGTSTP is to stop fencelock: not on a terminal where its process group is
+    /// orphaned (`ssh -t host fencelock …`: no shell to continue it), where the kernel
+    /// discards a Ctrl-Z for the command sharing that group, and fencelock does the same (it
+    /// stopped the whole tree with SIGSTOP, which nothing there could continue: the lock was
+    /// lost after the TTL).
     pub(crate) fn may_stop(&self) -> bool {
-        !crate::tree::group_is_orphaned()
+        // Without a terminal (a service, cron): stopped with its tree, for whoever sent it to
+        // send SIGCONT.
+        !(crate::tree::has_terminal() && crate::tree::group_is_orphaned())
     }
 
     /// The next signal that stops fencelock (every caught one but SIGTSTP). A SIGTSTP

@@ -5,16 +5,19 @@
 //! `setsid`) is re-parented to fencelock rather than to init, so every process the command
 //! started is a descendant of fencelock. How signals reach them depends on where fencelock runs:
 //!
-//! - **With a terminal** (fencelock has a controlling terminal), the command stays in
-//!   fencelock's process group, the terminal's job, as with `timeout --foreground`: in the
-//!   foreground it reads the terminal, and the terminal's signals (Ctrl-C, Ctrl-\, Ctrl-Z,
-//!   hangup) reach it once, from the kernel; Ctrl-Z stops fencelock with it, as one job. In
-//!   the background (`fencelock … &`), a read of the terminal stops the whole job and the
-//!   shell's `fg` continues it. fencelock signals the tree's processes one by one (never its
-//!   own group, which a shell pipeline may share).
-//! - **Without one** (a service, cron, a script under `setsid`), the command leads a process
-//!   group of its own: a signal sent to fencelock's group reaches only fencelock, which passes
-//!   it on to the command's group, and to any descendant that left it.
+//! - **In the foreground of a terminal** (the terminal's foreground process group is
+//!   fencelock's), the command stays in fencelock's process group, as with `timeout
+//!   --foreground`: it reads the terminal, and the terminal's signals (Ctrl-C, Ctrl-\, Ctrl-Z,
+//!   hangup) reach it once, from the kernel; Ctrl-Z stops fencelock with it, as one job.
+//!   fencelock signals the tree's processes one by one (never its own group, which a shell
+//!   pipeline may share).
+//! - **Elsewhere** (a service, a script without a terminal, a shell's background job), the
+//!   command leads a process group of its own: a signal sent to fencelock's group (a shell's
+//!   `kill %1`) reaches only fencelock, which passes it on to the command's group, and to any
+//!   descendant that left it. For a shell's background job, fencelock relays job control
+//!   between the shell, which knows fencelock alone, and the command's group (`child.rs`,
+//!   `terminal.rs`): a command stopped by a read of the terminal stops fencelock too, and
+//!   `fg` hands it the terminal.
 //!
 //! fencelock waits until none of the tree is left before it releases the grant or exits. What
 //! escapes: a process that another service starts on the command's behalf (`systemd-run`,
@@ -50,8 +53,21 @@ pub(crate) fn adopt_orphans() {
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
 }
 
-/// Whether fencelock has a controlling terminal (then the command shares its process group,
-/// the terminal's job; see the module's docs).
+/// Whether fencelock runs in the foreground of its controlling terminal (then the command
+/// shares its process group; see the module's docs). From `/proc/self/stat` for the reason
+/// given on [`has_terminal`]: a 0 is "not visible", not foreground.
+pub(crate) fn in_terminal_foreground() -> bool {
+    own_groups().is_some_and(|(pgrp, tpgid)| pgrp > 0 && tpgid == pgrp)
+}
+
+/// fencelock's process group and its terminal's foreground group (-1 without a terminal, 0
+/// where not visible), from `/proc/self/stat`.
+pub(crate) fn own_groups() -> Option<(i32, i32)> {
+    own().map(|me| (me.pgrp, me.tpgid))
+}
+
+/// Whether fencelock has a controlling terminal (then a command in a group of its own is a
+/// job's, whose job control fencelock relays).
 ///
 /// Read from `/proc/self/stat`, not from `getpgrp`/`tcgetpgrp`: in a PID namespace whose
 /// process group or session leader lives outside it (a container's shell, `unshare --pid`),
@@ -272,6 +288,24 @@ impl Tree {
         signalled
     }
 
+    /// The signal that stopped the command, if it is stopped (`waitid` without taking the
+    /// report: Tokio waits for its exit alone).
+    pub(crate) fn command_stopped_by(&self) -> Option<Signal> {
+        let status = waitid(
+            WaitId::Pid(self.command),
+            WaitIdOptions::STOPPED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+        )
+        .ok()??;
+        status
+            .stopping_signal()
+            .map(|n| Signal::from_named_raw(n).unwrap_or(Signal::STOP))
+    }
+
+    /// The command's own process group, if it has one.
+    pub(crate) fn group(&self) -> Option<Pid> {
+        self.group
+    }
+
     /// Sends `sig` once to every process of the tree: to the command's group (if it has its
     /// own), and to each other descendant.
     pub(crate) fn signal(&self, sig: Signal) {
@@ -291,18 +325,20 @@ impl Tree {
     }
 
     /// Stops the whole tree: SIGTERM (with SIGCONT, so that a stopped process gets it), then
-    /// SIGKILL to whatever is left after `grace`. Returns once nothing of it runs (or after a
+    /// SIGKILL to whatever is left after `grace` (at once, without SIGTERM, if it is zero). Returns once nothing of it runs (or after a
     /// bounded wait for SIGKILL to take effect).
     pub(crate) async fn stop(&self, grace: Duration) {
         if self.members().is_empty() {
             return;
         }
-        self.signal(Signal::TERM);
-        self.signal(Signal::CONT);
-        if self.gone_within(grace).await {
-            return;
+        if !grace.is_zero() {
+            self.signal(Signal::TERM);
+            self.signal(Signal::CONT);
+            if self.gone_within(grace).await {
+                return;
+            }
+            say!("the command's processes did not exit within {grace:?} of SIGTERM: SIGKILL");
         }
-        say!("the command's processes did not exit within {grace:?} of SIGTERM: SIGKILL");
         let until = tokio::time::Instant::now() + KILL_WAIT;
         loop {
             self.signal(Signal::KILL);

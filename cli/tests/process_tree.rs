@@ -839,9 +839,9 @@ async fn a_tstp_is_ignored_where_nothing_could_continue_it() {
     assert!(size() > before, "the command stopped: {}", r.output());
 }
 
-/// A job started in the background whose command reads the terminal: the whole job stops
-/// (SIGTTIN), the shell's `fg` brings it back, and the command reads what is typed, as with
-/// `flock`. (The command had a process group of its own: stopped alone, unseen by the shell,
+/// A job started in the background whose command reads the terminal: the job is seen
+/// stopped, the shell's `fg` brings it back, and the command reads what is typed, as with
+/// `flock`. (The command, in a process group of its own, stopped alone, unseen by the shell,
 /// which `fg` could not reach; the lock stayed held.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_job_reading_the_terminal_comes_back_with_fg() {
@@ -952,7 +952,7 @@ async fn every_terminating_signal_is_passed_on_or_ends_the_wait() {
         &["lock", "m", "--", "bash", "-c", &script],
     );
     let fencelock = r.child.pid().unwrap() as i32;
-    pid_in(&d.join("pid")).await;
+    let _left = KillOnDrop(vec![pid_in(&d.join("pid")).await]);
     // SAFETY: a real-time signal applications may use; only sent.
     let rt_signal = unsafe { Signal::from_raw_unchecked(rt) };
     for (sig, name) in [
@@ -1022,6 +1022,7 @@ async fn a_lost_grant_kills_before_the_lock_can_move() {
         ],
     );
     let command = pid_in(&d.join("pid")).await;
+    let _left = KillOnDrop(vec![command]);
     let holder = s.mutex("m").unwrap().holder().await.unwrap().expect("held");
     let lost_at = Instant::now();
     t.factory.delete_as_admin(&holder.key).await.unwrap();
@@ -1035,4 +1036,36 @@ async fn a_lost_grant_kills_before_the_lock_can_move() {
         r.output()
     );
     s.close().await.unwrap();
+}
+
+/// A background job's `kill %1` (SIGTERM to the job's process group, which is fencelock's)
+/// reaches the command once: fencelock passes it on, and the command, in a group of its own,
+/// gets it from nobody else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_jobs_kill_reaches_the_command_once() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_bg_kill");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "trap 'echo TERM >> terms' TERM; echo $PPID > fencelock; echo $$ > pid; \
+         while :; do sleep 0.05; done",
+    )
+    .unwrap();
+    let mut sh = Shell::start(&t, &ns, d, "bg_kill", "10s");
+    sh.type_in("$FL lock m -- sh cmd.sh &\n");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    sh.type_in("kill %1\n");
+    file_contains(&d.join("terms"), "TERM").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let terms = std::fs::read_to_string(d.join("terms")).unwrap_or_default();
+    assert_eq!(terms.lines().count(), 1, "{terms:?}: {}", sh.run.output());
 }
