@@ -79,6 +79,73 @@ async fn unreachable_endpoint_is_a_connect_error() {
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
 }
 
+/// One endpoint takes connections and never answers (a hung member), another is healthy: the
+/// connect goes through the healthy one without waiting out the connect timeout for the hung
+/// one (it waited the whole 5 s), and locks work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_endpoint_does_not_hold_up_the_connect() {
+    use fencelock_integration::servers::Cluster;
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let hung = fencelock_integration::HungServer::start().await;
+    let config = EtcdConfig::new([hung.addr(), f.cluster.endpoint(0)])
+        .connect_timeout(Duration::from_secs(5));
+    let start = std::time::Instant::now();
+    let backend = EtcdBackend::connect_with(config).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    let s = Session::builder(backend)
+        .namespace(fencelock::conformance::unique_namespace("hung_endpoint"))
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A namespace whose keys make more than 4 MiB (the client's default reply limit; 100,000 locks
+/// do): listing it works (it failed with a permanent "message too large").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_listing_past_4_mib() {
+    use etcd_client::{Txn, TxnOp};
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("big_listing");
+    let mut client = f.etcd().client().clone();
+    let padding = "p".repeat(480);
+    let keys: Vec<String> = (0..9_000)
+        .map(|i| format!("{ns}/q{i:05}{padding}/entry"))
+        .collect();
+    for batch in keys.chunks(128) {
+        let ops: Vec<TxnOp> = batch
+            .iter()
+            .map(|k| TxnOp::put(k.as_str(), "", None))
+            .collect();
+        client.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    let s = Session::builder(f.etcd().clone())
+        .namespace(&ns)
+        .start()
+        .await
+        .unwrap();
+    let listed = s.list_entries().await.unwrap();
+    assert_eq!(listed.len(), keys.len());
+    s.close().await.unwrap();
+    client
+        .delete(
+            format!("{ns}/"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+}
+
 /// The read-write lock follows Go `contrib/recipes` `RWMutex`'s layout: a client writing Go's
 /// keys (`{prefix}/write/{unix nanos}`, `{prefix}/read/{unix nanos}` under its own lease, as
 /// `newUniqueEphemeralKey` does) contends with ours on one queue. Here that client is emulated

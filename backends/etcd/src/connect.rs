@@ -72,6 +72,9 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, Rotation)> {
         .await
 }
 
+/// How long the other endpoints' checks are waited for once one endpoint answered.
+const STRAGGLERS: Duration = Duration::from_millis(500);
+
 /// One try at connecting: checks every endpoint, and connects through those that answered;
 /// if none did, says why (the error is temporary only if waiting can help).
 async fn round(
@@ -80,16 +83,48 @@ async fn round(
     shown: &str,
     deadline: Instant,
 ) -> Result<(Client, Rotation)> {
-    let checks = endpoints.iter().map(|ep| check(ep, config, deadline));
-    let results = futures::future::join_all(checks).await;
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let mut checks: FuturesUnordered<_> = endpoints
+        .iter()
+        .map(|ep| async move { (ep, check(ep, config, deadline).await) })
+        .collect();
     let mut healthy = Vec::new();
     let mut failed = Vec::new();
-    for (ep, r) in endpoints.iter().zip(results) {
+    // Once one member answered, the others are waited for a moment only: a member that takes
+    // the connection and never answers (hung, stopped) held every connect up for the whole
+    // connect timeout. Those still unchecked are left out for now, as the failed ones.
+    let mut others_until = None;
+    loop {
+        let next = match others_until {
+            None => checks.next().await,
+            Some(until) => match timeout_at(until, checks.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        let Some((ep, r)) = next else {
+            break;
+        };
         match r {
-            Ok(member) => healthy.push((ep.clone(), member)),
+            Ok(member) => {
+                healthy.push((ep.clone(), member));
+                others_until.get_or_insert(Instant::now() + STRAGGLERS);
+            }
             // Credentials, permissions, configuration: the same everywhere, and final.
             Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => return Err(e),
             Err(e) => failed.push((ep.clone(), e)),
+        }
+    }
+    drop(checks);
+    for ep in endpoints {
+        if !healthy.iter().any(|(h, _)| h == ep) && !failed.iter().any(|(f, _)| f == ep) {
+            failed.push((
+                ep.clone(),
+                Error::Timeout {
+                    op: "check",
+                    after: STRAGGLERS,
+                },
+            ));
         }
     }
     if !healthy.is_empty() {

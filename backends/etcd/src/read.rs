@@ -28,8 +28,10 @@ pub(crate) async fn head(
         .with_keys_only()
         .with_sort(SortTarget::Create, SortOrder::Ascend);
     for _ in 0..HEAD_READS {
+        // Keys only, but every key under the prefix (nested names' too): past the client's
+        // default 4 MiB a reply would be refused.
         let resp = hedged(session.bound, "leader", || {
-            let mut kv = session.client.kv_client();
+            let mut kv = session.large_kv();
             let options = options.clone();
             let prefix = prefix.as_str();
             async move { kv.get(prefix, Some(options)).await }
@@ -120,7 +122,8 @@ pub(crate) async fn inspect(session: &EtcdSession, queue: &QueueId) -> Result<Ve
 }
 
 pub(crate) async fn list(session: &EtcdSession, namespace: &str) -> Result<Vec<String>> {
-    let mut kv = session.client.kv_client();
+    // Every key of the namespace: 100,000 locks make more than the client's default 4 MiB.
+    let mut kv = session.large_kv();
     let get = kv.get(format!("{namespace}/"), Some(queue_keys()));
     let resp = within(session.bound, "list", get).await?;
     // A foreign key that is not UTF-8 is left out (fencelock's names are UTF-8): shown
