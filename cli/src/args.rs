@@ -17,12 +17,10 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// FENCELOCK_ENDPOINTS loses its user info).
 ///
 /// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a
-/// daemon that called setsid). If the grant is lost, the tree gets SIGTERM, then SIGKILL after
-/// --grace, cut to what is left before the cluster may grant the lock to another (half the
-/// session's safety margin past its local deadline; the margin is TTL/5, at least 1s, at most
-/// TTL/2), and at once if that moment has passed or the cluster ended the grant itself (the
-/// session expired, the entry deleted). fencelock then exits 76. When the command exits,
-/// whatever it left running is stopped the same way before the lock is released.
+/// daemon that called setsid). If the grant is lost, the tree is SIGKILLed at once, without
+/// SIGTERM (the lock may be another's within a round trip), and fencelock exits 76. When the
+/// command exits, whatever it left running gets SIGTERM, then SIGKILL after --grace (at once
+/// if the grant is lost meanwhile), before the lock is released.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
 /// SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU, SIGXFSZ, the real-time signals): while connecting or
@@ -31,11 +29,11 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// for the command; but in a terminal's foreground the command shares fencelock's process
 /// group, and what the terminal sends that group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup) reaches
 /// it directly and is not passed on again (what a process sends fencelock alone, kill -INT,
-/// is). A SIGTSTP sent to fencelock alone stops the command too; stopped past the TTL, the
-/// command is stopped for good once continued. On a terminal, in an orphaned process group (as
-/// under ssh -t), SIGTSTP is ignored: nothing could continue it. A shell's background job
-/// (fencelock … &) whose command reads the terminal is seen stopped, and fg brings it back.
-/// While releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP
+/// is). SIGTSTP or SIGTTIN sent to fencelock stops the command too; stopped past the TTL, the
+/// command is killed once continued. On a terminal, in an orphaned process group (as under
+/// ssh -t), they are ignored: nothing could continue it. A shell's background job (fencelock
+/// … &): fg hands the terminal to the command, and a Ctrl-Z there stops the job. While
+/// releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP
 /// under nohup) stays ignored, by the command too.
 ///
 /// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
@@ -247,8 +245,8 @@ pub(crate) struct WaitArgs {
 /// The command to run under the grant.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RunArgs {
-    /// When the grant is lost: how long CMD has to exit after SIGTERM before SIGKILL (cut to
-    /// what is left before the cluster may grant the lock to another: see above).
+    /// How long what CMD left running when it exited has to exit after SIGTERM before
+    /// SIGKILL (a lost grant kills the whole tree at once).
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,
     /// The command and its arguments (after `--`).

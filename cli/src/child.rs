@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencelock::{Error, FencingToken, Guard, Leadership, LostReason, Session, SessionEnd};
+use fencelock::{Error, FencingToken, Guard, Leadership, LostReason, SessionEnd};
 use futures_util::FutureExt;
 use rustix::process::{Pid, Signal};
 use tokio::process::Command;
@@ -104,18 +104,19 @@ enum End {
 /// The command's whole tree (see [`crate::tree`]) is stopped together:
 /// - Every signal fencelock catches (see [`crate::signals`]) is passed on to the tree once,
 ///   but those the terminal sent the command itself ([`passes_on`]).
-/// - When the grant is lost, the tree gets SIGTERM, then SIGKILL after `run.grace`, cut to what
-///   is left before the cluster may grant the lock to another ([`grace_after_loss`]): SIGKILL
-///   at once when that moment has passed or the cluster ended the grant itself; the status is
-///   [`exit::LOST`].
-/// - When the command exits, whatever it left running is stopped the same way before the grant
-///   is released: nothing of it runs on without the lock. If the grant was lost by then (say,
-///   fencelock was paused past its TTL), the status is [`exit::LOST`], not the command's.
-/// - SIGTSTP (job control) stops the command with fencelock; continued with a grant lost
-///   meanwhile, the command is stopped for good without running again. On a terminal, in an
-///   orphaned process group (`ssh -t host fencelock …`: nobody to continue it), SIGTSTP is
-///   ignored, as the kernel discards a Ctrl-Z for the command. For a shell's background job,
-///   job control is relayed ([`relay_job_control`]).
+/// - When the grant is lost, the tree is SIGKILLed at once, without SIGTERM: the lock may be
+///   another's already (at the local deadline the session is closed on the cluster, and the
+///   next waiter granted, within a round trip). The status is [`exit::LOST`].
+/// - When the command exits, whatever it left running gets SIGTERM, then SIGKILL after
+///   `run.grace` (at once if the grant is lost meanwhile), before the grant is released:
+///   nothing of it runs on without the lock. If the grant was lost by then (say, fencelock was
+///   paused past its TTL), the status is [`exit::LOST`], not the command's.
+/// - SIGTSTP and SIGTTIN (job control) stop the command with fencelock; continued with a grant
+///   lost meanwhile, the command is killed without running again (in a terminal's foreground,
+///   where the shell continues the command with fencelock, it runs until fencelock kills it:
+///   milliseconds). On a terminal, in an orphaned process group (`ssh -t host fencelock …`:
+///   nobody to continue it), they are ignored, as the kernel discards a Ctrl-Z for the
+///   command. For a shell's background job, job control is relayed ([`relay_job_control`]).
 /// - A signal that arrived before the command could start stops fencelock without running it.
 ///
 /// The grant is released (confirmed, or bounded by `release_within`) before this returns.
@@ -126,7 +127,6 @@ pub(crate) async fn run_under(
     env: &[(String, Option<String>)],
     signals: &mut Signals,
     release_within: Duration,
-    session: &Session,
 ) -> u8 {
     if let Some(sig) = signals.pending() {
         let _ = grant.release(release_within).await;
@@ -185,8 +185,13 @@ pub(crate) async fn run_under(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks: u64 = 0;
     let mut lost = grant.lost();
+    // From here on, fencelock's own messages are written whatever the terminal's `tostop`
+    // says: stopped alone by a SIGTTOU, fencelock would send no heartbeat while the command ran
+    // on. (Ignored only now: the command, already started, keeps the default.)
+    // SAFETY: SIG_IGN installs no handler.
+    unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     let end = loop {
-        let reason = tokio::select! {
+        let lost_now = tokio::select! {
             biased;
             reason = &mut lost => Some(reason),
             status = child.wait() => {
@@ -200,17 +205,20 @@ pub(crate) async fn run_under(
             }
             caught = signals.recv() => {
                 let sig = caught.signal;
-                if sig == Signal::TSTP && !signals.may_stop() {
-                    continue;
-                }
-                if sig == Signal::TSTP {
-                    // Job control (Ctrl-Z, `kill -TSTP`): the command stops with fencelock. In
-                    // a terminal's job it got the signal already (a Ctrl-Z, a shell's `kill
-                    // -TSTP %1`), and the shell continues both (one group); what a `kill -TSTP`
+                if !grant.is_held() {
+                    // Lost meanwhile (while fencelock was stopped, say): nothing is passed on,
+                    // least of all a SIGCONT.
+                    Some(reason_now(&grant))
+                } else if signals::is_job_stop(sig) {
+                    if !signals.may_stop() {
+                        continue;
+                    }
+                    // Job control (Ctrl-Z, `kill -TSTP`, SIGTTIN): the command stops with
+                    // fencelock. In a terminal's foreground it got the signal already (a
+                    // Ctrl-Z), and the shell continues both (one group); what a `kill -TSTP`
                     // aimed at fencelock alone left running is stopped here. Elsewhere it is
-                    // stopped here. Either way it is continued once fencelock is, if the
-                    // grant was not lost meanwhile (then the lost path stops it without
-                    // letting it run again).
+                    // stopped here. Either way it is continued once fencelock is, if the grant
+                    // was not lost meanwhile (then it is killed without running again).
                     let mut stopped_here = Vec::new();
                     if shared_group {
                         stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
@@ -219,21 +227,24 @@ pub(crate) async fn run_under(
                     }
                     signals::stop_self();
                     if !grant.is_held() {
-                        tick.reset_immediately();
-                    } else if !shared_group {
-                        tree.signal(Signal::CONT);
+                        Some(reason_now(&grant))
                     } else {
-                        for pid in stopped_here {
-                            let _ = rustix::process::kill_process(pid, Signal::CONT);
+                        if !shared_group {
+                            tree.signal(Signal::CONT);
+                        } else {
+                            for pid in stopped_here {
+                                let _ = rustix::process::kill_process(pid, Signal::CONT);
+                            }
                         }
+                        continue;
                     }
-                    continue;
+                } else {
+                    if passes_on(caught, shared_group, leads_session) {
+                        tree.signal(sig);
+                        tree.signal(Signal::CONT);
+                    }
+                    None
                 }
-                if passes_on(caught, shared_group, leads_session) {
-                    tree.signal(sig);
-                    tree.signal(Signal::CONT);
-                }
-                None
             }
             _ = tick.tick() => {
                 // Reaping reads /proc: once a second is enough for zombies.
@@ -244,24 +255,23 @@ pub(crate) async fn run_under(
                 if job && grant.is_held() {
                     relay_job_control(&tree, &grant);
                 }
-                (!grant.is_held()).then(|| grant.lost().now_or_never()).flatten()
+                (!grant.is_held()).then(|| reason_now(&grant))
             }
         };
-        if let Some(reason) = reason {
-            let grace = grace_after_loss(reason, run.grace, session);
-            if grace.is_zero() {
-                // The lock may be another's already: not one more instruction of the tree.
-                tree.signal(Signal::KILL);
-            }
+        if let Some(reason) = lost_now {
+            // The lock may be another's already (at its local deadline the session is closed
+            // on the cluster at once, and the next waiter granted): not one more instruction
+            // of the tree, and no SIGTERM handler running beside the next holder.
+            tree.signal(Signal::KILL);
             say!(
-                "the {} {name:?} was lost ({reason}): stopping the command",
+                "the {} {name:?} was lost ({reason}): the command is killed",
                 grant.what()
             );
             // The command reaped as it exits (not once the tree is gone): without a `/proc`
             // of our own, its zombie would keep its process group counted as alive.
             let _ = tokio::join!(
-                tree.stop(grace),
-                tokio::time::timeout(grace + tree::KILL_WAIT, child.wait())
+                tree.stop(Duration::ZERO),
+                tokio::time::timeout(tree::KILL_WAIT, child.wait())
             );
             break End::Lost;
         }
@@ -274,15 +284,13 @@ pub(crate) async fn run_under(
         End::Exited(code) => code,
     };
     // The command is gone; what it started must not run on once the grant is released, nor
-    // once it is lost meanwhile.
+    // once it is lost meanwhile (then it is killed at once).
     if !tree.members().is_empty() {
         say!("the command exited, leaving processes behind: stopping them");
         tokio::select! {
+            biased;
+            () = until_lost(&grant) => tree.stop(Duration::ZERO).await,
             () = tree.stop(run.grace) => {}
-            reason = grant.lost() => {
-                let grace = grace_after_loss(reason, run.grace, session);
-                tree.stop(grace).await;
-            }
         }
     }
     if !grant.is_held() {
@@ -302,57 +310,74 @@ pub(crate) async fn run_under(
     }
 }
 
-/// How long the tree may take to exit after SIGTERM once the grant is found lost for
-/// `reason`: `grace`, cut to what is left before the cluster may give the lock to another
-/// (half the session's safety margin past its local deadline, the other half left for the
-/// clocks' drift); nothing at all (SIGKILL at once) once that moment has passed (fencelock was
-/// stopped or paused meanwhile), or when the cluster ended the grant itself (expired it, or
-/// its entry was deleted): the lock may be another's already.
-fn grace_after_loss(reason: LostReason, grace: Duration, session: &Session) -> Duration {
-    match reason {
-        LostReason::Session(SessionEnd::LocalDeadline) => {
-            let kill_by = session.deadline() + session.safety_margin() / 2;
-            grace.min(kill_by.saturating_duration_since(tokio::time::Instant::now()))
+/// Why the grant is lost, once `is_held` says it is: the heartbeat task's verdict, or, before
+/// it has given one (the clock passed the local deadline while fencelock was stopped), that.
+fn reason_now(grant: &Grant) -> LostReason {
+    grant
+        .lost()
+        .now_or_never()
+        .unwrap_or(LostReason::Session(SessionEnd::LocalDeadline))
+}
+
+/// Resolves once the grant is lost: its verdict, or the clock past the local deadline (checked
+/// every 100 ms: the heartbeat task says so later).
+async fn until_lost(grant: &Grant) {
+    let mut lost = grant.lost();
+    loop {
+        if !grant.is_held() {
+            return;
         }
-        _ => Duration::ZERO,
+        if tokio::time::timeout(Duration::from_millis(100), &mut lost)
+            .await
+            .is_ok()
+        {
+            return;
+        }
     }
 }
 
-/// Job control for a job's command, in a process group of its own (a shell's `fencelock … &`;
-/// the shell knows fencelock alone, and waits for it):
-/// - The job brought to the foreground (`fg`: fencelock's group has the terminal): the
-///   terminal goes to the command's group, which then reads it and gets its Ctrl-C.
-/// - The command stopped by itself (SIGTTIN for a read of the terminal from the background,
-///   SIGTTOU for a write under `stty tostop`, SIGTSTP for a Ctrl-Z once it has the terminal):
-///   fencelock stops too, so that the shell sees the job stopped, and once continued (`fg`,
-///   `bg`) continues the command, the terminal handed over if the job is in the foreground —
-///   unless the grant was lost meanwhile (the caller's lost path then stops it for good). A
-///   terminal read stopped in the foreground only because the terminal was not handed over
-///   yet is continued at once. In an orphaned group nothing could continue fencelock: it does
-///   not stop (and the kernel stops nothing there for a terminal read: the read fails).
+/// Job control for a shell's background job (`fencelock … &`), whose command has a process
+/// group of its own while the shell knows fencelock alone:
+/// - Brought to the foreground (`fg`: fencelock's group has the terminal) and alone in its
+///   group (not one side of a pipeline, whose other side would then read from the
+///   background), the job's terminal goes to the command's group, which then reads it and
+///   gets its Ctrl-C; a command stopped by a read of the terminal (SIGTTIN, SIGTTOU) is
+///   continued.
+/// - A Ctrl-Z at the terminal then stops the command's group alone (SIGTSTP): fencelock stops
+///   too, so that the shell sees the job stopped and takes the terminal back; continued, it
+///   continues the command (`fg` hands the terminal over again on the next tick) — unless the
+///   grant was lost meanwhile (the caller then kills it without letting it run).
+/// - Where fencelock's group is orphaned (the shell is gone), a command stopped by a read of
+///   the terminal is sent SIGHUP and SIGCONT, as the kernel does to an orphaned group's
+///   stopped processes: nothing could continue it.
+///
+/// Any other stop of the command (SIGSTOP by a debugger, a `kill -TSTP` of it while it does
+/// not have the terminal) is left alone: fencelock keeps heartbeating.
 fn relay_job_control(tree: &Tree, grant: &Grant) {
     let Some(group) = tree.group() else {
         return;
     };
-    let Some(stopped_by) = tree.command_stopped_by() else {
-        terminal::hand_to(group);
-        return;
-    };
-    let terminal_read = matches!(stopped_by, Signal::TTIN | Signal::TTOU);
-    if !(terminal_read && tree::in_terminal_foreground()) {
+    let stopped_by = tree.command_stopped_by();
+    let has_terminal = tree::terminal_foreground() == Some(group);
+    let read_terminal = matches!(stopped_by, Some(Signal::TTIN | Signal::TTOU));
+    if stopped_by == Some(Signal::TSTP) && has_terminal {
         if tree::group_is_orphaned() {
             return;
         }
-        if terminal_read {
-            // Its default action stops fencelock, and the shell reports why.
-            let _ = signal_hook::low_level::raise(stopped_by.as_raw());
-        } else {
-            // SIGTSTP is fencelock's own to handle: stopped the plain way.
-            signals::stop_self();
+        signals::stop_self();
+        if grant.is_held() {
+            terminal::hand_to(group);
+            tree.signal(Signal::CONT);
         }
+        return;
     }
-    if grant.is_held() {
+    if tree::in_terminal_foreground() && tree::alone_in_group() {
         terminal::hand_to(group);
+        if read_terminal {
+            tree.signal(Signal::CONT);
+        }
+    } else if read_terminal && tree::group_is_orphaned() {
+        tree.signal(Signal::HUP);
         tree.signal(Signal::CONT);
     }
 }

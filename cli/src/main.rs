@@ -164,16 +164,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
                 Stopped::Done(Ok(Some(g))) => {
-                    child::run_under(
-                        Grant::Lock(g),
-                        &name,
-                        &run,
-                        ctx.env,
-                        signals,
-                        ctx.bound,
-                        session,
-                    )
-                    .await
+                    child::run_under(Grant::Lock(g), &name, &run, ctx.env, signals, ctx.bound).await
                 }
                 Stopped::Done(Ok(None)) => {
                     say!("{name:?} is held: not acquired");
@@ -201,16 +192,8 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
                 Stopped::Done(Ok(Some(l))) => {
-                    child::run_under(
-                        Grant::Leader(l),
-                        &name,
-                        &run,
-                        ctx.env,
-                        signals,
-                        ctx.bound,
-                        session,
-                    )
-                    .await
+                    child::run_under(Grant::Leader(l), &name, &run, ctx.env, signals, ctx.bound)
+                        .await
                 }
                 Stopped::Done(Ok(None)) => {
                     say!("{name:?} has a leader: not elected");

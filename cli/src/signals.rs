@@ -9,10 +9,11 @@
 //! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
 //! and another holder ran beside it once the TTL had passed). Those that fencelock was started
 //! with ignored (`nohup`) stay ignored, for its command too.
-//! SIGTSTP (Ctrl-Z) is caught too, so that a command in a process group of its own stops with
-//! fencelock: stopped alone, fencelock would stop heartbeating while the command ran on, and
-//! past the TTL another holder would run beside it. On a terminal, in an orphaned process group,
-//! it is ignored ([`Signals::may_stop`]).
+//! SIGTSTP (Ctrl-Z) and SIGTTIN are caught too, so that a command in a process group of its
+//! own stops with fencelock: stopped alone, fencelock would stop heartbeating while the command
+//! ran on, and past the TTL another holder would run beside it ([`is_job_stop`]). SIGTTOU is
+//! ignored once the command runs (see `child.rs`). On a terminal, in an orphaned process group,
+//! the stops are ignored ([`Signals::may_stop`]).
 //!
 //! Each signal comes with whether a process sent it (`kill`) or the kernel did (a terminal's
 //! Ctrl-C, Ctrl-\ or hangup, which reach the terminal's whole foreground process group, the
@@ -29,12 +30,13 @@ use signal_hook::low_level::siginfo::Cause;
 use tokio::sync::mpsc;
 
 /// The signals caught by name (the real-time ones are added by number).
-const NAMED: [Signal; 15] = [
+const NAMED: [Signal; 16] = [
     Signal::INT,
     Signal::TERM,
     Signal::HUP,
     Signal::QUIT,
     Signal::TSTP,
+    Signal::TTIN,
     Signal::USR1,
     Signal::USR2,
     Signal::ALARM,
@@ -99,7 +101,8 @@ impl Signals {
         Ok(Signals { caught })
     }
 
-    /// The next caught signal, SIGTSTP included (see [`stop`](Self::stop) for the others).
+    /// The next caught signal, the job-control stops included (see [`stop`](Self::stop) for
+    /// the others).
     pub(crate) async fn recv(&mut self) -> Caught {
         match self.caught.recv().await {
             Some(c) => c,
@@ -119,13 +122,13 @@ impl Signals {
         !(crate::tree::has_terminal() && crate::tree::group_is_orphaned())
     }
 
-    /// The next signal that stops fencelock (every caught one but SIGTSTP). A SIGTSTP
-    /// meanwhile stops fencelock as its default action would ([`stop_self`]), and the wait goes
-    /// on once it is continued.
+    /// The next signal that ends fencelock (every caught one but the job-control stops). A
+    /// job-control stop meanwhile stops fencelock as its default action would ([`stop_self`]),
+    /// and the wait goes on once it is continued.
     pub(crate) async fn stop(&mut self) -> Signal {
         loop {
             let caught = self.recv().await;
-            if caught.signal != Signal::TSTP {
+            if !is_job_stop(caught.signal) {
                 return caught.signal;
             }
             if self.may_stop() {
@@ -150,6 +153,14 @@ impl Signals {
             sig = self.stop() => Stopped::Signal(sig),
         }
     }
+}
+
+/// Whether `sig` is a job-control stop that fencelock catches: SIGTSTP (Ctrl-Z, `kill -TSTP`)
+/// and SIGTTIN (a read of the terminal from a background group: a process of fencelock's own
+/// group, such as the other side of a pipeline, or `kill -TTIN %1`). Stopped by them alone,
+/// fencelock would send no heartbeat while its command, in a group of its own, ran on.
+pub(crate) fn is_job_stop(sig: Signal) -> bool {
+    matches!(sig, Signal::TSTP | Signal::TTIN)
 }
 
 /// `Signal` of a caught signal's number: a named one, or a real-time one.

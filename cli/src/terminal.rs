@@ -10,8 +10,7 @@ use crate::tree;
 
 /// Makes `group` the terminal's foreground process group, if fencelock's own group is the
 /// foreground one (the job was brought to the foreground: `fg`). Best effort: without a
-/// terminal or visible IDs, nothing is done (the command then stops again on its next read,
-/// and so does fencelock with it).
+/// terminal or visible IDs, nothing is done (the command then stays stopped on its read).
 pub(crate) fn hand_to(group: Pid) {
     if tree::in_terminal_foreground() {
         set_foreground(group);

@@ -16,8 +16,8 @@
 //!   `kill %1`) reaches only fencelock, which passes it on to the command's group, and to any
 //!   descendant that left it. For a shell's background job, fencelock relays job control
 //!   between the shell, which knows fencelock alone, and the command's group (`child.rs`,
-//!   `terminal.rs`): a command stopped by a read of the terminal stops fencelock too, and
-//!   `fg` hands it the terminal.
+//!   `terminal.rs`): `fg` hands the terminal to the command's group, and a Ctrl-Z there stops
+//!   fencelock too.
 //!
 //! fencelock waits until none of the tree is left before it releases the grant or exits. What
 //! escapes: a process that another service starts on the command's behalf (`systemd-run`,
@@ -58,6 +58,23 @@ pub(crate) fn adopt_orphans() {
 /// given on [`has_terminal`]: a 0 is "not visible", not foreground.
 pub(crate) fn in_terminal_foreground() -> bool {
     own_groups().is_some_and(|(pgrp, tpgid)| pgrp > 0 && tpgid == pgrp)
+}
+
+/// The terminal's foreground process group, if fencelock has a terminal and it is visible.
+pub(crate) fn terminal_foreground() -> Option<Pid> {
+    own_groups().and_then(|(_, tpgid)| Pid::from_raw(tpgid))
+}
+
+/// Whether fencelock is alone in its process group (no other side of a pipeline, no shell
+/// without job control): read from `/proc`; false if it cannot tell.
+pub(crate) fn alone_in_group() -> bool {
+    let Some(me) = own() else {
+        return false;
+    };
+    me.pgrp > 0
+        && !processes()
+            .iter()
+            .any(|p| p.pgrp == me.pgrp && p.pid != me.pid && !p.zombie)
 }
 
 /// fencelock's process group and its terminal's foreground group (-1 without a terminal, 0

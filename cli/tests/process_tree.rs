@@ -839,10 +839,9 @@ async fn a_tstp_is_ignored_where_nothing_could_continue_it() {
     assert!(size() > before, "the command stopped: {}", r.output());
 }
 
-/// A job started in the background whose command reads the terminal: the job is seen
-/// stopped, the shell's `fg` brings it back, and the command reads what is typed, as with
-/// `flock`. (The command, in a process group of its own, stopped alone, unseen by the shell,
-/// which `fg` could not reach; the lock stayed held.)
+/// A job started in the background whose command reads the terminal: the shell's `fg` brings
+/// it back, and the command reads what is typed, as with `flock`. (The command, in a process
+/// group of its own, stopped on its read, and `fg` could not reach it: the lock stayed held.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_job_reading_the_terminal_comes_back_with_fg() {
     let Some(t) = Target::etcd().await else {
@@ -1068,4 +1067,69 @@ async fn a_background_jobs_kill_reaches_the_command_once() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let terms = std::fs::read_to_string(d.join("terms")).unwrap_or_default();
     assert_eq!(terms.lines().count(), 1, "{terms:?}: {}", sh.run.output());
+}
+
+/// A background job brought to the foreground (the terminal handed to the command's group): a
+/// Ctrl-Z stops the command and fencelock with it, so that the shell sees the job stopped and
+/// gives the prompt back (the shell, waiting for fencelock, would wait for ever); `fg`
+/// continues both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_brought_to_the_foreground_stops_on_ctrl_z() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_bg_fg_tstp");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("cmd.sh"),
+        "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+    )
+    .unwrap();
+    let mut sh = Shell::start(&t, &ns, d, "bg_fg_tstp", "20s");
+    sh.type_in("$FL lock m -- sh cmd.sh &\n");
+    let command = pid_in(&d.join("pid")).await;
+    let fencelock = pid_in(&d.join("fencelock")).await;
+    let _left = KillOnDrop(vec![fencelock, command]);
+    sh.type_in("fg\n");
+    // The terminal goes to the command's group within a tick of fencelock's.
+    let start = Instant::now();
+    while foreground_group_of(fencelock) != Some(command) {
+        assert!(
+            start.elapsed() < WITHIN,
+            "never handed over: {}",
+            sh.run.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sh.type_in("\x1a");
+    until_stopped(&[fencelock, command], true, "Ctrl-Z").await;
+    sh.type_in("fg\n");
+    until_stopped(&[fencelock, command], false, "fg").await;
+    let out = d.join("out");
+    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    let start = Instant::now();
+    while size() == before {
+        assert!(
+            start.elapsed() < WITHIN,
+            "not going on: {}",
+            sh.run.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The foreground process group of the terminal of process `pid` (`tpgid` of its stat).
+fn foreground_group_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(5)?
+        .parse()
+        .ok()
 }
