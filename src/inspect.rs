@@ -1,5 +1,7 @@
 //! Inspection of a whole namespace: every queue with entries, who holds and who waits.
 
+use std::collections::HashMap;
+
 use tracing::debug;
 
 use crate::backend::{EntryInfo, QueueKind};
@@ -53,15 +55,20 @@ impl Session {
     pub async fn queue_listing(&self, prefix: &str) -> Result<QueueListing> {
         let shared = self.shared();
         let keys = self.list_entries().await?;
-        // Each queue found, with how many of the keys map to it.
+        // Each queue found, with how many of the keys map to it (a map: a namespace may hold
+        // 100,000 queues, which a search of a list made quadratic).
         let mut found: Vec<(String, QueueKind, usize)> = Vec::new();
+        let mut index: HashMap<(String, QueueKind), usize> = HashMap::new();
         let mut skipped = 0;
         for key in &keys {
             match shared.backend.queue_of(&shared.namespace, key) {
                 Some((name, kind)) if name.starts_with(prefix) => {
-                    match found.iter_mut().find(|f| f.0 == name && f.1 == kind) {
-                        Some(f) => f.2 += 1,
-                        None => found.push((name, kind, 1)),
+                    match index.get(&(name.clone(), kind)) {
+                        Some(&i) => found[i].2 += 1,
+                        None => {
+                            index.insert((name.clone(), kind), found.len());
+                            found.push((name, kind, 1));
+                        }
                     }
                 }
                 Some(_) => {}
