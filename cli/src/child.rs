@@ -154,6 +154,15 @@ pub(crate) async fn run_under(
             None => cmd.env_remove(var),
         };
     }
+    // Held still: a stop while fencelock waited (SIGTSTP) may have outlasted the TTL.
+    if !grant.is_held() {
+        say!(
+            "the {} {name:?} was lost ({}) before the command could start",
+            grant.what(),
+            reason_now(&grant)
+        );
+        return exit::LOST;
+    }
     tree::adopt_orphans();
     // The command may not read our environment (credentials) through /proc; it gets its own
     // dumpable state back at exec.
@@ -219,12 +228,14 @@ pub(crate) async fn run_under(
                     // aimed at fencelock alone left running is stopped here. Elsewhere it is
                     // stopped here. Either way it is continued once fencelock is, if the grant
                     // was not lost meanwhile (then it is killed without running again).
-                    let mut stopped_here = Vec::new();
-                    if shared_group {
-                        stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
-                    } else {
+                    // In a group of its own the command heard of nothing: told at once. Then,
+                    // either way, what does not stop by itself (a process that handles or
+                    // ignores SIGTSTP; one in an orphaned group, a `setsid` daemon, for which
+                    // the kernel discards it) is stopped by SIGSTOP.
+                    if !shared_group {
                         tree.signal(Signal::TSTP);
                     }
+                    let stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
                     signals::stop_self();
                     if !grant.is_held() {
                         Some(reason_now(&grant))
@@ -253,7 +264,7 @@ pub(crate) async fn run_under(
                     tree.reap();
                 }
                 if job && grant.is_held() {
-                    relay_job_control(&tree, &grant);
+                    relay_job_control(&tree, &grant).await;
                 }
                 (!grant.is_held()).then(|| reason_now(&grant))
             }
@@ -353,7 +364,7 @@ async fn until_lost(grant: &Grant) {
 ///
 /// Any other stop of the command (SIGSTOP by a debugger, a `kill -TSTP` of it while it does
 /// not have the terminal) is left alone: fencelock keeps heartbeating.
-fn relay_job_control(tree: &Tree, grant: &Grant) {
+async fn relay_job_control(tree: &Tree, grant: &Grant) {
     let Some(group) = tree.group() else {
         return;
     };
@@ -362,8 +373,13 @@ fn relay_job_control(tree: &Tree, grant: &Grant) {
     let read_terminal = matches!(stopped_by, Some(Signal::TTIN | Signal::TTOU));
     if stopped_by == Some(Signal::TSTP) && has_terminal {
         if tree::group_is_orphaned() {
+            // Nothing could continue it: as the kernel does to an orphaned group.
+            tree.signal(Signal::HUP);
+            tree.signal(Signal::CONT);
             return;
         }
+        // The rest of the tree (a `setsid` daemon, what handles SIGTSTP) stops too.
+        tree.stopped_with_us(TSTP_WAIT).await;
         signals::stop_self();
         if grant.is_held() {
             terminal::hand_to(group);

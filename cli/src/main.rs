@@ -78,7 +78,7 @@ fn main() -> ExitCode {
 }
 
 /// Signal handling, by phase: while connecting, waiting for the grant, reading (`leader`,
-/// `list`) or observing, every caught signal (see `signals.rs`; SIGTSTP stops it instead)
+/// `list`) or observing, every caught signal (see `signals.rs`; SIGTSTP and SIGTTIN stop it instead)
 /// ends fencelock: whatever it queued is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
 /// it (see `child::run_under`). While releasing and closing they are held back: both are
 /// bounded, and they are what hands the lock to the next holder at once.

@@ -111,7 +111,8 @@ impl Signals {
         }
     }
 
-    /// Whether a SIGTSTP is to stop fencelock: not on a terminal where its process group is
+    /// Whether a job-control stop (SIGTSTP, SIGTTIN) is to stop fencelock: not on a terminal
+    /// where its process group is
     /// orphaned (`ssh -t host fencelock …`: no shell to continue it), where the kernel
     /// discards a Ctrl-Z for the command sharing that group, and fencelock does the same (it
     /// stopped the whole tree with SIGSTOP, which nothing there could continue: the lock was

@@ -24,7 +24,7 @@ pub(crate) fn take_back_from(group: Pid) {
     let Some((own, foreground)) = tree::own_groups() else {
         return;
     };
-    if foreground == group.as_raw_nonzero().get() {
+    if own > 0 && foreground == group.as_raw_nonzero().get() {
         if let Some(own) = Pid::from_raw(own) {
             set_foreground(own);
         }
@@ -36,7 +36,8 @@ fn set_foreground(group: Pid) {
         return;
     };
     // A process of a background group that sets the foreground gets SIGTTOU (which would
-    // stop fencelock) unless it ignores it, as shells do around this call.
+    // stop fencelock) unless it ignores it, as shells do around this call (fencelock ignores
+    // it already while the command runs; this keeps the call safe on its own).
     // SAFETY: `signal` installs no handler of ours (SIG_IGN, then what was there before).
     let before = unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     let _ = rustix::termios::tcsetpgrp(&tty, group);

@@ -60,9 +60,12 @@ pub(crate) fn in_terminal_foreground() -> bool {
     own_groups().is_some_and(|(pgrp, tpgid)| pgrp > 0 && tpgid == pgrp)
 }
 
-/// The terminal's foreground process group, if fencelock has a terminal and it is visible.
+/// The terminal's foreground process group, if fencelock has a terminal with one and it is
+/// visible (-1 and 0 are none: `Pid` holds neither).
 pub(crate) fn terminal_foreground() -> Option<Pid> {
-    own_groups().and_then(|(_, tpgid)| Pid::from_raw(tpgid))
+    own_groups()
+        .filter(|&(_, tpgid)| tpgid > 0)
+        .and_then(|(_, tpgid)| Pid::from_raw(tpgid))
 }
 
 /// Whether fencelock is alone in its process group (no other side of a pipeline, no shell

@@ -118,8 +118,7 @@ async fn exit_statuses(t: Target) {
 
 /// The holder's entry deleted on the server: the lock may be the next holder's at once, so the
 /// command is SIGKILLed at once (its SIGTERM trap does not run, whatever `--grace`), and
-/// fencelock exits 76. (A grant lost by the local deadline gives the command SIGTERM first:
-/// `lost_by_cut_off`.)
+/// fencelock exits 76. (So is a grant lost by the local deadline: `lost_by_cut_off`.)
 async fn lost_by_deletion(t: Target) {
     let ns = unique_namespace("cli_lost");
     let dir = tempfile::tempdir().unwrap();
