@@ -35,7 +35,14 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 /// call `lead`/`hold` again.)
 ///
 /// Errors end supervision only when they are permanent: a temporary error, a lost session, or a
-/// waiting entry deleted by someone else (an operator) leads to another try.
+/// waiting entry deleted by someone else (an operator) leads to another try. An invalid name or
+/// value is reported at once, before any session is started (also while the cluster is down).
+///
+/// After a loss the next term starts in a new session, the old one closed: a grant your code
+/// kept beyond its term (moved into a spawned task, say) cannot hold up the next one.
+///
+/// A panic in your future unwinds out of `lead`/`hold`: supervision ends, and the session is
+/// closed as its handles drop (the grant goes with it).
 ///
 /// Terms lost one after the other soon after they began (an operator or a script deleting each
 /// new entry, a session lost as soon as it starts) are spaced by the retry policy's growing
@@ -86,7 +93,7 @@ impl Supervisor {
     /// Campaigns in election `name` with `value` and runs `lead` with each leadership won, until
     /// `shutdown` resolves or a `lead` future returns (then it resigns). Leadership lost
     /// (session expired, local deadline, entry deleted) drops the `lead` future and starts a
-    /// new campaign, in a new session if the old one is lost. A `lead` future that resigns
+    /// new campaign, in a new session (the old one closed). A `lead` future that resigns
     /// (or drops its leadership) is not deposed: it runs on until it returns, and supervision
     /// ends then. A waiting candidacy whose entry is deleted campaigns again.
     ///
@@ -110,6 +117,8 @@ impl Supervisor {
         Fut: Future<Output = ()>,
     {
         let value = value.as_ref().to_vec();
+        self.builder.check_name(name)?;
+        crate::acquire::value_fits(self.builder.backend_name(), &value)?;
         self.supervise(
             name,
             shutdown,
@@ -132,6 +141,8 @@ impl Supervisor {
     /// in a new session if the old one is lost. A `work` future that releases (or drops) its
     /// guard runs on until it returns, and supervision ends then.
     ///
+    /// A lost lock locks again in a new session (the old one closed).
+    ///
     /// Returns as [`lead`](Self::lead) does.
     ///
     /// # Cancel safety
@@ -148,6 +159,7 @@ impl Supervisor {
         F: FnMut(Guard) -> Fut,
         Fut: Future<Output = ()>,
     {
+        self.builder.check_name(name)?;
         self.supervise(
             name,
             shutdown,
@@ -235,10 +247,12 @@ impl Supervisor {
                 }
                 TermEnd::Lost(reason) => {
                     warn!(%reason, "lost: taking part again");
-                    if matches!(reason, LostReason::Session(_)) {
-                        session.lock().unwrap().take();
-                    } else {
-                        *session.lock().unwrap() = Some(s);
+                    // A new session for the next term: a grant of this one that the user's
+                    // code kept (moved into a spawned task) would hold its local queue slot,
+                    // and the next campaign in this session would wait behind it for ever.
+                    session.lock().unwrap().take();
+                    if !matches!(reason, LostReason::Session(_)) {
+                        let _ = s.close().await;
                     }
                     if began.elapsed() >= Self::QUICK_LOSS {
                         quick_losses.reset();

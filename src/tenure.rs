@@ -123,7 +123,10 @@ impl Tenure {
             return Err(Error::NotHeld(LostReason::Released));
         }
         let lost_before = self.lost_reason();
-        self.ended.first(LostReason::Released);
+        // A release of a grant already lost (its session past the local deadline, its entry
+        // deleted) ends it for that reason, not as a choice of its owner's.
+        self.ended
+            .first(lost_before.unwrap_or(LostReason::Released));
         let shared = self.session.shared();
         let span = info_span!(parent: &shared.span, "release", key = %self.entry.key, token = %self.entry.token);
         let remote = shared.remote.clone();

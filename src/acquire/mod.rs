@@ -117,14 +117,16 @@ pub(crate) struct Request<'a> {
 
 /// Checks an entry value against the backend's limit.
 pub(crate) fn check_value(shared: &Shared, value: &[u8]) -> Result<()> {
+    value_fits(shared.backend_name(), value)
+}
+
+/// Checks an entry value against the limit of the backend named `backend`.
+pub(crate) fn value_fits(backend: &str, value: &[u8]) -> Result<()> {
     let max = crate::backend::MAX_VALUE_LEN;
     if value.len() > max {
         return Err(Error::InvalidValue(crate::error::InvalidInput::new(
             format!("{} bytes", value.len()),
-            format!(
-                "longer than the {} backend's limit of {max} bytes",
-                shared.backend_name()
-            ),
+            format!("longer than the {backend} backend's limit of {max} bytes"),
         )));
     }
     Ok(())

@@ -37,6 +37,18 @@ pub struct SessionBuilder {
 }
 
 impl SessionBuilder {
+    /// Checks `name` as the sessions it starts would ([`Session::mutex`](super::Session::mutex)):
+    /// for a caller that must report a bad name before any session starts.
+    pub(crate) fn check_name(&self, name: &str) -> Result<()> {
+        crate::name::validate_name(name)?;
+        self.backend.check_name(&self.namespace, name)
+    }
+
+    /// The name of the backend its sessions use.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
     /// The defaults on `backend` (see [`Session::builder`](super::Session::builder)).
     pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
         SessionBuilder {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -27,9 +27,9 @@ pub(crate) struct Shared {
     pub(crate) ttl: Duration,
     pub(crate) margin: Duration,
     /// The clock the local deadline is measured on (see [`super::clock`]).
-    pub(crate) clock: Clock,
+    pub(crate) clock: Arc<Clock>,
     /// The local deadline: past it without a confirmed heartbeat, the session is lost.
-    pub(crate) deadline: StdMutex<Stamp>,
+    pub(crate) deadline: Arc<StdMutex<Stamp>>,
     pub(crate) state: watch::Sender<SessionState>,
     /// Cancelled when the session closes or its last handle goes.
     pub(crate) stop: CancellationToken,
@@ -65,8 +65,8 @@ impl Shared {
             namespace,
             ttl,
             margin,
-            clock,
-            deadline: StdMutex::new(deadline),
+            clock: Arc::new(clock),
+            deadline: Arc::new(StdMutex::new(deadline)),
             state: watch::channel(SessionState::Live).0,
             stop: CancellationToken::new(),
             halted: AtomicBool::new(false),
@@ -118,23 +118,49 @@ impl Shared {
         }
     }
 
-    /// Resolves when the session is lost (at once if it is).
+    /// Resolves when the session is lost (at once if it is): when the heartbeat task says so,
+    /// or when the local deadline passes, whichever comes first. (The heartbeat task declares
+    /// a passed deadline only once it runs: after a process stop, a suspend or on a busy
+    /// runtime, later than the deadline, while [`state`](Self::state) already says lost; a
+    /// caller racing its work against this future must not run a step past it.)
     pub(crate) fn lost(&self) -> impl Future<Output = SessionEnd> + Send + 'static {
         let mut rx = self.state.subscribe();
-        let deadline_passed = self.end();
-        async move {
-            if let Some(r) = deadline_passed {
-                return r;
-            }
+        let (deadline, clock) = (self.deadline.clone(), self.clock.clone());
+        // Checked at every poll, whatever woke the task: timers fire one after another, and a
+        // task woken by an earlier one (the caller's own work) may be polled before the
+        // deadline's timer has fired, though the deadline has passed.
+        let passed = {
+            let (deadline, clock) = (deadline.clone(), clock.clone());
+            std::future::poll_fn(move |_| {
+                if clock.passed(*deadline.lock().unwrap()) {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            })
+        };
+        let told = async move {
             loop {
+                // Marked seen as it is read: a change after it wakes the wait below.
                 if let SessionState::Lost(r) = *rx.borrow_and_update() {
                     return r;
                 }
-                if rx.changed().await.is_err() {
+                // Woken by a change of state, or at the deadline in force (then read again:
+                // a heartbeat may have moved it).
+                let at = deadline.lock().unwrap().mono;
+                if let First::Left(Err(_)) = race(rx.changed(), sleep_until(at)).await {
                     return SessionEnd::Closed;
                 }
             }
-        }
+        };
+        // Boxed: raced inside the futures of every waiting and held primitive (a Supervisor's
+        // term nests several), whose size it would add to.
+        Box::pin(async move {
+            match race(passed, told).await {
+                First::Left(()) => SessionEnd::LocalDeadline,
+                First::Right(end) => end,
+            }
+        })
     }
 
     /// Records the end of the session (the first reason wins) and logs it.

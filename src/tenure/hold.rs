@@ -58,7 +58,7 @@ impl Hold {
         let own = self.own_end.get_or_init(Default::default).clone();
         // After the end is made: a release that came first did not see it (see `ended_here`).
         if self.released.load(Ordering::SeqCst) {
-            own.first(LostReason::Released);
+            own.first(self.end_reason());
         }
         async move {
             match race(own.wait(), tenure_lost).await {
@@ -70,8 +70,14 @@ impl Hold {
     /// Ends this share's `lost()` futures (after `released` was set).
     fn ended_here(&self) {
         if let Some(own) = self.own_end.get() {
-            own.first(LostReason::Released);
+            own.first(self.end_reason());
         }
+    }
+
+    /// Why this share ended once released or dropped: by its owner's choice, unless the tenure
+    /// was lost already (then that loss, which a Supervisor must not take for a release).
+    fn end_reason(&self) -> LostReason {
+        self.tenure.lost_reason().unwrap_or(LostReason::Released)
     }
 
     pub(crate) fn check_held(&self) -> Result<()> {

@@ -322,3 +322,120 @@ async fn a_waiter_whose_entry_is_deleted_fails_at_once() {
     );
     held.release().await.unwrap();
 }
+
+/// A Supervisor never polls its term's future once the grant is lost by the clock, even when
+/// the heartbeat task has not run yet to say so (the process was stopped past its deadline: all
+/// timers come due at once). The term's code, finding `is_held()` false and dropping its guard,
+/// was taken for a voluntary release, and supervision ended; now the next term starts.
+#[tokio::test(start_paused = true)]
+async fn a_supervised_term_never_runs_past_its_deadline() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let backend = MemoryBackend::new();
+    let supervisor =
+        fencelock::Supervisor::new(Session::builder(backend).ttl(Duration::from_millis(600)));
+    let (terms, past) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let supervised = tokio::spawn({
+        let (terms, past) = (terms.clone(), past.clone());
+        async move {
+            supervisor
+                .hold(
+                    "m",
+                    async {
+                        let _ = stopped.await;
+                    },
+                    |guard| {
+                        terms.fetch_add(1, Ordering::SeqCst);
+                        let past = past.clone();
+                        async move {
+                            while guard.is_held() {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            // Polled once the grant was lost.
+                            past.fetch_add(1, Ordering::SeqCst);
+                            drop(guard);
+                            std::future::pending::<()>().await
+                        }
+                    },
+                )
+                .await
+        }
+    });
+    while terms.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every task stopped past the deadline, as by SIGSTOP: the time jumps.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while terms.load(Ordering::SeqCst) < 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no second term; supervision ended: {}",
+            supervised.is_finished()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        past.load(Ordering::SeqCst),
+        0,
+        "the term ran past its deadline"
+    );
+    let _ = stop.send(());
+    supervised.await.unwrap().unwrap();
+}
+
+/// A term that keeps its leadership beyond the term (moved into a spawned task), deposed by an
+/// operator deleting its entry: the next term campaigns in a new session and leads (it waited
+/// for ever behind the kept leadership's local slot).
+#[tokio::test]
+async fn a_leadership_kept_past_its_term_does_not_hold_up_the_next() {
+    use std::sync::{Arc, Mutex};
+    let backend = MemoryBackend::new();
+    let supervisor = fencelock::Supervisor::new(Session::builder(backend.clone()));
+    let keys = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let supervised = tokio::spawn({
+        let keys = keys.clone();
+        async move {
+            supervisor
+                .lead(
+                    "e",
+                    b"v",
+                    async {
+                        let _ = stopped.await;
+                    },
+                    |leader| {
+                        keys.lock().unwrap().push(leader.key().to_string());
+                        // Kept alive past the term.
+                        tokio::spawn(async move {
+                            let _kept = leader;
+                            std::future::pending::<()>().await;
+                        });
+                        std::future::pending::<()>()
+                    },
+                )
+                .await
+        }
+    });
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(k) = keys.lock().unwrap().first().cloned() {
+                return k;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("no first term");
+    assert!(backend.delete_key(&first));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while keys.lock().unwrap().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the next term never began");
+    let _ = stop.send(());
+    supervised.await.unwrap().unwrap();
+}
