@@ -137,8 +137,7 @@ impl Supervisor {
     }
 
     /// Locks `name` and runs `work` with each guard, until `shutdown` resolves or a `work`
-    /// future returns (then it releases). A lost lock drops the `work` future and locks again,
-    /// in a new session if the old one is lost. A `work` future that releases (or drops) its
+    /// future returns (then it releases). A lost lock drops the `work` future and locks again. A `work` future that releases (or drops) its
     /// guard runs on until it returns, and supervision ends then.
     ///
     /// A lost lock locks again in a new session (the old one closed).

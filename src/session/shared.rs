@@ -129,14 +129,17 @@ impl Shared {
         // Checked at every poll, whatever woke the task: timers fire one after another, and a
         // task woken by an earlier one (the caller's own work) may be polled before the
         // deadline's timer has fired, though the deadline has passed.
+        // A loss already recorded keeps its reason (a closed or expired session's deadline
+        // passes too, later).
         let passed = {
-            let (deadline, clock) = (deadline.clone(), clock.clone());
-            std::future::poll_fn(move |_| {
-                if clock.passed(*deadline.lock().unwrap()) {
-                    std::task::Poll::Ready(())
-                } else {
-                    std::task::Poll::Pending
+            let (deadline, clock, state) =
+                (deadline.clone(), clock.clone(), self.state.subscribe());
+            std::future::poll_fn(move |_| match *state.borrow() {
+                SessionState::Lost(r) => std::task::Poll::Ready(r),
+                _ if clock.passed(*deadline.lock().unwrap()) => {
+                    std::task::Poll::Ready(SessionEnd::LocalDeadline)
                 }
+                _ => std::task::Poll::Pending,
             })
         };
         let told = async move {
@@ -146,9 +149,12 @@ impl Shared {
                     return r;
                 }
                 // Woken by a change of state, or at the deadline in force (then read again:
-                // a heartbeat may have moved it).
-                let at = deadline.lock().unwrap().mono;
-                if let First::Left(Err(_)) = race(rx.changed(), sleep_until(at)).await {
+                // a heartbeat may have moved it). Passed already: said so, not slept on.
+                let at = *deadline.lock().unwrap();
+                if clock.passed(at) {
+                    return SessionEnd::LocalDeadline;
+                }
+                if let First::Left(Err(_)) = race(rx.changed(), sleep_until(at.mono)).await {
                     return SessionEnd::Closed;
                 }
             }
@@ -157,8 +163,7 @@ impl Shared {
         // term nests several), whose size it would add to.
         Box::pin(async move {
             match race(passed, told).await {
-                First::Left(()) => SessionEnd::LocalDeadline,
-                First::Right(end) => end,
+                First::Left(end) | First::Right(end) => end,
             }
         })
     }

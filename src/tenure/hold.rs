@@ -67,11 +67,13 @@ impl Hold {
         }
     }
 
-    /// Ends this share's `lost()` futures (after `released` was set).
+    /// Ends this share's `lost()` futures, those to come included (after `released` was
+    /// set): the reason is fixed now, not when a `lost()` is first asked for (a share released
+    /// before a later loss was released).
     fn ended_here(&self) {
-        if let Some(own) = self.own_end.get() {
-            own.first(self.end_reason());
-        }
+        self.own_end
+            .get_or_init(Default::default)
+            .first(self.end_reason());
     }
 
     /// Why this share ended once released or dropped: by its owner's choice, unless the tenure

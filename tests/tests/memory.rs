@@ -439,3 +439,28 @@ async fn a_leadership_kept_past_its_term_does_not_hold_up_the_next() {
     let _ = stop.send(());
     supervised.await.unwrap().unwrap();
 }
+
+/// A loss keeps its reason: a closed session's guards say `Closed` also once the session's
+/// local deadline has passed (a `lost()` asked for then said `LocalDeadline`), and a reentered
+/// share released before the session was lost says `Released`.
+#[tokio::test(start_paused = true)]
+async fn a_loss_keeps_its_reason() {
+    use fencelock::{LostReason, SessionEnd};
+    use futures::FutureExt;
+    let backend = MemoryBackend::new();
+    let s = Session::builder(backend.clone())
+        .ttl(Duration::from_secs(2))
+        .start()
+        .await
+        .unwrap();
+    let outer = s.mutex("m").unwrap().lock().await.unwrap();
+    let inner = outer.reenter().unwrap();
+    inner.release().await.unwrap();
+    s.close().await.unwrap();
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        outer.lost().now_or_never(),
+        Some(LostReason::Session(SessionEnd::Closed))
+    );
+    assert_eq!(inner.lost().now_or_never(), Some(LostReason::Released));
+}
