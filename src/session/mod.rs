@@ -207,7 +207,11 @@ impl Session {
         self.shared().deadline()
     }
 
-    /// Resolves when the session is lost, with the reason.
+    /// Resolves when the session is lost, with the reason: when the heartbeat task or the
+    /// cluster says so, or as soon as the local [`deadline`](Self::deadline) has passed
+    /// (checked whenever it is polled, so that work raced against it never runs a step past
+    /// the deadline, even where the heartbeat task has not run yet: after a process stop or
+    /// on a busy runtime). Needs Tokio's timer.
     pub fn lost(&self) -> impl Future<Output = SessionEnd> + Send + 'static {
         self.shared().lost()
     }
