@@ -319,7 +319,11 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     session.primary.check();
     // One script per group the session has a key in (one on a server; on a cluster at most
     // GROUPS, whatever the number of locks), all at once. On a cluster, the groups where it
-    // holds nothing any more are let go (their keys expire); with none left, a PING.
+    // holds nothing any more are let go (their keys expire); with none left, the session owns
+    // nothing on the cluster that could expire, and nothing is sent: a session that depends
+    // on no shard is not lost to one that hangs (its `PING` to a primary at random, held up by
+    // a hung one, lost idle sessions at TTLs up to 6 s; the cluster client holds requests
+    // back while it reconnects to that node).
     let groups: Vec<(Group, bool, i64)> = {
         let mut o = session.owned();
         if session.groups == Groups::Cluster {
@@ -331,7 +335,10 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
             .collect()
     };
     if groups.is_empty() {
-        return session.ping().await;
+        return match session.groups {
+            Groups::Cluster => Ok(()),
+            Groups::Single => session.ping().await,
+        };
     }
     let beats = groups.iter().map(|(group, confirmed, known)| async move {
         let reply = session
