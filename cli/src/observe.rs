@@ -77,7 +77,15 @@ async fn watch(
     let watched = signals
         .until(async {
             tokio::pin!(changes);
+            // Failing since (temporary errors one after the other): for a TTL, as long as a
+            // session holding something would have lasted, and the session is given up for a
+            // new one, whose start says whether the cluster can be reached (a session holding
+            // nothing may never be lost: on a Redis Cluster it sends no heartbeat).
+            let mut failing_since: Option<tokio::time::Instant> = None;
             while let Some(change) = changes.next().await {
+                if change.is_ok() {
+                    failing_since = None;
+                }
                 match change {
                     Ok(leader) => {
                         let line = show::leader(name, leader.as_ref(), output);
@@ -90,7 +98,13 @@ async fn watch(
                         *last = Some(line);
                     }
                     Err(e @ Error::SessionLost(_)) => return Ok(Ended::Lost(e)),
-                    Err(e) if e.is_temporary() => say!("{} (retrying)", describe(&e)),
+                    Err(e) if e.is_temporary() => {
+                        let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() >= session.ttl() {
+                            return Ok(Ended::Lost(e));
+                        }
+                        say!("{} (retrying)", describe(&e))
+                    }
                     Err(e) => return Err(e),
                 }
             }

@@ -655,6 +655,22 @@ async fn redis_cluster_url() {
         &["lock", "x", "--", "true"],
     );
     assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
+
+    // `observe` of a cluster that goes away for good ends with 69 (its session holds nothing:
+    // on a cluster it sends no heartbeat, and is never lost by the cluster's absence).
+    let mut cmd = command(&url, &ns);
+    cmd.env("FENCELOCK_TTL", "2s")
+        .env("FENCELOCK_CONNECT_TIMEOUT", "2s")
+        .args(["observe", "e"]);
+    let mut r = Run::spawn(cmd, dir.path(), "observe");
+    file_contains(&r.log, "no leader").await;
+    tokio::task::block_in_place(|| {
+        use fencelock_integration::servers::Cluster;
+        for i in 0..cluster.endpoints().len() {
+            cluster.node(i).kill();
+        }
+    });
+    assert_eq!(r.code(WITHIN).await, 69, "{}", r.output());
 }
 
 /// Sentinels with a password of their own: FENCELOCK_SENTINEL_PASSWORD, removed from the
