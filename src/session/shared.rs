@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -128,12 +128,12 @@ impl Shared {
         let (deadline, clock) = (self.deadline.clone(), self.clock.clone());
         // Checked at every poll, whatever woke the task: timers fire one after another, and a
         // task woken by an earlier one (the caller's own work) may be polled before the
-        // deadline's timer has fired, though the deadline has passed.
-        // A loss already recorded keeps its reason (a closed or expired session's deadline
-        // passes too, later).
+        // heartbeat task, woken by the deadline's timer, has said so. A loss already recorded
+        // keeps its reason (a closed or expired session's deadline passes too, later). No
+        // timer of its own: the heartbeat task's wakes the wait below at the deadline, and a
+        // caller's work is never polled past it (this is polled first).
         let passed = {
-            let (deadline, clock, state) =
-                (deadline.clone(), clock.clone(), self.state.subscribe());
+            let state = self.state.subscribe();
             std::future::poll_fn(move |_| match *state.borrow() {
                 SessionState::Lost(r) => std::task::Poll::Ready(r),
                 _ if clock.passed(*deadline.lock().unwrap()) => {
@@ -144,23 +144,17 @@ impl Shared {
         };
         let told = async move {
             loop {
-                // Marked seen as it is read: a change after it wakes the wait below.
                 if let SessionState::Lost(r) = *rx.borrow_and_update() {
                     return r;
                 }
-                // Woken by a change of state, or at the deadline in force (then read again:
-                // a heartbeat may have moved it). Passed already: said so, not slept on.
-                let at = *deadline.lock().unwrap();
-                if clock.passed(at) {
-                    return SessionEnd::LocalDeadline;
-                }
-                if let First::Left(Err(_)) = race(rx.changed(), sleep_until(at.mono)).await {
+                if rx.changed().await.is_err() {
                     return SessionEnd::Closed;
                 }
             }
         };
         // Boxed: raced inside the futures of every waiting and held primitive (a Supervisor's
-        // term nests several), whose size it would add to.
+        // term nests several), whose size it would add to (a debug build's test thread
+        // overflowed its stack).
         Box::pin(async move {
             match race(passed, told).await {
                 First::Left(end) | First::Right(end) => end,
