@@ -211,7 +211,7 @@ impl Session {
     /// cluster says so, or as soon as the local [`deadline`](Self::deadline) has passed
     /// (checked whenever it is polled, so that work raced against it never runs a step past
     /// the deadline, even where the heartbeat task has not run yet: after a process stop or
-    /// on a busy runtime). Needs Tokio's timer.
+    /// on a busy runtime).
     pub fn lost(&self) -> impl Future<Output = SessionEnd> + Send + 'static {
         self.shared().lost()
     }
