@@ -719,6 +719,7 @@ async fn a_parent_ignoring_sigchld_still_gets_the_status() {
 struct Shell {
     run: Run,
     input: std::process::ChildStdin,
+    dir: std::path::PathBuf,
 }
 
 impl Shell {
@@ -744,7 +745,23 @@ impl Shell {
         Shell {
             run: Run { child, log },
             input,
+            dir: d.to_path_buf(),
         }
+    }
+
+    /// Types `$FL lock m -- sh cmd.sh` (a job in the background if `background`), `cmd.sh` in
+    /// the shell's directory holding `script`, which writes `$PPID` to `fencelock` and `$$` to
+    /// `pid`; returns fencelock's and the command's PIDs, killed when the guard is dropped.
+    async fn job(&mut self, script: &str, background: bool) -> (i32, i32, KillOnDrop) {
+        std::fs::write(self.dir.join("cmd.sh"), script).unwrap();
+        self.type_in(if background {
+            "$FL lock m -- sh cmd.sh &\n"
+        } else {
+            "$FL lock m -- sh cmd.sh\n"
+        });
+        let command = pid_in(&self.dir.join("pid")).await;
+        let fencelock = pid_in(&self.dir.join("fencelock")).await;
+        (fencelock, command, KillOnDrop(vec![fencelock, command]))
     }
 
     /// Types `text` (a `\n` ends a line; `\x03` is Ctrl-C).
@@ -775,16 +792,13 @@ async fn a_targeted_tstp_stops_the_command_of_a_job() {
     let ns = unique_namespace("cli_fg_tstp");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
-        "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
-    )
-    .unwrap();
     let mut sh = Shell::start(&t, &ns, d, "fg_tstp", "10s");
-    sh.type_in("$FL lock m -- sh cmd.sh\n");
-    let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
-    let _left = KillOnDrop(vec![fencelock, command]);
+    let (fencelock, command, _left) = sh
+        .job(
+            "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+            false,
+        )
+        .await;
     file_contains(&d.join("out"), "x").await;
     signal(fencelock, Signal::TSTP);
     until_stopped(&[fencelock, command], true, "stopped").await;
@@ -857,16 +871,13 @@ async fn a_background_job_reading_the_terminal_comes_back_with_fg() {
     let ns = unique_namespace("cli_bg_read");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
-        "echo $PPID > fencelock; echo $$ > pid; read line; echo \"got:$line\" > got",
-    )
-    .unwrap();
     let mut sh = Shell::start(&t, &ns, d, "bg_read", "20s");
-    sh.type_in("$FL lock m -- sh cmd.sh &\n");
-    let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
-    let _left = KillOnDrop(vec![fencelock, command]);
+    let (_, command, _left) = sh
+        .job(
+            "echo $PPID > fencelock; echo $$ > pid; read line; echo \"got:$line\" > got",
+            true,
+        )
+        .await;
     until_stopped(&[command], true, "the read stops the command").await;
     sh.type_in("fg\n");
     until_stopped(&[command], false, "fg continues it").await;
@@ -900,17 +911,14 @@ async fn a_sigint_sent_to_fencelock_alone_reaches_the_command_once() {
     let ns = unique_namespace("cli_fg_int");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
-        "trap 'echo INT >> ints' INT; echo $PPID > fencelock; echo $$ > pid; \
-         while :; do sleep 0.05; done",
-    )
-    .unwrap();
     let mut sh = Shell::start(&t, &ns, d, "fg_int", "10s");
-    sh.type_in("$FL lock m -- sh cmd.sh\n");
-    let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
-    let _left = KillOnDrop(vec![fencelock, command]);
+    let (fencelock, command, _left) = sh
+        .job(
+            "trap 'echo INT >> ints' INT; echo $PPID > fencelock; echo $$ > pid; \
+         while :; do sleep 0.05; done",
+            false,
+        )
+        .await;
     let lines = |path: &Path| {
         std::fs::read_to_string(path)
             .unwrap_or_default()
@@ -1055,17 +1063,14 @@ async fn a_background_jobs_kill_reaches_the_command_once() {
     let ns = unique_namespace("cli_bg_kill");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
-        "trap 'echo TERM >> terms' TERM; echo $PPID > fencelock; echo $$ > pid; \
-         while :; do sleep 0.05; done",
-    )
-    .unwrap();
     let mut sh = Shell::start(&t, &ns, d, "bg_kill", "10s");
-    sh.type_in("$FL lock m -- sh cmd.sh &\n");
-    let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
-    let _left = KillOnDrop(vec![fencelock, command]);
+    let (_, _, _left) = sh
+        .job(
+            "trap 'echo TERM >> terms' TERM; echo $PPID > fencelock; echo $$ > pid; \
+         while :; do sleep 0.05; done",
+            true,
+        )
+        .await;
     sh.type_in("kill %1\n");
     file_contains(&d.join("terms"), "TERM").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1088,16 +1093,13 @@ async fn a_job_brought_to_the_foreground_stops_on_ctrl_z() {
     let ns = unique_namespace("cli_bg_fg_tstp");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("cmd.sh"),
-        "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
-    )
-    .unwrap();
     let mut sh = Shell::start(&t, &ns, d, "bg_fg_tstp", "20s");
-    sh.type_in("$FL lock m -- sh cmd.sh &\n");
-    let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
-    let _left = KillOnDrop(vec![fencelock, command]);
+    let (fencelock, command, _left) = sh
+        .job(
+            "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+            true,
+        )
+        .await;
     sh.type_in("fg\n");
     // The terminal goes to the command's group within a tick of fencelock's.
     let start = Instant::now();
