@@ -136,9 +136,9 @@ pub(crate) async fn run_under(
     // In a terminal's foreground the command shares fencelock's process group; elsewhere it
     // has its own (see `tree.rs`). In a terminal's background (a shell's `fencelock … &`),
     // fencelock relays job control between the shell and the command's group (below).
-    let shared_group = tree::in_terminal_foreground();
-    let job = !shared_group && tree::has_terminal();
-    let leads_session = tree::leads_session();
+    let shared_group = terminal::in_terminal_foreground();
+    let job = !shared_group && terminal::has_terminal();
+    let leads_session = terminal::leads_session();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("FENCELOCK_TOKEN", grant.token().to_string())
@@ -369,10 +369,10 @@ async fn relay_job_control(tree: &Tree, grant: &Grant) {
         return;
     };
     let stopped_by = tree.command_stopped_by();
-    let has_terminal = tree::terminal_foreground() == Some(group);
+    let has_terminal = terminal::terminal_foreground() == Some(group);
     let read_terminal = matches!(stopped_by, Some(Signal::TTIN | Signal::TTOU));
     if stopped_by == Some(Signal::TSTP) && has_terminal {
-        if tree::group_is_orphaned() {
+        if terminal::group_is_orphaned() {
             // Nothing could continue it: as the kernel does to an orphaned group.
             tree.signal(Signal::HUP);
             tree.signal(Signal::CONT);
@@ -387,12 +387,12 @@ async fn relay_job_control(tree: &Tree, grant: &Grant) {
         }
         return;
     }
-    if tree::in_terminal_foreground() && tree::alone_in_group() {
+    if terminal::in_terminal_foreground() && terminal::alone_in_group() {
         terminal::hand_to(group);
         if read_terminal {
             tree.signal(Signal::CONT);
         }
-    } else if read_terminal && tree::group_is_orphaned() {
+    } else if read_terminal && terminal::group_is_orphaned() {
         tree.signal(Signal::HUP);
         tree.signal(Signal::CONT);
     }

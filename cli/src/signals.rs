@@ -120,7 +120,7 @@ impl Signals {
     pub(crate) fn may_stop(&self) -> bool {
         // Without a terminal (a service, cron): stopped with its tree, for whoever sent it to
         // send SIGCONT.
-        !(crate::tree::has_terminal() && crate::tree::group_is_orphaned())
+        !(crate::terminal::has_terminal() && crate::terminal::group_is_orphaned())
     }
 
     /// The next signal that ends fencelock (every caught one but the job-control stops). A

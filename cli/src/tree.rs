@@ -53,80 +53,6 @@ pub(crate) fn adopt_orphans() {
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
 }
 
-/// Whether fencelock runs in the foreground of its controlling terminal (then the command
-/// shares its process group; see the module's docs). From `/proc/self/stat` for the reason
-/// given on [`has_terminal`]: a 0 is "not visible", not foreground.
-pub(crate) fn in_terminal_foreground() -> bool {
-    own_groups().is_some_and(|(pgrp, tpgid)| pgrp > 0 && tpgid == pgrp)
-}
-
-/// The terminal's foreground process group, if fencelock has a terminal with one and it is
-/// visible (-1 and 0 are none: `Pid` holds neither).
-pub(crate) fn terminal_foreground() -> Option<Pid> {
-    own_groups()
-        .filter(|&(_, tpgid)| tpgid > 0)
-        .and_then(|(_, tpgid)| Pid::from_raw(tpgid))
-}
-
-/// Whether fencelock is alone in its process group (no other side of a pipeline, no shell
-/// without job control): read from `/proc`; false if it cannot tell.
-pub(crate) fn alone_in_group() -> bool {
-    let Some(me) = own() else {
-        return false;
-    };
-    me.pgrp > 0
-        && !processes()
-            .iter()
-            .any(|p| p.pgrp == me.pgrp && p.pid != me.pid && !p.zombie)
-}
-
-/// fencelock's process group and its terminal's foreground group (-1 without a terminal, 0
-/// where not visible), from `/proc/self/stat`.
-pub(crate) fn own_groups() -> Option<(i32, i32)> {
-    own().map(|me| (me.pgrp, me.tpgid))
-}
-
-/// Whether fencelock has a controlling terminal (then a command in a group of its own is a
-/// job's, whose job control fencelock relays).
-///
-/// Read from `/proc/self/stat`, not from `getpgrp`/`tcgetpgrp`: in a PID namespace whose
-/// process group or session leader lives outside it (a container's shell, `unshare --pid`),
-/// the kernel reports those IDs as 0, which rustix's `Pid` cannot hold (it asserts in debug
-/// builds and is undefined behaviour in release ones). The terminal's foreground group there
-/// is -1 without a terminal (0 when it is not visible: a terminal all the same).
-pub(crate) fn has_terminal() -> bool {
-    own().is_some_and(|me| me.tpgid != -1)
-}
-
-/// Whether fencelock's process group is orphaned (POSIX: no process of it has its parent in
-/// another group of the same session): nobody is there to continue it once stopped, and the
-/// kernel discards a SIGTSTP sent to its processes. So it is under `ssh -t host fencelock …`
-/// (fencelock leads its session) or a shell without job control that leads its session;
-/// never for a job of an interactive shell, which is the parent in another group. Only read,
-/// never signalled: any `/proc` numbers its processes consistently (without one, fencelock
-/// leading its session is taken for it).
-pub(crate) fn group_is_orphaned() -> bool {
-    let Some(me) = own() else {
-        return false;
-    };
-    if me.pgrp <= 0 || me.session <= 0 {
-        return me.session == me.pid;
-    }
-    let procs = processes();
-    let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
-    !procs
-        .iter()
-        .filter(|p| p.pgrp == me.pgrp && !p.zombie)
-        .filter_map(|p| by_pid.get(&p.ppid))
-        .any(|parent| parent.pgrp != me.pgrp && parent.session == me.session)
-}
-
-/// Whether fencelock leads its session (then a terminal's hangup reaches it alone; see
-/// `child.rs`). From `/proc/self/stat` for the reason given on [`has_terminal`].
-pub(crate) fn leads_session() -> bool {
-    own().is_some_and(|me| me.session == me.pid)
-}
-
 /// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
 /// numbers are another namespace's, and no PID read there may be signalled.
 fn proc_is_ours(me: Pid) -> bool {
@@ -148,7 +74,7 @@ fn proc_is_ours(me: Pid) -> bool {
 }
 
 /// fencelock's own `/proc/self/stat`, its IDs as numbered by that `/proc`.
-fn own() -> Option<Proc> {
+pub(crate) fn own() -> Option<Proc> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Its own first field, not `getpid()`: a `/proc` of a parent PID namespace numbers every
     // field of the file in that namespace.
@@ -384,22 +310,22 @@ impl Tree {
 }
 
 /// One process, as `/proc/PID/stat` shows it.
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
+pub(crate) struct Proc {
+    pub(crate) pid: i32,
+    pub(crate) ppid: i32,
+    pub(crate) pgrp: i32,
     /// The session ID (0 if its leader is outside fencelock's PID namespace).
-    session: i32,
+    pub(crate) session: i32,
     /// The foreground process group of its controlling terminal (-1 without one, 0 if not
     /// visible from fencelock's PID namespace).
-    tpgid: i32,
-    zombie: bool,
+    pub(crate) tpgid: i32,
+    pub(crate) zombie: bool,
     /// Stopped by a signal (or traced): `T` or `t`.
     stopped: bool,
 }
 
 /// Every process of the machine that can be read (the others are not ours to stop).
-fn processes() -> Vec<Proc> {
+pub(crate) fn processes() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
