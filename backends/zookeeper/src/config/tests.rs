@@ -1,0 +1,67 @@
+//! Unit tests of the ZooKeeper settings: what is accepted, what is refused, what is masked.
+
+use super::*;
+
+#[test]
+fn credentials_in_the_connect_string() {
+    let e = ZooKeeperConfig::new("u:secret@a:1,b:2/x")
+        .resolve()
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(!e.to_string().contains("secret"), "{e}");
+}
+
+#[test]
+fn resolve_rules() {
+    let r = ZooKeeperConfig::new("a:1,b/x").resolve().unwrap();
+    assert_eq!(r.servers, "tcp://a:1,tcp://b:2181");
+    assert_eq!(r.chroot.as_deref(), Some("/x"));
+    let bad = |c: ZooKeeperConfig| matches!(c.resolve(), Err(Error::InvalidConfig(_)));
+    assert!(bad(ZooKeeperConfig::new("a:1/x").chroot("/y")));
+    assert!(bad(ZooKeeperConfig::new("a:1").chroot("x")));
+    assert!(bad(ZooKeeperConfig::new("a:1").chroot("/x/")));
+    assert!(bad(ZooKeeperConfig::new("")));
+    assert!(bad(ZooKeeperConfig::new("a:notaport")));
+    assert!(bad(ZooKeeperConfig::new("tcp+tls://a:1")));
+    assert!(bad(ZooKeeperConfig::new("http://a:1")));
+    // A chroot after another server than the last would be dropped: refused.
+    assert!(bad(ZooKeeperConfig::new("a:1/apps/billing,b:2")));
+    assert!(bad(ZooKeeperConfig::new("tcp://a:1/x,tcp://b:2/x")));
+    assert!(bad(ZooKeeperConfig::new("::1")));
+    assert!(bad(ZooKeeperConfig::new("a:1").acl(AclMode::CreatorDelete)));
+    assert!(ZooKeeperConfig::new("a:1")
+        .digest_auth("u", "p")
+        .acl(AclMode::CreatorDelete)
+        .resolve()
+        .is_ok());
+    assert!(bad(
+        ZooKeeperConfig::new("a:1").connect_timeout(Duration::ZERO)
+    ));
+    assert!(bad(
+        ZooKeeperConfig::new("a:1").connect_timeout(Duration::MAX)
+    ));
+    assert!(bad(ZooKeeperConfig::new("a:1").sasl_digest_md5("", "p")));
+    assert!(bad(ZooKeeperConfig::new("a:1").min_ttl(Duration::ZERO)));
+    assert!(bad(
+        ZooKeeperConfig::new("a:1").min_ttl(Duration::from_micros(999))
+    ));
+    assert!(bad(
+        ZooKeeperConfig::new("a:1").min_ttl(crate::MAX_TTL + Duration::from_millis(1))
+    ));
+    assert!(ZooKeeperConfig::new("a:1")
+        .min_ttl(Duration::from_millis(1))
+        .resolve()
+        .is_ok());
+    let r = ZooKeeperConfig::new("a:1/").resolve().unwrap();
+    assert_eq!(r.chroot, None);
+    let dbg = format!(
+        "{:?}",
+        ZooKeeperConfig::new("a:1")
+            .digest_auth("u", "secret")
+            .sasl_digest_md5("v", "secret")
+    );
+    assert!(!dbg.contains("secret"));
+    let dbg = format!("{:?}", ZooKeeperConfig::new("u:secret@a:1"));
+    assert!(!dbg.contains("secret"), "{dbg}");
+}
