@@ -235,3 +235,56 @@ async fn go_recipes_rwmutex_layout() {
     client.lease_revoke(lease).await.unwrap();
     s.close().await.unwrap();
 }
+
+/// A key under a lock's prefix that is not UTF-8 (written by hand) holds the lock up like any
+/// other entry, and its waiter looks again at a bounded rate: read lossily, its name never
+/// existed, and the waiter read the queue again without a pause (thousands of txns a second).
+/// Counted by the server itself, on a member of the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_that_is_not_utf8_is_waited_for_without_spinning() {
+    use etcd_client::PutOptions;
+    use fencelock_integration::notifications::etcd_counter;
+    use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
+    use fencelock_integration::servers::{available, Cluster};
+    use fencelock_integration::target::Kind;
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+    let s = Session::builder(b.clone())
+        .namespace("bytes")
+        .start()
+        .await
+        .unwrap();
+    let mut client = b.client().clone();
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    let mut key = b"bytes/x/".to_vec();
+    key.push(0xff);
+    client
+        .put(key, "", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    let txns = || etcd_counter(&ep, "grpc_server_handled_total", "grpc_method=\"Txn\"");
+    let before = txns().await.expect("the server's counter");
+    let waited = s
+        .mutex("x")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(2))
+        .await;
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    let sent = txns().await.expect("the server's counter") - before;
+    // A look every 250 ms: about 8 reads and a few requests of the enqueue and its removal.
+    assert!(sent <= 40.0, "{sent} txns in 2 s of waiting");
+    // Once the key goes, the waiter is granted.
+    client.lease_revoke(lease).await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), s.mutex("x").unwrap().lock())
+        .await
+        .expect("granted once the foreign key is gone")
+        .unwrap();
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}

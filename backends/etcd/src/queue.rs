@@ -261,7 +261,17 @@ async fn restore_fence(session: &EtcdSession, namespace: &str) -> Result<()> {
     Ok(())
 }
 
+/// How often a waiter looks again at a peer whose key it cannot watch by name (see [`wait`]).
+const FOREIGN_KEY_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> Result<()> {
+    if target.key.contains(char::REPLACEMENT_CHARACTER) {
+        // Most likely a key that is not UTF-8 (written by hand: ours and Go's are UTF-8), read
+        // lossily: its name as read never exists, so a watch of it would end at once and the
+        // waiter would read the queue again and again without a pause. Look again after one.
+        tokio::time::sleep(FOREIGN_KEY_POLL).await;
+        return Ok(());
+    }
     // Watch the key from now, then read it in a txn that also confirms our own entry: no
     // deletion can slip between the two, and the read costs the same whatever the queue's
     // length (one key, never a range). A watch kept from the last wait on the same key that
