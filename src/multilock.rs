@@ -58,8 +58,10 @@ impl Session {
 /// Several distributed mutexes taken together. Made by [`Session::multi_lock`].
 ///
 /// [`lock`](Self::lock) takes them one by one in a canonical order (sorted by name), which every
-/// multi-lock follows, so two multi-locks over overlapping sets never deadlock; on an error it
-/// releases what it took. [`try_lock`](Self::try_lock) takes all of them in **one atomic
+/// fencelock multi-lock follows, so two multi-locks over overlapping sets never deadlock (a
+/// peer's that takes its locks in another order can: Curator's `InterProcessMultiLock` takes
+/// them in the order it is given, so give it its paths sorted); on an error it releases what it
+/// took. [`try_lock`](Self::try_lock) takes all of them in **one atomic
 /// request** (an etcd transaction, a ZooKeeper `multi`), or none.
 ///
 /// ```

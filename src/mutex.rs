@@ -147,6 +147,11 @@ impl Mutex {
     /// request, not a forced release). Written as Apache Curator's `Revoker` does, so Curator
     /// holders made revocable see it too. Returns the holder asked, or `None` if the lock is
     /// free. (To take the lock by force, delete the holder's entry: its `lost()` fires.)
+    ///
+    /// Where a mutex and an election of one name are one queue (etcd, Redis, memory: see the
+    /// README's "One name, several primitives"), the holder can be that election's leader: the
+    /// request then replaces the value it proclaimed, which its observers (Go's and `etcdctl
+    /// elect`'s too) see. Give a mutex you revoke a name no election uses.
     pub async fn request_revoke(&self) -> Result<Option<EntryInfo>> {
         let Some(holder) = self.holder().await? else {
             return Ok(None);

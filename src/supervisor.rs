@@ -22,6 +22,8 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 /// unreachable), campaigns or locks again, and hands your code a fresh [`Leadership`] or
 /// [`Guard`] each time, the way client-go's `leaderelection` (`OnStartedLeading` /
 /// `OnStoppedLeading` / `ReleaseOnCancel`) and Curator's `LeaderSelector` with `autoRequeue` do.
+/// (To share leadership with a `LeaderSelector` on ZooKeeper, use [`hold`](Self::hold): it is
+/// a mutex on its path, not an election.)
 ///
 /// Your code runs as a future; when leadership is lost the future is dropped (stop everything
 /// it started) and a new one is started at the next term. On `shutdown` the future is dropped and
