@@ -511,3 +511,44 @@ async fn guarded_set_on_a_cluster() {
     assert_eq!(get(key).await.as_deref(), Some("two"));
     s.close().await.unwrap();
 }
+
+/// A session that locks again in a group it has let go of (its last lock there released, so the
+/// heartbeat stopped renewing its key there) renews its key there. The key kept the expiry of
+/// its last renewal, and the next heartbeat found it gone: the whole session was lost (and its
+/// new entry was dead to other sessions meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locking_again_in_a_group_let_go_renews_the_sessions_key() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("again");
+    let s = Session::builder(f.redis().clone())
+        .namespace(ns.as_str())
+        .ttl(Duration::from_secs(3))
+        .start()
+        .await
+        .unwrap();
+    let m = s.mutex("m").unwrap();
+    m.lock().await.unwrap().release().await.unwrap();
+    // Past a heartbeat or two (one a second): the group is let go, its key left with at most
+    // a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let g = m.lock().await.unwrap();
+    let prefix = fencelock_redis::layout::cluster_prefix(g.key()).unwrap();
+    let key = format!("{prefix}:s:{}", s.id());
+    let pttl: i64 = tokio::task::block_in_place(|| {
+        let node = f.cluster.primary_of(f.cluster.slot_of(&key));
+        f.cluster.node(node).cli(&["PTTL", &key])
+    })
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(pttl > 2000, "the session's key there has {pttl} ms left");
+    // Past the key's old expiry and the next heartbeats.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(s.state(), SessionState::Live);
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}

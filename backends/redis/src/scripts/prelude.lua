@@ -171,6 +171,10 @@ local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') e
 -- missing.
 local function enter(sid, open, ttl)
   local v = version(sid)
+  -- A key there at the client's first use: left from a use of the group the client has let
+  -- go of (on a cluster, the heartbeat stops renewing a group where nothing is held), with the
+  -- expiry of its last renewal there, maybe before the next heartbeat: renewed now.
+  if v and open == '1' then extend(skey(sid), ttl) end
   if v or open ~= '1' then return v end
   redis.call('HSET', skey(sid), 'v', '0')
   redis.call('PEXPIRE', skey(sid), ttl)
