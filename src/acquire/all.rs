@@ -70,6 +70,9 @@ pub(crate) async fn acquire_all(
         .map(|((queue, entry), local)| {
             Tenure::new(session.clone(), queue.clone(), entry, Some(local))
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // Never report a grant past the local deadline (dropped, the tenures hand their removal
+    // to the background task).
+    shared.check_alive()?;
     Ok(Some(tenures))
 }

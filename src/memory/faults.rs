@@ -35,6 +35,17 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Fault injection: the next request of kind `op` — `"create"` (an enqueue, or a
+    /// multi-lock's all-or-nothing create) or `"inspect"` (a read of a queue) — is carried out,
+    /// then the thread it runs on stops for `pause` (a blocking sleep) before it answers: on a
+    /// current-thread runtime, a process stopped (`SIGSTOP`, a long pause) with the reply on its
+    /// way, its timers stopped with it. For tests that no result of a request is used past the
+    /// local deadline.
+    #[cfg(feature = "testing")]
+    pub fn stop_before_next_reply(&self, op: &'static str, pause: std::time::Duration) {
+        *self.inner.stop_before.lock().unwrap() = Some((op, pause));
+    }
+
     /// Fault injection: the next `n` removals of an entry (a release) are carried out, then
     /// answered with a temporary error, as when the reply of a committed delete was lost.
     #[cfg(feature = "testing")]
@@ -148,6 +159,21 @@ impl MemoryBackend {
 }
 
 impl Inner {
+    /// Stops the thread before the reply of this `op` if asked (see
+    /// [`MemoryBackend::stop_before_next_reply`]).
+    pub(super) fn stop_before_reply(&self, op: &'static str) {
+        let pause = {
+            let mut asked = self.stop_before.lock().unwrap();
+            match *asked {
+                Some((o, _)) if o == op => asked.take().map(|(_, p)| p),
+                _ => None,
+            }
+        };
+        if let Some(pause) = pause {
+            std::thread::sleep(pause);
+        }
+    }
+
     /// Whether the reply of this `op` (counted down in `counter`) is to be lost (see
     /// [`MemoryBackend::lose_create_replies`]).
     pub(super) fn lose_reply(

@@ -65,6 +65,9 @@ struct Inner {
     /// Fault injection: how many connection breaks were reported; each change is a
     /// `SessionEvent::Disconnected` to every session waiting for an event.
     disconnects: watch::Sender<u64>,
+    /// Fault injection: the reply of the next request of this kind is held while the thread
+    /// stops for this long.
+    stop_before: StdMutex<Option<(&'static str, std::time::Duration)>>,
 }
 
 impl MemoryBackend {

@@ -23,6 +23,24 @@ pub(super) struct MemorySession {
 }
 
 impl MemorySession {
+    /// The entries of `queue` as [`BackendSession::inspect`] answers.
+    fn inspect_now(&self, queue: &QueueId) -> Vec<EntryInfo> {
+        let st = self.inner.lock();
+        st.queue(queue)
+            .into_iter()
+            .map(|(k, r)| {
+                EntryInfo::new(
+                    k,
+                    FencingToken::new(r.create_rev),
+                    r.kind,
+                    format!("{:x}", r.session),
+                    r.value,
+                    None,
+                )
+            })
+            .collect()
+    }
+
     /// This session's key for an entry of `kind` made by `attempt` in `queue`: the etcd layout,
     /// `{namespace}/{name}/{session id in hex}` (one per session), or with the attempt for
     /// entries a session may hold several of (readers, writers, permits).
@@ -110,6 +128,8 @@ impl BackendSession for MemorySession {
         let key = self.key(req.queue, req.kind, req.attempt);
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
+        drop(st);
+        self.inner.stop_before_reply("create");
         self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Enqueued::new(entry, ahead))
     }
@@ -135,6 +155,8 @@ impl BackendSession for MemorySession {
             .map(|(r, key)| st.enqueue(self.id, r, key).0)
             .collect();
         self.inner.notify(&st);
+        drop(st);
+        self.inner.stop_before_reply("create");
         self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Some(entries))
     }
@@ -266,21 +288,9 @@ impl BackendSession for MemorySession {
     }
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
-        let st = self.inner.lock();
-        Ok(st
-            .queue(queue)
-            .into_iter()
-            .map(|(k, r)| {
-                EntryInfo::new(
-                    k,
-                    FencingToken::new(r.create_rev),
-                    r.kind,
-                    format!("{:x}", r.session),
-                    r.value,
-                    None,
-                )
-            })
-            .collect())
+        let found = self.inspect_now(queue);
+        self.inner.stop_before_reply("inspect");
+        Ok(found)
     }
 
     async fn request_revoke(&self, key: &str, token: FencingToken) -> Result<bool> {

@@ -130,8 +130,8 @@ impl Shared {
         // task woken by an earlier one (the caller's own work) may be polled before the
         // heartbeat task, woken by the deadline's timer, has said so. A loss already recorded
         // keeps its reason (a closed or expired session's deadline passes too, later). No
-        // timer of its own: the heartbeat task's wakes the wait below at the deadline, and a
-        // caller's work is never polled past it (this is polled first).
+        // timer of its own: the heartbeat task's wakes the wait below at the deadline, and
+        // what a caller's work gives past it is not used (see `unless_lost`).
         let passed = {
             let state = self.state.subscribe();
             std::future::poll_fn(move |_| match *state.borrow() {
@@ -204,10 +204,16 @@ impl Shared {
         }
     }
 
-    /// Runs `fut` unless the session is lost first ([`Error::SessionLost`] then).
+    /// Runs `fut` unless the session is lost first ([`Error::SessionLost`] then). What `fut`
+    /// gives is not used if the session is lost by the time it is done: after a stop past the
+    /// local deadline (`SIGSTOP`, a suspend, a busy runtime) a reply already read is ready at
+    /// the first poll, and would win the race.
     pub(crate) async fn unless_lost<T>(&self, fut: impl Future<Output = T>) -> Result<T> {
         match race(fut, self.lost()).await {
-            First::Left(v) => Ok(v),
+            First::Left(v) => match self.end() {
+                None => Ok(v),
+                Some(end) => Err(Error::SessionLost(end)),
+            },
             First::Right(end) => Err(Error::SessionLost(end)),
         }
     }

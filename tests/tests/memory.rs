@@ -464,3 +464,47 @@ async fn a_loss_keeps_its_reason() {
     );
     assert_eq!(inner.lost().now_or_never(), Some(LostReason::Released));
 }
+
+/// No grant is reported past the local deadline, whichever request's reply is read past it: a
+/// multi-lock's all-or-nothing create, or a semaphore's read of its leases after the grant (the
+/// process stopped with the reply on its way). The reply, ready at the first poll after the
+/// stop, won the race against the session's loss: `Ok`, with a guard no longer held, while
+/// the session was lost and its locks free for others. A mutex's create is the control.
+#[tokio::test(flavor = "current_thread")]
+async fn no_grant_is_reported_past_the_local_deadline() {
+    use fencelock::Error;
+    const TTL: Duration = Duration::from_secs(1);
+    let pause = TTL + Duration::from_millis(500);
+    let backend = MemoryBackend::new();
+    let start = || Session::builder(backend.clone()).ttl(TTL).start();
+    let s = start().await.unwrap();
+    backend.stop_before_next_reply("create", pause);
+    let got = s.mutex("m").unwrap().try_lock().await;
+    assert!(matches!(got, Err(Error::SessionLost(_))), "mutex: {got:?}");
+    let s = start().await.unwrap();
+    backend.stop_before_next_reply("create", pause);
+    let got = s.multi_lock(["a", "b"]).unwrap().try_lock().await;
+    assert!(
+        matches!(got, Err(Error::SessionLost(_))),
+        "multi-lock: {got:?}"
+    );
+    let s = start().await.unwrap();
+    backend.stop_before_next_reply("inspect", pause);
+    let got = s.semaphore("pool", 2).unwrap().acquire().await;
+    assert!(
+        matches!(got, Err(Error::SessionLost(_))),
+        "semaphore: {got:?}"
+    );
+    // The lost sessions' entries go with them.
+    let probe = start().await.unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = probe.list_entries().await.unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    probe.close().await.unwrap();
+}
