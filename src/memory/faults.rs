@@ -35,8 +35,9 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Fault injection: the next request of kind `op` — `"create"` (an enqueue, or a
-    /// multi-lock's all-or-nothing create) or `"inspect"` (a read of a queue) — is carried out,
+    /// Fault injection: the next request of kind `op` — `"open"` (a session's start),
+    /// `"create"` (an enqueue, or a multi-lock's all-or-nothing create) or `"inspect"` (a read
+    /// of a queue) — is carried out,
     /// then the thread it runs on stops for `pause` (a blocking sleep) before it answers: on a
     /// current-thread runtime, a process stopped (`SIGSTOP`, a long pause) with the reply on its
     /// way, its timers stopped with it. For tests that no result of a request is used past the

@@ -114,6 +114,7 @@ impl Backend for MemoryBackend {
                 drop(inner.lock()); // expires whatever is due
             }
         });
+        self.inner.stop_before_reply("open");
         Ok(Arc::new(MemorySession {
             inner: self.inner.clone(),
             id,

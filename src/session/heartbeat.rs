@@ -48,12 +48,20 @@ pub(crate) async fn run(
     };
     let span = shared.span.clone();
     let margin = shared.margin;
+    let period = remote.heartbeat_interval().min(ttl / 3);
+    // The first beat a period after the send the deadline rests on (the open's), not a period
+    // after now: an open that took a while (a slow link) put it past the deadline, and the
+    // session was lost without a heartbeat.
+    let now = Instant::now();
+    let mut next = shared
+        .deadline()
+        .checked_sub(ttl.saturating_sub(margin))
+        .map_or(now, |sent| sent + period)
+        .min(now + period);
     // A failed heartbeat is one event of this loop among others: the driver gives the pause
     // before the next one (never retiring: the deadline ends the loop) and counts it.
     let mut retry = Retry::new(Backoff::for_ttl(ttl)).counted(shared.backend_name());
     drop(shared);
-    let period = remote.heartbeat_interval().min(ttl / 3);
-    let mut next = Instant::now() + period;
     async move {
         loop {
             let Some(shared) = weak.upgrade() else {

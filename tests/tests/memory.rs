@@ -508,3 +508,23 @@ async fn no_grant_is_reported_past_the_local_deadline() {
     }
     probe.close().await.unwrap();
 }
+
+/// A session whose open took a while (a slow link: here the process stops with the reply on
+/// its way) sends its first heartbeat a period after the open was sent, not a period after it
+/// came back: the first beat came after the deadline, and the session was lost at once
+/// without a heartbeat (any open past a sixth of the TTL at the default margin).
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_open_is_followed_by_a_heartbeat_in_time() {
+    const TTL: Duration = Duration::from_secs(2);
+    let backend = MemoryBackend::new();
+    backend.stop_before_next_reply("open", Duration::from_millis(400));
+    let s = Session::builder(backend.clone())
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    // Past the deadline of the open's send (TTL - 1 s margin), and a beat more.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(s.state(), fencelock::SessionState::Live);
+    s.close().await.unwrap();
+}
