@@ -41,7 +41,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// ending fencelock by it); 75 the lock or leadership
 /// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
 /// lost as the command exited); 69 the cluster could not be reached or the session was lost
-/// before the command started; 78 bad configuration or input (names, TLS files, credentials,
+/// before the command started; 78 bad configuration or input (names, TLS files, a server certificate not trusted, a host
+/// that does not resolve, credentials,
 /// permissions); 70 an internal failure; 126 / 127 the command could not be run / was not found;
 /// 2 a usage error. Stopped
 /// by signal N before the command ran, fencelock ends by N (128 + N in a shell).
@@ -107,11 +108,12 @@ pub(crate) struct ClusterArgs {
     #[arg(long, env = "FENCELOCK_TLS_KEY", global = true)]
     pub(crate) key: Option<PathBuf>,
 
-    /// The name to verify in the servers' certificates, if not the host name of the endpoints.
+    /// The name to verify in the servers' certificates, if not the host name of the endpoints
+    /// (etcd, with --cacert; ZooKeeper and Redis check the host they connect to).
     #[arg(long, env = "FENCELOCK_TLS_SERVER_NAME", global = true)]
     pub(crate) server_name: Option<String>,
 
-    /// User: etcd authentication, or ZooKeeper SASL (DIGEST-MD5).
+    /// User: etcd authentication, ZooKeeper SASL (DIGEST-MD5), or a Redis ACL user.
     #[arg(long, env = "FENCELOCK_USER", global = true)]
     pub(crate) user: Option<String>,
 

@@ -27,6 +27,12 @@ fn tls(args: &ClusterArgs) -> fencelock::Result<Option<TlsConfig>> {
                 "a client certificate needs --cacert (TLS)",
             ));
         }
+        if args.server_name.is_some() {
+            return Err(Error::invalid_config(
+                "--server-name",
+                "a server name to verify needs --cacert (TLS, etcd only)",
+            ));
+        }
         return Ok(None);
     };
     let mut tls = TlsConfig::from_ca_file(ca)?;

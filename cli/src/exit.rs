@@ -13,7 +13,8 @@ pub(crate) const LOST: u8 = 76;
 /// The cluster could not be reached, or the session was lost before the command ran
 /// (`EX_UNAVAILABLE`).
 pub(crate) const UNAVAILABLE: u8 = 69;
-/// Bad configuration or input: a name, a TLS file, credentials, permissions (`EX_CONFIG`).
+/// Bad configuration or input: a name, a TLS file, a server certificate not trusted, a host
+/// name that does not resolve, credentials, permissions (`EX_CONFIG`).
 pub(crate) const CONFIG: u8 = 78;
 /// Anything else that went wrong in fencelock itself (`EX_SOFTWARE`).
 pub(crate) const SOFTWARE: u8 = 70;
@@ -32,6 +33,11 @@ pub(crate) fn of_error(e: &Error) -> u8 {
         | Error::InvalidConfig(_)
         | Error::Unauthenticated { .. }
         | Error::PermissionDenied { .. } => CONFIG,
+        // Not the cluster being away, but what trying again cannot mend: a server certificate
+        // the CA does not sign, a host name that does not resolve.
+        Error::Connect {
+            temporary: false, ..
+        } => CONFIG,
         Error::Connect { .. } | Error::SessionLost(_) | Error::NotHeld(_) => UNAVAILABLE,
         e if e.is_temporary() => UNAVAILABLE,
         _ => SOFTWARE,

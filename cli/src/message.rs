@@ -66,7 +66,7 @@ fn describe_masking(e: &fencelock::Error, secrets: &[String]) -> String {
         cause = c.source();
     }
     for secret in secrets {
-        line = line.replace(secret.as_str(), "***");
+        line = mask(&line, secret);
     }
     let mut line: String = line
         .chars()
@@ -81,6 +81,39 @@ fn describe_masking(e: &fencelock::Error, secrets: &[String]) -> String {
         line.push('…');
     }
     line
+}
+
+/// A secret this long is masked wherever it appears; a shorter one only as a word of its own,
+/// so that a password `e` leaves `redis` and `authentication` whole (masked inside words, a
+/// short password spoils the message and shows itself by the pattern of what was masked).
+const MASKED_ANYWHERE: usize = 6;
+
+/// `line` with `secret` masked (see [`MASKED_ANYWHERE`]).
+fn mask(line: &str, secret: &str) -> String {
+    if secret.chars().count() >= MASKED_ANYWHERE {
+        return line.replace(secret, "***");
+    }
+    // Part of a word, a number or a host name: a letter, a digit, or one of `._-` next to it.
+    let joins = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || "._-".contains(c));
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(secret) {
+        let (before, after) = (&rest[..at], &rest[at + secret.len()..]);
+        // What precedes in the whole line: what was already copied, if `before` is empty.
+        let prev = before
+            .chars()
+            .next_back()
+            .or_else(|| out.chars().next_back());
+        out.push_str(before);
+        if joins(prev) || joins(after.chars().next()) {
+            out.push_str(secret);
+        } else {
+            out.push_str("***");
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -100,5 +133,20 @@ mod tests {
             describe_masking(&e, &secrets),
             "redis: cannot connect to redis://***@h:1: refused: AUTH *** and *** next"
         );
+    }
+
+    #[test]
+    fn a_short_secret_is_masked_only_as_a_word() {
+        assert_eq!(
+            mask("redis: authentication failed for user:e@host, e", "e"),
+            "redis: authentication failed for user:***@host, ***"
+        );
+        assert_eq!(
+            mask("http://127.0.0.1:31099 password 1", "1"),
+            "http://127.0.0.1:31099 password ***"
+        );
+        assert_eq!(mask("zookeeper accepted pw", "p"), "zookeeper accepted pw");
+        assert_eq!(mask("long s3cret! here", "s3cret!"), "long *** here");
+        assert_eq!(mask("xs3cret!x", "s3cret!"), "x***x");
     }
 }

@@ -71,6 +71,27 @@ async fn mutual_tls_from_the_environment() {
     // Without TLS at all.
     let (code, out) = fencelock(&env[..1], &["lock", "m", "--", "true"]);
     assert_eq!(code, 78, "{out}");
+    // A CA that did not sign the server's certificate: bad configuration, not "unreachable"
+    // (69 tells a wrapper to try again).
+    let foreign = TestPki::generate();
+    let foreign_ca = foreign.ca().display().to_string();
+    let (code, out) = fencelock(
+        &[
+            env[0],
+            ("FENCELOCK_TLS_CA", foreign_ca.as_str()),
+            env[2],
+            env[3],
+        ],
+        &["lock", "m", "--", "true"],
+    );
+    assert_eq!(code, 78, "{out}");
+    // A server name without TLS would be ignored: refused.
+    let (code, out) = fencelock(
+        &env[..1],
+        &["--server-name", "etcd.example", "lock", "m", "--", "true"],
+    );
+    assert_eq!(code, 78, "{out}");
+    assert!(out.contains("--cacert"), "{out}");
 }
 
 /// A TLS-only Redis server that requires client certificates, with an ACL user: the same flags
