@@ -15,8 +15,8 @@ const MIN_DELAY: Duration = Duration::from_millis(20);
 const MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// The retry policy used by every retry loop of fencelock and its backends: exponential backoff
-/// from 20 ms, doubling up to 1 s, each pause with random jitter (so that sessions cut off
-/// together do not retry in lockstep).
+/// from 20 ms, doubling up to 1 s, each pause with random jitter of up to as much again (so
+/// that sessions cut off together do not retry in lockstep): pauses of 20 ms to 2 s.
 ///
 /// It has no limit on the number of tries: every loop that uses it ends by another rule. The
 /// core retries only [temporary](crate::Error::is_temporary) errors and stops when the session
@@ -45,7 +45,8 @@ impl Backoff {
     }
 
     /// The policy of a loop that works for a session of `ttl`: pauses grow up to a twentieth
-    /// of the TTL (between 20 ms and 1 s). A session's deadline keeps a fifth of its TTL in
+    /// of the TTL (between 20 ms and 1 s), and jitter adds up to as much again (a tenth of the
+    /// TTL at most). A session's deadline keeps a fifth of its TTL in
     /// hand, and what such a loop waits for (a new leader, a member back) must be noticed
     /// within a small part of that: a second's pause after an election would add a second
     /// without a grant.

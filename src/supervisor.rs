@@ -48,7 +48,7 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 ///
 /// Terms lost one after the other soon after they began (an operator or a script deleting each
 /// new entry, a session lost as soon as it starts) are spaced by the retry policy's growing
-/// pauses (from 20 ms up to 1 s, with jitter), so that supervision never loops at the speed of
+/// pauses (from 20 ms up to 1 s, with jitter of up to as much again), so that supervision never loops at the speed of
 /// the cluster's replies. A term that lasted [`QUICK_LOSS`](Self::QUICK_LOSS) or longer is
 /// taken up again at once, and the pauses start again from the shortest.
 ///

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::backend::Backend;
+use fencelock::backend::{Backend, Backoff, Retry};
 use fencelock::{Error, Session};
 use fencelock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use fencelock_zookeeper::ZooKeeperBackend;
@@ -166,7 +166,12 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
     let bound = args.connect_timeout;
     let deadline = Instant::now() + bound;
     let start = async {
-        let (backend, namespace) = connect(args).await?;
+        // A cluster that refuses connections (a Redis or ZooKeeper server restarting) fails a
+        // connect at once: tried again until the bound, as a silent one is waited for.
+        let (backend, namespace) = Retry::new(Backoff::new())
+            .until(deadline)
+            .run(|| connect(args), Error::is_temporary)
+            .await?;
         // What connecting left of the bound: the session's start retries only that long.
         let left = deadline.saturating_duration_since(Instant::now());
         Session::builder(backend)

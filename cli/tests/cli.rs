@@ -701,3 +701,46 @@ async fn redis_sentinel_password() {
     let mut r = Run::start(&url, &ns, dir.path(), "nopw", &["lock", "x", "--", "true"]);
     assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
 }
+
+/// `observe` outlives a Redis server's restart shorter than `--connect-timeout`: its session
+/// is lost while the server is down, and a new one is started once the server is back. The
+/// server refused connections meanwhile, which failed the new session's connect at once: 69,
+/// a second after the session was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_outlives_a_server_restart() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let server = tokio::task::block_in_place(|| RedisServer::start(Durability::None));
+    let ns = unique_namespace("cli_observe_restart");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(&server.url(), &ns);
+    cmd.env("FENCELOCK_TTL", "2s")
+        .env("FENCELOCK_CONNECT_TIMEOUT", "15s")
+        .args(["observe", "e"]);
+    let mut r = Run::spawn(cmd, dir.path(), "observe");
+    file_contains(&r.log, "no leader").await;
+    tokio::task::block_in_place(|| server.kill());
+    file_contains(&r.log, "starting a new session").await;
+    // Refused for a while (past the old code's give-up), then back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(r.child.try_wait().is_none(), "{}", r.output());
+    tokio::task::block_in_place(|| server.restart());
+    let s = fencelock::Session::builder(server.backend().await)
+        .namespace(ns.as_str())
+        .start()
+        .await
+        .unwrap();
+    let leader = s
+        .election("e")
+        .unwrap()
+        .campaign(b"node-b".to_vec())
+        .await
+        .unwrap();
+    file_contains(&r.log, "node-b").await;
+    assert!(r.child.signal(Signal::INT));
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    leader.resign().await.unwrap();
+    s.close().await.unwrap();
+}

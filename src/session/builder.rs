@@ -124,7 +124,7 @@ impl SessionBuilder {
         );
         let give_up = Instant::now().checked_add(self.start_timeout);
         // Retried about as often as the session's own loops would: a cluster electing a leader
-        // is noticed within a twentieth of the TTL.
+        // is noticed within a tenth of the TTL (a twentieth, and jitter).
         let clock = clock::Clock::default();
         let (sent, remote) = Retry::new(Backoff::for_ttl(self.ttl))
             .until(give_up)
