@@ -36,7 +36,7 @@ pub enum Error {
     /// The backend could not be reached, or refused the connection.
     #[error("{backend}: cannot connect to {endpoints}")]
     Connect {
-        /// Backend tag (`"etcd"`, `"zookeeper"`, `"memory"`).
+        /// Backend tag (`"etcd"`, `"zookeeper"`, `"redis"`, `"memory"`).
         backend: &'static str,
         /// The endpoints that were tried.
         endpoints: String,
@@ -102,7 +102,7 @@ pub enum Error {
     /// Another error reported by the backend or its client library.
     #[error("{backend}: {op} failed")]
     Backend {
-        /// Backend tag (`"etcd"`, `"zookeeper"`, `"memory"`).
+        /// Backend tag (`"etcd"`, `"zookeeper"`, `"redis"`, `"memory"`).
         backend: &'static str,
         /// The operation that failed.
         op: &'static str,

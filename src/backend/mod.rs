@@ -168,7 +168,7 @@ pub const DEFAULT_MAX_MULTI_LOCK: usize = 64;
 /// instead of an untyped failure at the first request.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
-    /// A short tag used in errors and traces (`"etcd"`, `"zookeeper"`, `"memory"`).
+    /// A short tag used in errors and traces (`"etcd"`, `"zookeeper"`, `"redis"`, `"memory"`).
     fn name(&self) -> &'static str;
 
     /// The smallest TTL this backend accepts.

@@ -62,7 +62,8 @@ impl SessionBuilder {
     }
 
     /// The session TTL: how long the cluster keeps the session without a heartbeat
-    /// (default 10 s). Heartbeats go every `ttl / 3`. Must lie between the backend's minimum
+    /// (default 10 s). Heartbeats go at least every `ttl / 3` (the backend may ask for more:
+    /// etcd every `ttl / 6`, ZooKeeper about every `ttl / 5`). Must lie between the backend's minimum
     /// and maximum ([`Error::InvalidTtl`] otherwise).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;

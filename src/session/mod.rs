@@ -138,7 +138,7 @@ impl Session {
         self.shared().margin
     }
 
-    /// The backend tag (`"etcd"`, `"zookeeper"`, `"memory"`).
+    /// The backend tag (`"etcd"`, `"zookeeper"`, `"redis"`, `"memory"`).
     pub fn backend_name(&self) -> &'static str {
         self.shared().backend_name()
     }

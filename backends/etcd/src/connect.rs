@@ -145,9 +145,15 @@ async fn round(
         let within = deadline + config.request_timeout;
         let client = timeout_at(within, Client::connect(&healthy, Some(options(config))))
             .await
-            .map_err(|_| Error::Timeout {
-                op: "connect",
-                after: config.connect_timeout + config.request_timeout,
+            .map_err(|_| Error::Connect {
+                backend: NAME,
+                endpoints: healthy.join(","),
+                temporary: true,
+                source: format!(
+                    "no connection (and authentication) within {:?}",
+                    config.connect_timeout + config.request_timeout
+                )
+                .into(),
             })?
             .map_err(|e| map("connect", e))?;
         return Ok((client, rotation));

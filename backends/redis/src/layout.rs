@@ -19,7 +19,8 @@
 //! on one node. A session has a key in each group where it holds (or waits
 //! for) something, made by its first enqueue there and let expire once it holds nothing there:
 //! its heartbeat is one script per such group (at most [`GROUPS`] whatever the number of
-//! locks; a `PING` when there is none), and it depends on the shards of those groups alone.
+//! locks; nothing at all when there is none), and it depends on the shards of those groups
+//! alone.
 //! The token counter is the group's: tokens grow per lock (and across the locks that share
 //! its group), not across groups. Channels are the same as on one server (`PUBLISH` reaches
 //! every node of a cluster).

@@ -29,9 +29,10 @@
 //!   proportional to it). The local deadline is the etcd one: the send time of the last
 //!   confirmed heartbeat + TTL − margin.
 //! - **An ordered FIFO queue per lock**: a sorted set scored by the entry's fencing token.
-//! - **Waiters woken without polling and without a herd**: each waiter subscribes to the
-//!   pub/sub channel of the one entry ahead of it, which gets a message when that entry is
-//!   deleted: one waiter woken per release. A waiter also re-checks when the session of the
+//! - **Waiters woken without polling and without a herd**: a release names the entry right
+//!   behind the one deleted on that entry's session's own pub/sub channel
+//!   (`fencelock:w:{sid}`, which the session listens on from its first wait; that first wait
+//!   also subscribes to the channel of the entry ahead of it): one waiter woken per release. A waiter also re-checks when the session of the
 //!   entry it waits for would expire (that session's remaining TTL, read with the entry): one
 //!   check per TTL of the holder, whatever the queue's length.
 //! - **Entries of dead sessions** (whose session key expired) are removed by whoever reads
@@ -70,9 +71,12 @@
 //! clock that jumps forward expires sessions early (a double grant, which fencing catches);
 //! etcd and ZooKeeper count leases and sessions on the leader's monotonic clock.
 //!
-//! An operator who deletes an entry by hand must do what the `remove` script does (delete the
-//! entry's hash and its sorted-set member, `PUBLISH fencelock:c:{entry} gone`): without the
-//! message, the waiter behind it only notices when the entry's session would expire.
+//! An operator who deletes an entry by hand must do what the `remove` script does: delete the
+//! entry's hash and its sorted-set member, `PUBLISH fencelock:c:{entry} gone` (its owner's
+//! `lost()` fires), and, for the entry `next` now right behind it (token `t`, session `sid`),
+//! `PUBLISH fencelock:w:{sid} "{next} {t} head"` (`ahead` instead of `head` if the deleted
+//! entry was not the queue's head). Without that last message, the waiter behind it only
+//! notices when the deleted entry's session would expire, up to a TTL later.
 //!
 //! # Fencing tokens, and when they are monotonic
 //!
