@@ -207,6 +207,8 @@ async fn authentication_and_permissions_are_permanent_errors() {
         "ACL SETUSER mute on >mute-pw ~* resetchannels +@all",
         // fencelock's entry and head channels, not the sessions' own.
         "ACL SETUSER partial on >partial-pw ~* resetchannels &fencelock:c:* &fencelock:h:* +@all",
+        // The head channels and the sessions' own, not the entries'.
+        "ACL SETUSER noentry on >noentry-pw ~* resetchannels &fencelock:h:* &fencelock:w:* +@all",
         "CONFIG SET requirepass s3cret",
     ])
     .await
@@ -250,6 +252,10 @@ async fn authentication_and_permissions_are_permanent_errors() {
     // Refused at connect too: a release publishes on the channel of the next waiter's
     // session, and a refused PUBLISH would stop its script half done.
     let r = connect(format!("redis://partial:partial-pw@{addr}")).await;
+    assert!(matches!(r, Err(Error::PermissionDenied { .. })), "{r:?}");
+    // And an entry's own channel: a release publishes there last, after its deletes (a
+    // release refused half done, reported as an error, its entry gone).
+    let r = connect(format!("redis://noentry:noentry-pw@{addr}")).await;
     assert!(matches!(r, Err(Error::PermissionDenied { .. })), "{r:?}");
 
     for url in [format!("redis://{addr}"), format!("redis://:wrong@{addr}")] {

@@ -171,6 +171,16 @@ async fn server_tls_and_acl_users() {
     .await;
     assert!(!chain(&e).contains("not-the-pw"), "{}", chain(&e));
 
+    // The system's trust store (a bare rediss:// URL) and a server of a private CA: a wrong
+    // setting, not an unreachable server (it was a temporary connect error, retried for ever).
+    expect_permanent(
+        "rediss:// with the system's trust store, a server of a private CA",
+        "Connect",
+        BOUND,
+        connect(RedisConfig::new(format!("rediss://{addr}"))),
+    )
+    .await;
+
     let plain = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
         .await
         .unwrap();

@@ -16,7 +16,7 @@ mod tls;
 
 use std::sync::Arc;
 
-pub use probe::{connect_error, probe, split_host_port, Probe};
+pub use probe::{certificate_failure, connect_error, probe, split_host_port, Probe};
 pub use redact::redact;
 pub use tls::TlsConfig;
 

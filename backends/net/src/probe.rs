@@ -170,6 +170,29 @@ async fn probe_tls(host: &str, tcp: TcpStream, tls: &TlsConfig, within: Duration
     }
 }
 
+/// The certificate failure of a TLS handshake somewhere in `e`'s chain of causes (an
+/// `io::Error` carrying a `rustls::Error`, as `tokio-rustls` reports one, possibly wrapped in an
+/// `Arc`, as a client library may keep it): the server's certificate not trusted
+/// ([`Probe::ServerCertificate`]) or ours refused ([`Probe::ClientCertificate`]). `None` for
+/// anything else. For clients that report such a failure as a plain I/O error.
+pub fn certificate_failure(e: &(dyn std::error::Error + 'static)) -> Option<Probe> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let io = err.downcast_ref::<io::Error>().or_else(|| {
+            err.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()
+                .and_then(|a| (**a).downcast_ref::<io::Error>())
+        });
+        if let Some(found) = io
+            .map(tls_failure)
+            .filter(|p| matches!(p, Probe::ServerCertificate(_) | Probe::ClientCertificate(_)))
+        {
+            return Some(found);
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// What a failed TLS handshake or read says.
 fn tls_failure(e: &io::Error) -> Probe {
     let Some(tls) = e

@@ -98,11 +98,13 @@ async fn checked<C: ConnectionLike + Send>(
         // Every release publishes on a `fencelock:*` channel from inside its script, and
         // Redis does not undo a script's earlier writes when a later command fails: a user
         // whose ACL forbids that channel is refused here, before anything is changed.
-        // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'), and a
-        // session's own channel that no session has (ids are hex), so that an ACL granting
-        // exactly fencelock's channels passes.
+        // A head channel (`fencelock:h:…`) that no queue has (queue paths hold a '/'), an
+        // entry's channel that no entry has (entry names hold a '/' too), and a session's own
+        // channel that no session has (ids are hex), so that an ACL granting exactly
+        // fencelock's channels passes.
         for channel in [
             format!("{}:h:probe", layout::KEY_PREFIX),
+            format!("{}:c:probe", layout::KEY_PREFIX),
             format!("{}probe", layout::OWN_PREFIX),
         ] {
             redis::cmd("PUBLISH")

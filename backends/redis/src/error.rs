@@ -40,8 +40,21 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             }
         }
         ErrorKind::InvalidClientConfig => return Error::invalid_config("", e.to_string()),
+        // A TLS handshake that failed on a certificate (reported as an I/O error): the server's
+        // not trusted is a wrong setting (a `rediss://` URL with the system's trust store and a
+        // server of a private CA), ours refused is a refusal of our credentials.
+        ErrorKind::Io => match fencelock_net::certificate_failure(&e) {
+            Some(fencelock_net::Probe::ClientCertificate(_)) => {
+                return Error::Unauthenticated {
+                    backend: NAME,
+                    source: e.into(),
+                }
+            }
+            Some(_) => false,
+            None => true,
+        },
         // A cluster's node the client has no connection to yet (it reconnects).
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::ClusterConnectionNotFound => true,
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
