@@ -140,14 +140,16 @@ impl Election {
     /// Every candidate, the leader first, in queue order: key, epoch (token), session, value.
     pub async fn candidates(&self) -> Result<Vec<EntryInfo>> {
         let shared = self.session.shared();
-        shared.retry(|| shared.remote.inspect(&self.queue)).await
+        shared
+            .retry_read(|| shared.remote.inspect(&self.queue))
+            .await
     }
 
     /// The current leader, or `None` if there is no candidate.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
         let shared = self.session.shared();
         let remote = shared.remote.clone();
-        let head = shared.retry(|| remote.head(&self.queue)).await?;
+        let head = shared.retry_read(|| remote.head(&self.queue)).await?;
         Ok(head.map(info))
     }
 

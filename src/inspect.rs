@@ -92,7 +92,7 @@ impl Session {
                     continue;
                 }
             };
-            let entries = shared.retry(|| shared.remote.inspect(&queue)).await?;
+            let entries = shared.retry_read(|| shared.remote.inspect(&queue)).await?;
             if !entries.is_empty() {
                 queues.push(QueueInfo {
                     name,

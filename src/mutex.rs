@@ -139,7 +139,9 @@ impl Mutex {
 
     async fn inspect(&self) -> Result<Vec<EntryInfo>> {
         let shared = self.session.shared();
-        shared.retry(|| shared.remote.inspect(&self.queue)).await
+        shared
+            .retry_read(|| shared.remote.inspect(&self.queue))
+            .await
     }
 
     /// Asks the current holder to let go: its guard's
@@ -158,7 +160,7 @@ impl Mutex {
         };
         let shared = self.session.shared();
         let asked = shared
-            .retry(|| shared.remote.request_revoke(&holder.key, holder.token))
+            .retry_read(|| shared.remote.request_revoke(&holder.key, holder.token))
             .await?;
         Ok(asked.then_some(holder))
     }

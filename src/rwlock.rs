@@ -172,7 +172,9 @@ impl RwLock {
     /// waits, in queue order.
     pub async fn inspect(&self) -> Result<(Vec<EntryInfo>, Vec<EntryInfo>)> {
         let shared = self.session.shared();
-        let mut all = shared.retry(|| shared.remote.inspect(&self.queue)).await?;
+        let mut all = shared
+            .retry_read(|| shared.remote.inspect(&self.queue))
+            .await?;
         let holders = match all.first().map(|e| e.kind) {
             None => 0,
             Some(EntryKind::Exclusive) => 1,

@@ -188,7 +188,9 @@ impl Semaphore {
     /// waiting at the gate.
     pub async fn inspect(&self) -> Result<(Vec<EntryInfo>, Vec<EntryInfo>)> {
         let shared = self.session.shared();
-        let mut holders = shared.retry(|| shared.remote.inspect(&self.leases)).await?;
+        let mut holders = shared
+            .retry_read(|| shared.remote.inspect(&self.leases))
+            .await?;
         holders.truncate(self.permits);
         let waiters = self.gate.queue_entries().await?;
         Ok((holders, waiters))

@@ -47,6 +47,16 @@ impl MemoryBackend {
         *self.inner.stop_before.lock().unwrap() = Some((op, pause));
     }
 
+    /// Fault injection: while `on`, reads of queues and listings (`inspect`, `head`, `list`)
+    /// fail with a temporary error and the rest works, heartbeats included: a shard of a Redis
+    /// Cluster that stays away, under a session that holds nothing there.
+    #[cfg(feature = "testing")]
+    pub fn fail_reads(&self, on: bool) {
+        self.inner
+            .reads_fail
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Fault injection: the next `n` removals of an entry (a release) are carried out, then
     /// answered with a temporary error, as when the reply of a committed delete was lost.
     #[cfg(feature = "testing")]
@@ -160,6 +170,19 @@ impl MemoryBackend {
 }
 
 impl Inner {
+    /// A temporary error while reads fail (see [`MemoryBackend::fail_reads`]).
+    pub(super) fn read_fails(&self) -> Result<()> {
+        if self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::backend(
+                NAME,
+                "read",
+                true,
+                "no answer (fault injection)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Stops the thread before the reply of this `op` if asked (see
     /// [`MemoryBackend::stop_before_next_reply`]).
     pub(super) fn stop_before_reply(&self, op: &'static str) {

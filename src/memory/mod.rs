@@ -68,6 +68,8 @@ struct Inner {
     /// Fault injection: the reply of the next request of this kind is held while the thread
     /// stops for this long.
     stop_before: StdMutex<Option<(&'static str, std::time::Duration)>>,
+    /// Fault injection: reads fail with a temporary error while this is set.
+    reads_fail: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryBackend {

@@ -260,6 +260,7 @@ impl BackendSession for MemorySession {
     }
 
     async fn head(&self, queue: &QueueId) -> Result<Option<(Entry, Vec<u8>)>> {
+        self.inner.read_fails()?;
         let st = self.inner.lock();
         Ok(st
             .queue(queue)
@@ -288,6 +289,7 @@ impl BackendSession for MemorySession {
     }
 
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
+        self.inner.read_fails()?;
         let found = self.inspect_now(queue);
         self.inner.stop_before_reply("inspect");
         Ok(found)
@@ -327,6 +329,7 @@ impl BackendSession for MemorySession {
     }
 
     async fn list(&self, namespace: &str) -> Result<Vec<String>> {
+        self.inner.read_fails()?;
         let st = self.inner.lock();
         let prefix = format!("{namespace}/");
         Ok(st

@@ -251,7 +251,9 @@ impl Session {
     /// listing of a million nodes.
     pub async fn list_entries(&self) -> Result<Vec<String>> {
         let shared = self.shared();
-        shared.retry(|| shared.remote.list(&shared.namespace)).await
+        shared
+            .retry_read(|| shared.remote.list(&shared.namespace))
+            .await
     }
 
     /// **Testing only** (feature `testing`; not a stable API): stops sending heartbeats, as if

@@ -225,22 +225,48 @@ impl Shared {
 
     /// Runs `op` until it succeeds, retrying temporary errors with [`Backoff`], and gives up
     /// with [`Error::SessionLost`] as soon as the session is lost.
-    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T>
+    pub(crate) async fn retry<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let tries = Retry::new(self.backoff()).counted(self.backend_name()).run(
-            || {
-                let alive = self.check_alive();
-                let attempt = op();
-                async move {
-                    alive?;
-                    attempt.await
-                }
-            },
-            Error::is_temporary,
-        );
+        self.retry_until(None, op).await
+    }
+
+    /// [`retry`](Self::retry) for a read (or a request that creates nothing): it also gives up,
+    /// with the last temporary error, once the next pause would end past a TTL from now. A
+    /// session that holds something is lost by then if its cluster stays away, and ends the
+    /// loop so; one that holds nothing may never be (a Redis Cluster session sends no
+    /// heartbeat while it holds nothing), and a read on a shard that stays away, retried
+    /// while it lived, never ended (`Election::leader`, `fencelock list`).
+    pub(crate) async fn retry_read<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.retry_until(Instant::now().checked_add(self.ttl), op)
+            .await
+    }
+
+    async fn retry_until<T, F, Fut>(&self, give_up: Option<Instant>, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let tries = Retry::new(self.backoff())
+            .until(give_up)
+            .counted(self.backend_name())
+            .run(
+                || {
+                    let alive = self.check_alive();
+                    let attempt = op();
+                    async move {
+                        alive?;
+                        attempt.await
+                    }
+                },
+                Error::is_temporary,
+            );
         self.unless_lost(tries).await?
     }
 

@@ -528,3 +528,41 @@ async fn a_slow_open_is_followed_by_a_heartbeat_in_time() {
     assert_eq!(s.state(), fencelock::SessionState::Live);
     s.close().await.unwrap();
 }
+
+/// A read that keeps failing with a temporary error while the session lives (a Redis Cluster
+/// shard that stays away, under a session that holds nothing and so sends no heartbeat) gives
+/// up with that error after about a TTL: `leader()`, `holder()`, `list_entries()` retried it
+/// for as long as the session lived, for ever (`fencelock leader` and `list` never ended).
+#[tokio::test(start_paused = true)]
+async fn a_read_failing_for_a_ttl_gives_up() {
+    use fencelock::Error;
+    const TTL: Duration = Duration::from_secs(2);
+    let backend = MemoryBackend::new();
+    let s = Session::builder(backend.clone())
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    backend.fail_reads(true);
+    let start = tokio::time::Instant::now();
+    let leader = tokio::time::timeout(4 * TTL, s.election("e").unwrap().leader())
+        .await
+        .expect("leader() gave up");
+    assert!(
+        matches!(&leader, Err(e @ Error::Backend { .. }) if e.is_temporary()),
+        "{leader:?}"
+    );
+    assert!(start.elapsed() >= TTL * 9 / 10, "{:?}", start.elapsed());
+    let holder = tokio::time::timeout(4 * TTL, s.mutex("m").unwrap().holder())
+        .await
+        .expect("holder() gave up");
+    assert!(holder.is_err(), "{holder:?}");
+    let listed = tokio::time::timeout(4 * TTL, s.list_entries())
+        .await
+        .expect("list_entries() gave up");
+    assert!(listed.is_err(), "{listed:?}");
+    assert_eq!(s.state(), fencelock::SessionState::Live);
+    backend.fail_reads(false);
+    assert_eq!(s.election("e").unwrap().leader().await.unwrap(), None);
+    s.close().await.unwrap();
+}
