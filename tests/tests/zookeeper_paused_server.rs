@@ -271,3 +271,56 @@ async fn gray_zookeeper_close_passes_a_paused_server() {
     drop(guard);
     other.close().await.unwrap();
 }
+
+/// A session that moves to a server granting it a shorter timeout (its `maxSessionTimeout` is
+/// lower: an ensemble configured unevenly) ends there: the server revalidates the session at
+/// the leader with its own timeout, and the cluster then expires it sooner than the session's
+/// local deadline, which rests on the TTL it started with. It moved and stayed Live, its locks
+/// held by its own account up to 6 s after the cluster could have expired them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gray_zookeeper_a_move_to_a_shorter_timeout_ends_the_session() {
+    use fencelock::SessionEnd;
+    use fencelock_integration::servers::zookeeper::ZkOptions;
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    // The server after the victim in the connect string: where the session moves first.
+    let (victim, short) = (1, 2);
+    let options = ZkOptions {
+        max_session_timeouts: vec![(short, Duration::from_secs(4))],
+        ..ZkOptions::default()
+    };
+    let ensemble = Arc::new(
+        tokio::task::spawn_blocking(move || ZkEnsemble::start_with(3, options))
+            .await
+            .unwrap(),
+    );
+    let ns = fencelock::conformance::unique_namespace("zk-shorter");
+    let target = ensemble.target();
+    let ttl = Duration::from_secs(10);
+    let mut on_victim = None;
+    for _ in 0..40 {
+        let s = target.session(&ns, ttl).await;
+        if server_of(&ensemble, &s).await == victim {
+            on_victim = Some(s);
+            break;
+        }
+        s.close().await.unwrap();
+    }
+    let s = on_victim.expect("a session on the victim");
+    assert_eq!(s.ttl(), ttl);
+    let guard = s.mutex("m").unwrap().lock().await.unwrap();
+    ensemble.pause(victim);
+    let paused_at = Instant::now();
+    while !matches!(s.state(), SessionState::Lost(_)) {
+        assert!(
+            paused_at.elapsed() < Duration::from_secs(15),
+            "still {:?} 15 s after its server paused (moved to one with a 4 s timeout)",
+            s.state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
+    assert!(!guard.is_held());
+    ensemble.resume(victim);
+}

@@ -237,6 +237,16 @@ impl Links {
                     continue;
                 }
             };
+            if client.session_timeout() < self.ttl {
+                // This server granted the session a shorter timeout (its maxSessionTimeout is
+                // lower) and revalidated it so at the leader: the cluster now expires it that
+                // long after its last touch, sooner than the local deadline, which rests on
+                // the TTL the session started with. Its promise can no longer be kept: it ends
+                // here (the cluster expires it by then; its client, detached, sends no close).
+                warn!(session = %self.info.id(), server = %config.each[server], timeout = ?client.session_timeout(), ttl = ?self.ttl, "this server shortens the session's timeout: the session ends");
+                self.end(SessionEnd::Expired);
+                return Moved::Ended(SessionEnd::Expired);
+            }
             let mut slot = self.slot.write().unwrap();
             if !matches!(&*slot, Slot::Open(_)) {
                 return Moved::Ended(SessionEnd::Closed); // closed meanwhile

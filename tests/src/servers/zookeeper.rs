@@ -74,6 +74,9 @@ pub struct ZkOptions {
     /// hundreds of thousands of nodes needs more: at 256 it spends its time in full
     /// collections and stops answering for longer than a session's TTL.
     pub heap_mib: Option<u32>,
+    /// Servers (by index) whose `maxSessionTimeout` is lower than the others' (an ensemble
+    /// configured unevenly, as during a rolling change of its settings).
+    pub max_session_timeouts: Vec<(usize, Duration)>,
 }
 
 /// The jars ZooKeeper's Netty connection factory needs beyond what `zookeeper.jar` pulls in.
@@ -215,7 +218,12 @@ impl ZkEnsemble {
                      {peers}",
                     tick = TICK.as_millis(),
                     min = MIN_SESSION_TIMEOUT.as_millis(),
-                    max = MAX_SESSION_TIMEOUT.as_millis(),
+                    max = options
+                        .max_session_timeouts
+                        .iter()
+                        .find(|(i, _)| *i + 1 == s.id)
+                        .map_or(MAX_SESSION_TIMEOUT, |(_, max)| *max)
+                        .as_millis(),
                     data = data.display(),
                     port = s.client_port,
                 ),
