@@ -143,6 +143,7 @@ pub use types::{
 };
 
 pub use crate::retry::{Backoff, Retry};
+pub use crate::session::clock::Deadline;
 use crate::Result;
 pub use key_value::{key_value_entry_key, key_value_queue_of};
 

@@ -89,6 +89,46 @@ impl Clock {
     }
 }
 
+/// A deadline on both of the clocks a session's local deadline is measured on: Tokio's
+/// monotonic clock, which timers use and which stops while the machine is suspended, and one
+/// that counts through suspend (see the module's notes). It has passed as soon as either clock
+/// says so: a process that wakes from a suspend past it does not believe it still ahead.
+/// Implementer API, for a backend's own deadlines (Redlock's validity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(Stamp);
+
+impl Deadline {
+    /// `d` from now (at most a century).
+    pub fn after(d: Duration) -> Deadline {
+        Deadline(Clock::default().now().after(d))
+    }
+
+    /// How long until it passes on the first clock to reach it: zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        let now = Clock::default().now();
+        let mono = self.0.mono.saturating_duration_since(now.mono);
+        match (self.0.boot, now.boot) {
+            (Some(at), Some(now)) => mono.min(at.saturating_sub(now)),
+            _ => mono,
+        }
+    }
+
+    /// Whether it has passed on either clock.
+    pub fn passed(&self) -> bool {
+        Clock::default().passed(self.0)
+    }
+
+    /// The same deadline as if the machine had been suspended for `d` since it was set (its
+    /// suspend-counting side `d` nearer): for tests of what a suspend does.
+    #[cfg(feature = "testing")]
+    pub fn as_if_suspended(self, d: Duration) -> Deadline {
+        Deadline(Stamp {
+            mono: self.0.mono,
+            boot: self.0.boot.map(|b| b.saturating_sub(d)),
+        })
+    }
+}
+
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn suspend_counting_now() -> Option<Duration> {
     // The fallible form: the infallible one unwraps the call's result, and a sandbox that
@@ -134,6 +174,21 @@ mod tests {
                 assert_eq!(clock.passed(deadline), cfg!(unix));
             }
         });
+    }
+
+    #[tokio::test]
+    async fn a_deadline_counts_a_suspend() {
+        let d = Deadline::after(Duration::from_secs(60));
+        assert!(!d.passed());
+        assert!(d.remaining() > Duration::from_secs(59));
+        #[cfg(feature = "testing")]
+        {
+            let slept = d.as_if_suspended(Duration::from_secs(61));
+            assert_eq!(slept.passed(), cfg!(unix));
+            if cfg!(unix) {
+                assert_eq!(slept.remaining(), Duration::ZERO);
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 
 mod builder;
 mod cleanup;
-mod clock;
+pub(crate) mod clock;
 mod handoff;
 mod heartbeat;
 mod local;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::backend::{Backoff, Retry};
+use fencelock::backend::{Backoff, Deadline, Retry};
 use fencelock::{Error, FencingToken, Result};
 use futures_util::future::join_all;
 use redis::aio::ConnectionManager;
@@ -205,7 +205,9 @@ impl Redlock {
             settled: false,
         };
         let (key, counter) = Self::keys(name);
-        let start = Instant::now();
+        // On the clock that counts through suspend too: a machine that sleeps past the TTL
+        // wakes with the lock expired on the servers (their clocks ran on).
+        let valid_until = Deadline::after(validity);
         let ttl_ms = ttl.as_millis().to_string();
         let got = self
             .on_all(&ACQUIRE, &[&key, &counter], &[value.clone(), ttl_ms])
@@ -216,7 +218,6 @@ impl Redlock {
             .copied()
             .filter(|c| *c >= 0)
             .collect();
-        let valid_until = start + validity;
         let mut unavailable = None;
         // A majority granted it, but too late to be of use: the servers are slow, the lock
         // is not taken.
@@ -228,7 +229,7 @@ impl Redlock {
                 "a majority granted the lock after its validity ran out (slow servers)",
             )
         };
-        if granted.len() >= self.majority() && Instant::now() >= valid_until {
+        if granted.len() >= self.majority() && valid_until.passed() {
             unavailable = Some(too_late());
         } else if granted.len() >= self.majority() {
             // The token: above every counter of this majority, then raised on a majority.
@@ -241,7 +242,7 @@ impl Redlock {
                 )
                 .await;
             if fenced.iter().filter(|r| matches!(r, Ok(1))).count() >= self.majority()
-                && Instant::now() < valid_until
+                && !valid_until.passed()
             {
                 attempt.settled = true;
                 return Ok(Some(RedlockGuard {
@@ -255,7 +256,7 @@ impl Redlock {
             // The counters could not be raised on a majority: unavailable, not taken.
             if fenced.iter().filter(|r| r.is_ok()).count() < self.majority() {
                 unavailable = Some(self.no_majority(fenced));
-            } else if Instant::now() >= valid_until {
+            } else if valid_until.passed() {
                 unavailable = Some(too_late());
             }
         }

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use fencelock::backend::Deadline;
 use fencelock::{FencingToken, Result};
-use tokio::time::Instant;
 
 use super::Redlock;
 
@@ -16,7 +16,7 @@ pub struct RedlockGuard {
     pub(super) name: String,
     pub(super) value: String,
     pub(super) token: FencingToken,
-    pub(super) valid_until: Instant,
+    pub(super) valid_until: Deadline,
 }
 
 impl RedlockGuard {
@@ -25,9 +25,11 @@ impl RedlockGuard {
         self.token
     }
 
-    /// How long the lock is still valid by this process's clock (zero once it is not).
+    /// How long the lock is still valid by this process's clocks (zero once it is not): the
+    /// monotonic one, and one that counts while the machine is suspended (the servers' clocks
+    /// run on meanwhile, and expire the lock).
     pub fn valid_for(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until.remaining()
     }
 
     /// Releases the lock on every server that still holds it for us. Returns whether a
@@ -45,5 +47,30 @@ impl RedlockGuard {
             return Ok(false);
         }
         Err(self.redlock.no_majority(answers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine suspended past the validity wakes with none left: the servers' clocks ran on
+    /// and expired the lock meanwhile (the validity was on the monotonic clock alone, which
+    /// stops during a suspend, and `valid_for` still said a second).
+    #[tokio::test]
+    async fn a_suspend_past_the_validity_leaves_none() {
+        let guard = RedlockGuard {
+            redlock: Redlock::connect(["redis://127.0.0.1:1"]).unwrap(),
+            name: "x".into(),
+            value: "v".into(),
+            token: FencingToken::new(1),
+            valid_until: Deadline::after(Duration::from_secs(1)),
+        };
+        assert!(guard.valid_for() > Duration::ZERO);
+        let slept = RedlockGuard {
+            valid_until: guard.valid_until.as_if_suspended(Duration::from_secs(2)),
+            ..guard
+        };
+        assert_eq!(slept.valid_for(), Duration::ZERO);
     }
 }
