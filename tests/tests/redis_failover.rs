@@ -263,3 +263,47 @@ async fn released_entry_that_came_back_is_deleted() {
     let _ = a.close().await;
     let _ = b.close().await;
 }
+
+/// Sessions of one backend with `wait_for_replicas` over a slow replication link (each `WAIT`
+/// a few hundred ms) all stay live: each session's acknowledged heartbeats go on a connection
+/// of its own. On one connection shared by the backend's sessions, a `WAIT` blocks the
+/// connection, so the heartbeats of six sessions waited one behind another, past their
+/// patience (a third of the TTL), and the sessions were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_heartbeats_of_many_sessions_do_not_queue() {
+    let Some(p) = pair().await else { return };
+    p.link.set(Mode::Delay(Duration::from_millis(70)));
+    let backend = RedisConfig::new(p.front.addr())
+        .wait_for_replicas(1, Duration::from_millis(600))
+        .connect()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        sessions.push(
+            Session::builder(backend.clone())
+                .ttl(ttl)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    // Three TTLs: nine heartbeats each.
+    let until = tokio::time::Instant::now() + 3 * ttl;
+    while tokio::time::Instant::now() < until {
+        for s in &sessions {
+            assert!(
+                !matches!(s.state(), fencelock::SessionState::Lost(_)),
+                "session {} lost: {:?}",
+                s.id(),
+                s.state()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+    p.catch_up();
+}

@@ -166,7 +166,6 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 pub struct RedisBackend {
     primary: Arc<primary::Primary>,
     config: Arc<RedisConfig>,
-    acked: Option<Arc<replicas::Acks>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -193,19 +192,7 @@ impl RedisBackend {
         let config = Arc::new(config);
         let primary = primary::Primary::connect(config.clone(), target).await?;
         connect::warn_if_evicting(primary.con()).await;
-        let acked = config.replicas.map(|(n, wait)| {
-            Arc::new(replicas::Acks::new(
-                primary.clone(),
-                config.timeout,
-                n,
-                wait,
-            ))
-        });
-        Ok(RedisBackend {
-            primary,
-            config,
-            acked,
-        })
+        Ok(RedisBackend { primary, config })
     }
 
     /// The connection the sessions use, for operations fencelock does not cover (such as a
@@ -263,14 +250,19 @@ impl Backend for RedisBackend {
                 ));
             }
         }
-        Ok(Arc::new(
-            lifecycle::RedisSession::open(
+        // Acknowledged calls on connections of the session's own: a `WAIT` blocks its
+        // connection, and the heartbeats of sessions sharing one waited one behind another.
+        let acked = self.config.replicas.map(|(n, wait)| {
+            Arc::new(replicas::Acks::new(
                 self.primary.clone(),
-                self.config.clone(),
-                self.acked.clone(),
-                ttl,
-            )
-            .await?,
+                self.config.timeout,
+                n,
+                wait,
+            ))
+        });
+        Ok(Arc::new(
+            lifecycle::RedisSession::open(self.primary.clone(), self.config.clone(), acked, ttl)
+                .await?,
         ))
     }
 }

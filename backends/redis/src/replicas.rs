@@ -17,8 +17,9 @@ use crate::primary::Primary;
 use crate::reply::Args;
 use crate::scripts::Op;
 
-/// What a backend with `wait_for_replicas` runs acknowledged, each on a connection of its own:
-/// creates, and heartbeats (so that a heartbeat never waits behind a create's `WAIT`).
+/// What a session of a backend with `wait_for_replicas` runs acknowledged, each on a
+/// connection of its own: creates, and heartbeats (so that a heartbeat never waits behind a
+/// create's `WAIT`). One per session: a heartbeat never waits behind another session's.
 pub(crate) struct Acks {
     /// Entry and session creates.
     pub(crate) creates: Acked,
@@ -93,6 +94,9 @@ impl Acked {
         args: &Args,
     ) -> Result<Value> {
         let mut con = self.connection(op).await?;
+        // Cut short (the caller gave up waiting), the call leaves its script or its `WAIT`
+        // queued on the connection, which would hold up the next call: the connection goes.
+        let mut unfinished = Unfinished(Some(self));
         let res = async {
             let value = self
                 .primary
@@ -107,6 +111,7 @@ impl Acked {
             Ok::<_, redis::RedisError>((value, acked))
         }
         .await;
+        unfinished.0 = None;
         match res {
             Ok((value, acked)) if acked >= self.replicas => Ok(value),
             Ok(_) => {
@@ -121,6 +126,21 @@ impl Acked {
                 // A broken connection must not serve a WAIT for writes it never carried.
                 *self.slot.lock().await = None;
                 Err(self.primary.failed(op, e))
+            }
+        }
+    }
+}
+
+/// Drops the connection of a call cut short (see [`Acked::run`]).
+struct Unfinished<'a>(Option<&'a Acked>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(acked) = self.0 {
+            // Not waited for: the next call finds it taken only if it runs already, on a
+            // connection made after this one.
+            if let Ok(mut slot) = acked.slot.try_lock() {
+                *slot = None;
             }
         }
     }
