@@ -113,7 +113,9 @@ impl MultiLock {
     ///
     /// The deadline is checked before each lock: once it has passed, no further lock is tried,
     /// so the error comes at most about two round trips after the deadline (the lock in flight,
-    /// then the releases, sent together), whatever the size of the set. So
+    /// then the releases, sent together), whatever the size of the set, while the cluster
+    /// answers (unanswered, the releases are retried until the session's local deadline at
+    /// most: a partition can hold the error up to about a TTL). So
     /// `lock_timeout(Duration::ZERO)` takes a set of one free lock, and times out on a larger
     /// set: to take a set only if all of it is free now, use [`try_lock`](Self::try_lock).
     /// A timeout too large for the clock waits forever.
@@ -262,6 +264,14 @@ impl MultiGuard {
 
     /// Releases every lock (the last taken first) and waits for the cluster to confirm; the
     /// first error, if any, after trying them all.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Guard::release`] for each lock: dropped midway, the locks already reached count as
+    /// released (the one in progress too, whose removal, if unfinished, the background task
+    /// completes when this guard is dropped), the others are still held; a second call
+    /// releases those and fails with `NotHeld(Released)` for the first ones. Drop the guard
+    /// to have every unfinished removal completed.
     pub async fn release(&self) -> Result<()> {
         let mut first = Ok(());
         for (_, g) in self.guards.iter().rev() {

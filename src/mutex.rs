@@ -167,9 +167,11 @@ impl Mutex {
 
     /// Like [`lock`](Self::lock), but gives up after `timeout` with
     /// [`Error::Timeout`](crate::Error::Timeout). When it returns the timeout error, its queue
-    /// entry has already been removed (confirmed by the cluster); should the cluster refuse
-    /// the removal (a permanent error, a permission withdrawn), that error is returned instead,
-    /// and the entry goes with the session.
+    /// entry has already been removed (confirmed by the cluster: while it does not answer,
+    /// the removal is retried until the session's local deadline at most, so a partition can
+    /// hold the error up to about a TTL); should the cluster refuse the removal (a permanent
+    /// error, a permission withdrawn), that error is returned instead, and the entry goes with
+    /// the session.
     ///
     /// The timeout bounds the waiting, not the first request: `lock_timeout(Duration::ZERO)`
     /// grants a free lock, like [`try_lock`](Self::try_lock), and fails with a timeout on a

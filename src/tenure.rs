@@ -303,7 +303,9 @@ macro_rules! holding_methods {
         ///
         /// Deletion by someone else is watched on the cluster only while a `lost()` future is
         /// polled (a held grant costs no server watch otherwise); the session's own loss is
-        /// always known.
+        /// always known. A cluster that refuses the watch for good (the role lost its read
+        /// permission) leaves a deletion unseen: only the session's loss or a release then
+        /// resolves it (fence your writes).
         pub fn lost(
             &self,
         ) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
