@@ -9,8 +9,12 @@ use crate::backend::EntryKind;
 use crate::{Error, Result};
 
 impl MemoryBackend {
-    /// Expires session `id` (as given by [`crate::Session::id`]) at once, as the cluster would
-    /// after a missed TTL: for tests of expiry handling. Returns whether it was alive.
+    /// Expires session `id` (as given by [`crate::Session::id`]) at once, as an operator
+    /// revoking an etcd lease would: its entries go, and the session is told at once
+    /// (`Lost(Expired)`, as by etcd's keep-alive stream). For tests of expiry handling.
+    /// (A missed TTL plays differently: the session stops confirming heartbeats and declares
+    /// itself lost at its local deadline, before the cluster expires it; see
+    /// `hold_keep_alives`, feature `testing`.) Returns whether it was alive.
     pub fn expire_session(&self, id: &str) -> bool {
         let Ok(id) = u64::from_str_radix(id, 16) else {
             return false;

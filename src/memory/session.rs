@@ -106,10 +106,22 @@ impl BackendSession for MemorySession {
     /// ([`MemoryBackend::report_disconnect`](super::MemoryBackend::report_disconnect)).
     async fn next_event(&self) -> SessionEvent {
         let mut reported = self.inner.disconnects.subscribe();
-        match reported.changed().await {
-            Ok(()) => SessionEvent::Disconnected,
-            // The sender lives as long as the cluster, which this session holds.
-            Err(_) => std::future::pending().await,
+        let broke = async {
+            match reported.changed().await {
+                Ok(()) => SessionEvent::Disconnected,
+                // The sender lives as long as the cluster, which this session holds.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        // Expired on the "cluster" (its TTL passed, `expire_session`): told at once, as etcd's
+        // keep-alive stream and ZooKeeper's session events tell theirs.
+        let expired = async {
+            self.wait_until(|st| !st.sessions.get(&self.id).is_some_and(|s| s.alive))
+                .await;
+            SessionEvent::Expired
+        };
+        match crate::race::race(broke, expired).await {
+            crate::race::First::Left(ev) | crate::race::First::Right(ev) => ev,
         }
     }
 

@@ -566,3 +566,21 @@ async fn a_read_failing_for_a_ttl_gives_up() {
     assert_eq!(s.election("e").unwrap().leader().await.unwrap(), None);
     s.close().await.unwrap();
 }
+
+/// A session expired on the "cluster" (`expire_session`, as an operator revoking a lease) is
+/// told at once, as etcd's keep-alive stream tells it: it learnt it only at its next
+/// heartbeat, up to a third of the TTL later, `Live` and holding meanwhile.
+#[tokio::test]
+async fn an_expired_session_is_told_at_once() {
+    use fencelock::{SessionEnd, SessionState};
+    let backend = MemoryBackend::new();
+    let s = Session::builder(backend.clone()).start().await.unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    assert!(backend.expire_session(&s.id()));
+    let end = tokio::time::timeout(Duration::from_secs(1), s.lost())
+        .await
+        .expect("told within a second (the TTL is 10 s)");
+    assert_eq!(end, SessionEnd::Expired);
+    assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
+    assert!(!g.is_held());
+}
