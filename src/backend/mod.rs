@@ -198,6 +198,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether the cluster counts time on Tokio's clock, as the session's timers do (default:
+    /// no). Only the memory backend does: a session's local deadline is then measured on
+    /// Tokio's clock alone (plus simulated suspends), so that a test on paused time
+    /// (`start_paused`) rules it as it rules the cluster's expiry. Otherwise the deadline is
+    /// also measured on a clock that counts while the machine is suspended.
+    fn runs_on_tokio_clock(&self) -> bool {
+        false
+    }
+
     /// Whether a mutex and an election of one name are one queue (default: yes). On etcd they
     /// must be: Go's `concurrency` `Mutex` and `Election` both make the key `{prefix}/{lease}`,
     /// and the memory and Redis backends follow etcd. On ZooKeeper they are not: Curator's

@@ -3,9 +3,19 @@
 //! **A test double, never a production backend**: it provides no mutual exclusion between
 //! processes. Use it for unit tests of code that takes locks or runs elections, and for the
 //! quickstart. Sessions expire after their TTL without heartbeats, exactly like an etcd lease;
-//! time is tokio's clock, so tests under `#[tokio::test(start_paused = true)]` run on a virtual
-//! clock. Keys follow the etcd layout `{namespace}/{name}/{session id in hex}`, tokens are a
-//! backend-wide revision counter.
+//! time is tokio's clock, the sessions' local deadlines included, so tests under
+//! `#[tokio::test(start_paused = true)]` run on a virtual clock: `sleep` lets time pass with
+//! heartbeats, while `tokio::time::advance` past a session's local deadline plays a process
+//! stopped that long (the session is lost). Keys follow the etcd layout
+//! `{namespace}/{name}/{session id in hex}`, tokens are a backend-wide revision counter.
+//!
+//! Differences a test should know of: it accepts TTLs from 10 ms (etcd and ZooKeeper from 2 s
+//! on the servers' defaults) and grants the TTL asked for (ZooKeeper negotiates it), and names
+//! ZooKeeper refuses (see its backend). Use one `MemoryBackend` per test: one runtime's
+//! clock rules its expiries, and a backend shared by tests whose paused clocks differ expires
+//! sessions by the wrong one. A session belongs to the runtime that started it (its heartbeat
+//! and clean-up run there): end a test with `session.close().await`, or what it held stays
+//! taken until its TTL for whoever shares the backend.
 
 mod cluster;
 mod faults;
@@ -87,6 +97,10 @@ impl Backend for MemoryBackend {
 
     fn min_ttl(&self) -> Duration {
         Duration::from_millis(10)
+    }
+
+    fn runs_on_tokio_clock(&self) -> bool {
+        true
     }
 
     async fn open_session(&self, ttl: Duration) -> Result<Arc<dyn BackendSession>> {

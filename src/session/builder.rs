@@ -124,9 +124,13 @@ impl SessionBuilder {
             id = tracing::field::Empty
         );
         let give_up = Instant::now().checked_add(self.start_timeout);
+        let clock = if backend.runs_on_tokio_clock() {
+            clock::Clock::on_tokio_time()
+        } else {
+            clock::Clock::default()
+        };
         // Retried about as often as the session's own loops would: a cluster electing a leader
         // is noticed within a tenth of the TTL (a twentieth, and jitter).
-        let clock = clock::Clock::default();
         let (sent, remote) = Retry::new(Backoff::for_ttl(self.ttl))
             .until(give_up)
             .run(

@@ -58,9 +58,23 @@ impl Stamp {
 pub(crate) struct Clock {
     /// Nanoseconds of simulated suspend, added to the suspend-counting clock.
     suspended: AtomicU64,
+    /// For a backend whose cluster counts time on Tokio's clock too (the memory backend): the
+    /// moment the suspend-counting side counts from on Tokio's clock. A test's paused clock
+    /// then rules both sides, as it rules the cluster's expiry: the machine's own clock,
+    /// which runs on while a paused test's does not, would end sessions the cluster keeps.
+    tokio_origin: Option<Instant>,
 }
 
 impl Clock {
+    /// A clock whose suspend-counting side is Tokio's clock plus the simulated suspends (see
+    /// `tokio_origin`).
+    pub(crate) fn on_tokio_time() -> Clock {
+        Clock {
+            suspended: AtomicU64::new(0),
+            tokio_origin: Some(Instant::now()),
+        }
+    }
+
     /// Now, on both clocks.
     pub(crate) fn now(&self) -> Stamp {
         Stamp {
@@ -85,7 +99,10 @@ impl Clock {
 
     fn boot_now(&self) -> Option<Duration> {
         let extra = Duration::from_nanos(self.suspended.load(Ordering::SeqCst));
-        suspend_counting_now().map(|t| t.saturating_add(extra))
+        match self.tokio_origin {
+            Some(origin) => Some(origin.elapsed().saturating_add(extra)),
+            None => suspend_counting_now().map(|t| t.saturating_add(extra)),
+        }
     }
 }
 

@@ -584,3 +584,28 @@ async fn an_expired_session_is_told_at_once() {
     assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
     assert!(!g.is_held());
 }
+
+/// On paused time (`start_paused`) a memory session's local deadline follows Tokio's clock,
+/// as the memory cluster's expiry does: real time that passes while virtual time does not (a
+/// test busy computing, a blocking call) does not end it. It was measured on the machine's
+/// clock too, and a session at a short TTL was lost while the test's clock stood still.
+#[tokio::test(start_paused = true)]
+async fn paused_time_rules_a_memory_sessions_deadline() {
+    use fencelock::SessionState;
+    let backend = MemoryBackend::new();
+    let s = Session::builder(backend.clone())
+        .ttl(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    // Real time passes, virtual time does not.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.state(), SessionState::Live);
+    assert!(g.is_held());
+    // Virtual time passes, with heartbeats.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(s.state(), SessionState::Live);
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
