@@ -496,7 +496,11 @@ async fn no_grant_is_reported_past_the_local_deadline() {
         "semaphore: {got:?}"
     );
     // The lost sessions' entries go with them.
-    let probe = start().await.unwrap();
+    let probe = Session::builder(backend.clone())
+        .ttl(Duration::from_secs(10))
+        .start()
+        .await
+        .unwrap();
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let left = probe.list_entries().await.unwrap();

@@ -267,7 +267,7 @@ async fn released_entry_that_came_back_is_deleted() {
 /// Sessions of one backend with `wait_for_replicas` over a slow replication link (each `WAIT`
 /// a few hundred ms) all stay live: each session's acknowledged heartbeats go on a connection
 /// of its own. On one connection shared by the backend's sessions, a `WAIT` blocks the
-/// connection, so the heartbeats of six sessions waited one behind another, past their
+/// connection, so the heartbeats of sixteen sessions waited one behind another, past their
 /// patience (a third of the TTL), and the sessions were lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_heartbeats_of_many_sessions_do_not_queue() {
@@ -278,9 +278,9 @@ async fn acknowledged_heartbeats_of_many_sessions_do_not_queue() {
         .connect()
         .await
         .unwrap();
-    let ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(3);
     let mut sessions = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..16 {
         sessions.push(
             Session::builder(backend.clone())
                 .ttl(ttl)
@@ -289,8 +289,8 @@ async fn acknowledged_heartbeats_of_many_sessions_do_not_queue() {
                 .unwrap(),
         );
     }
-    // Three TTLs: nine heartbeats each.
-    let until = tokio::time::Instant::now() + 3 * ttl;
+    // Two TTLs: six heartbeats each.
+    let until = tokio::time::Instant::now() + 2 * ttl;
     while tokio::time::Instant::now() < until {
         for s in &sessions {
             assert!(

@@ -265,13 +265,6 @@ async fn restore_fence(session: &EtcdSession, namespace: &str) -> Result<()> {
 const FOREIGN_KEY_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> Result<()> {
-    if target.key.contains(char::REPLACEMENT_CHARACTER) {
-        // Most likely a key that is not UTF-8 (written by hand: ours and Go's are UTF-8), read
-        // lossily: its name as read never exists, so a watch of it would end at once and the
-        // waiter would read the queue again and again without a pause. Look again after one.
-        tokio::time::sleep(FOREIGN_KEY_POLL).await;
-        return Ok(());
-    }
     // Watch the key from now, then read it in a txn that also confirms our own entry: no
     // deletion can slip between the two, and the read costs the same whatever the queue's
     // length (one key, never a range). A watch kept from the last wait on the same key that
@@ -302,6 +295,12 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
     let res = if still_there {
         reg.wait().await
     } else {
+        if target.key.contains(char::REPLACEMENT_CHARACTER) {
+            // Most likely a key that is not UTF-8 (written by hand: ours and Go's are UTF-8),
+            // read lossily: its name as read never exists, so the waiter, finding it gone at
+            // once, would read the queue again and again without a pause. Look again after one.
+            tokio::time::sleep(FOREIGN_KEY_POLL).await;
+        }
         Ok(())
     };
     session.watcher.prune_if_large().await;

@@ -152,8 +152,9 @@ impl RedisConfig {
     /// acknowledged counts as failed: the session is suspended, and lost at its local deadline
     /// if it stays so), so that a promoted replica never expires a session before that
     /// session's own deadline. The price: with fewer replicas than `replicas` answering, no
-    /// lock is granted and held locks are lost at the deadline. Creates and heartbeats each go
-    /// through a connection of their own (`WAIT` blocks the connection it runs on). Releases
+    /// lock is granted and held locks are lost at the deadline. Each session's creates and
+    /// heartbeats each go through a connection of their own, opened at first use (`WAIT`
+    /// blocks the connection it runs on: two more connections per session). Releases
     /// are not waited for. Off by default (at most [`MAX_REPLICAS`]).
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));

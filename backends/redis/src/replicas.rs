@@ -3,6 +3,7 @@
 //! blocks that connection until the replicas answer, so it must neither share the sessions'
 //! connection (heartbeats would wait behind it) nor follow a script sent on another one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,8 +48,12 @@ pub(crate) struct Acked {
     config: AsyncConnectionConfig,
     replicas: usize,
     wait: Duration,
-    /// The connection, and the generation of the primary it goes to.
-    slot: AsyncMutex<Option<(u64, MultiplexedConnection)>>,
+    /// The connection, the generation of the primary it goes to, and its number.
+    slot: AsyncMutex<Option<(u64, u64, MultiplexedConnection)>>,
+    /// The number of the next connection made (from 1).
+    made: AtomicU64,
+    /// A connection left with a call cut short, to be replaced at the next call (0: none).
+    spoilt: AtomicU64,
 }
 
 impl Acked {
@@ -66,21 +71,29 @@ impl Acked {
             replicas,
             wait,
             slot: AsyncMutex::new(None),
+            made: AtomicU64::new(1),
+            spoilt: AtomicU64::new(0),
         }
     }
 
-    async fn connection(&self, op: &'static str) -> Result<MultiplexedConnection> {
+    /// The connection to use, and its number.
+    async fn connection(&self, op: &'static str) -> Result<(u64, MultiplexedConnection)> {
         let mut slot = self.slot.lock().await;
         let (client, generation) = self.primary.client();
-        if let Some((_, con)) = slot.as_ref().filter(|(g, _)| *g == generation) {
-            return Ok(con.clone());
+        let spoilt = self.spoilt.load(Ordering::SeqCst);
+        if let Some((_, n, con)) = slot
+            .as_ref()
+            .filter(|(g, n, _)| *g == generation && *n != spoilt)
+        {
+            return Ok((*n, con.clone()));
         }
         let con = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
             .map_err(|e| self.primary.failed(op, e))?;
-        *slot = Some((generation, con.clone()));
-        Ok(con)
+        let n = self.made.fetch_add(1, Ordering::SeqCst);
+        *slot = Some((generation, n, con.clone()));
+        Ok((n, con))
     }
 
     /// Runs `script` and then `WAIT`s for the replicas, on this connection. Fails with a
@@ -93,10 +106,10 @@ impl Acked {
         group: &Group,
         args: &Args,
     ) -> Result<Value> {
-        let mut con = self.connection(op).await?;
+        let (n, mut con) = self.connection(op).await?;
         // Cut short (the caller gave up waiting), the call leaves its script or its `WAIT`
         // queued on the connection, which would hold up the next call: the connection goes.
-        let mut unfinished = Unfinished(Some(self));
+        let mut unfinished = Unfinished(Some((self, n)));
         let res = async {
             let value = self
                 .primary
@@ -124,24 +137,21 @@ impl Acked {
             }
             Err(e) => {
                 // A broken connection must not serve a WAIT for writes it never carried.
-                *self.slot.lock().await = None;
+                self.spoilt.store(n, Ordering::SeqCst);
                 Err(self.primary.failed(op, e))
             }
         }
     }
 }
 
-/// Drops the connection of a call cut short (see [`Acked::run`]).
-struct Unfinished<'a>(Option<&'a Acked>);
+/// Marks the connection of a call cut short as spoilt (see [`Acked::run`]): the next call
+/// makes a new one. (Only that connection: a newer one in its place stays.)
+struct Unfinished<'a>(Option<(&'a Acked, u64)>);
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        if let Some(acked) = self.0 {
-            // Not waited for: the next call finds it taken only if it runs already, on a
-            // connection made after this one.
-            if let Ok(mut slot) = acked.slot.try_lock() {
-                *slot = None;
-            }
+        if let Some((acked, n)) = self.0 {
+            acked.spoilt.store(n, Ordering::SeqCst);
         }
     }
 }

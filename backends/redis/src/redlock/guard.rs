@@ -71,6 +71,9 @@ mod tests {
             valid_until: guard.valid_until.as_if_suspended(Duration::from_secs(2)),
             ..guard
         };
-        assert_eq!(slept.valid_for(), Duration::ZERO);
+        // Where there is a clock that counts through suspend (see fencelock's session clock).
+        if cfg!(unix) {
+            assert_eq!(slept.valid_for(), Duration::ZERO);
+        }
     }
 }
