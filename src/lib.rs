@@ -63,7 +63,7 @@ pub use backend::{EntryInfo, EntryKind, QueueKind};
 pub use election::{Election, LeaderInfo, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};
 pub use inspect::{QueueInfo, QueueListing};
-pub use memory::MemoryBackend;
+pub use memory::{MemoryBackend, Request as MemoryRequest};
 pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Guard, Mutex};
 pub use name::{validate_name, validate_namespace, MAX_NAME_LEN, RESERVED_LAST_SEGMENTS};

@@ -8,6 +8,19 @@ use super::{Inner, MemoryBackend, NAME};
 use crate::backend::EntryKind;
 use crate::{Error, Result};
 
+/// A kind of request to the memory backend, for its fault injection
+/// (`MemoryBackend::stop_before_next_reply`, feature `testing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// A session's start.
+    Open,
+    /// An enqueue, or a multi-lock's all-or-nothing create.
+    Create,
+    /// A read of a queue (`inspect`).
+    Inspect,
+}
+
 impl MemoryBackend {
     /// Expires session `id` (as given by [`crate::Session::id`]) at once, as an operator
     /// revoking an etcd lease would: its entries go, and the session is told at once
@@ -39,15 +52,13 @@ impl MemoryBackend {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Fault injection: the next request of kind `op` — `"open"` (a session's start),
-    /// `"create"` (an enqueue, or a multi-lock's all-or-nothing create) or `"inspect"` (a read
-    /// of a queue) — is carried out,
+    /// Fault injection: the next request of kind `op` is carried out,
     /// then the thread it runs on stops for `pause` (a blocking sleep) before it answers: on a
     /// current-thread runtime, a process stopped (`SIGSTOP`, a long pause) with the reply on its
     /// way, its timers stopped with it. For tests that no result of a request is used past the
     /// local deadline.
     #[cfg(feature = "testing")]
-    pub fn stop_before_next_reply(&self, op: &'static str, pause: std::time::Duration) {
+    pub fn stop_before_next_reply(&self, op: Request, pause: std::time::Duration) {
         *self.inner.stop_before.lock().unwrap() = Some((op, pause));
     }
 
@@ -189,7 +200,7 @@ impl Inner {
 
     /// Stops the thread before the reply of this `op` if asked (see
     /// [`MemoryBackend::stop_before_next_reply`]).
-    pub(super) fn stop_before_reply(&self, op: &'static str) {
+    pub(super) fn stop_before_reply(&self, op: Request) {
         let pause = {
             let mut asked = self.stop_before.lock().unwrap();
             match *asked {

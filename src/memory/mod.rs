@@ -19,6 +19,7 @@
 
 mod cluster;
 mod faults;
+pub use faults::Request;
 mod session;
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -77,7 +78,7 @@ struct Inner {
     disconnects: watch::Sender<u64>,
     /// Fault injection: the reply of the next request of this kind is held while the thread
     /// stops for this long.
-    stop_before: StdMutex<Option<(&'static str, std::time::Duration)>>,
+    stop_before: StdMutex<Option<(faults::Request, std::time::Duration)>>,
     /// Fault injection: reads fail with a temporary error while this is set.
     reads_fail: std::sync::atomic::AtomicBool,
 }
@@ -130,7 +131,7 @@ impl Backend for MemoryBackend {
                 drop(inner.lock()); // expires whatever is due
             }
         });
-        self.inner.stop_before_reply("open");
+        self.inner.stop_before_reply(faults::Request::Open);
         Ok(Arc::new(MemorySession {
             inner: self.inner.clone(),
             id,

@@ -141,7 +141,7 @@ impl BackendSession for MemorySession {
         let (entry, ahead) = st.enqueue(self.id, &req, &key);
         self.inner.notify(&st);
         drop(st);
-        self.inner.stop_before_reply("create");
+        self.inner.stop_before_reply(super::faults::Request::Create);
         self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Enqueued::new(entry, ahead))
     }
@@ -168,7 +168,7 @@ impl BackendSession for MemorySession {
             .collect();
         self.inner.notify(&st);
         drop(st);
-        self.inner.stop_before_reply("create");
+        self.inner.stop_before_reply(super::faults::Request::Create);
         self.inner.lose_reply(&self.inner.lost_replies, "create")?;
         Ok(Some(entries))
     }
@@ -303,7 +303,8 @@ impl BackendSession for MemorySession {
     async fn inspect(&self, queue: &QueueId) -> Result<Vec<EntryInfo>> {
         self.inner.read_fails()?;
         let found = self.inspect_now(queue);
-        self.inner.stop_before_reply("inspect");
+        self.inner
+            .stop_before_reply(super::faults::Request::Inspect);
         Ok(found)
     }
 

@@ -478,18 +478,18 @@ async fn no_grant_is_reported_past_the_local_deadline() {
     let backend = MemoryBackend::new();
     let start = || Session::builder(backend.clone()).ttl(TTL).start();
     let s = start().await.unwrap();
-    backend.stop_before_next_reply("create", pause);
+    backend.stop_before_next_reply(fencelock::MemoryRequest::Create, pause);
     let got = s.mutex("m").unwrap().try_lock().await;
     assert!(matches!(got, Err(Error::SessionLost(_))), "mutex: {got:?}");
     let s = start().await.unwrap();
-    backend.stop_before_next_reply("create", pause);
+    backend.stop_before_next_reply(fencelock::MemoryRequest::Create, pause);
     let got = s.multi_lock(["a", "b"]).unwrap().try_lock().await;
     assert!(
         matches!(got, Err(Error::SessionLost(_))),
         "multi-lock: {got:?}"
     );
     let s = start().await.unwrap();
-    backend.stop_before_next_reply("inspect", pause);
+    backend.stop_before_next_reply(fencelock::MemoryRequest::Inspect, pause);
     let got = s.semaphore("pool", 2).unwrap().acquire().await;
     assert!(
         matches!(got, Err(Error::SessionLost(_))),
@@ -521,7 +521,7 @@ async fn no_grant_is_reported_past_the_local_deadline() {
 async fn a_slow_open_is_followed_by_a_heartbeat_in_time() {
     const TTL: Duration = Duration::from_secs(2);
     let backend = MemoryBackend::new();
-    backend.stop_before_next_reply("open", Duration::from_millis(400));
+    backend.stop_before_next_reply(fencelock::MemoryRequest::Open, Duration::from_millis(400));
     let s = Session::builder(backend.clone())
         .ttl(TTL)
         .start()
