@@ -232,8 +232,9 @@ async fn sentinel_failover_command_keeps_sessions_and_locks() {
 }
 
 /// Every wrong setting, typed and bounded: a master name no sentinel monitors (permanent),
-/// no sentinel listening (temporary), every sentinel hung (temporary, after the timeout); and
-/// one hung sentinel of three does not hold up the others' answer.
+/// no sentinel listening (temporary), every sentinel hung (temporary, after the timeout), a
+/// master name only a minority says it does not know, the others silent (temporary); and one
+/// hung sentinel of three does not hold up the others' answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_settings_fail_typed_and_bounded() {
     let Some(g) = group(Failover::Command).await else {
@@ -283,6 +284,24 @@ async fn sentinel_settings_fail_typed_and_bounded() {
     let (r, took) = connect(url).await;
     assert!(r.is_ok(), "{r:?}");
     assert!(took < timeout, "{took:?}");
+
+    // One sentinel of three that knows no such master, the two others silent (a sentinel
+    // restarted without its configuration, say): not a setting to fix on a minority's word,
+    // but a temporary error (it was InvalidConfig, which ends every retry).
+    let hung2 = Proxy::start(&format!("127.0.0.1:{}", ports[1])).await;
+    hung2.set(Mode::BlackHole);
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{},{},{}/nosuch",
+        ports[0],
+        hung.addr(),
+        hung2.addr()
+    );
+    let (r, took) = connect(url).await;
+    match r {
+        Err(e @ Error::Connect { .. }) => assert!(e.is_temporary(), "{e:?}"),
+        other => panic!("a minority knows no such master: {other:?}"),
+    }
+    assert!(took < timeout * 2 + Duration::from_secs(1), "{took:?}");
 
     // The password never shows, and TLS settings go with rediss+sentinel only.
     let e = RedisConfig::new(format!(

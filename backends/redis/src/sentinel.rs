@@ -206,7 +206,9 @@ impl Sentinels {
             .map(|(a, _)| a.clone());
         match best {
             Some((host, port)) => Ok(Located::Primary(host, port)),
-            None if unknown > 0 => Ok(Located::UnknownMaster),
+            // A setting to fix only on a majority's word: a sentinel restarted without its
+            // configuration knows no master while the others, silent for now, do.
+            None if unknown >= majority => Ok(Located::UnknownMaster),
             // No answer, and a sentinel refused our credentials (or an ACL without
             // `SENTINEL`): a setting to fix, whatever the others did.
             None if failures.values().any(refused) => {
@@ -227,6 +229,11 @@ impl Sentinels {
                         None => format!("{a}: {e}"),
                     })
                     .collect();
+                if unknown > 0 {
+                    why.push(format!(
+                        "{unknown} sentinel(s) know no master of that name (fewer than a majority)"
+                    ));
+                }
                 why.sort();
                 Err(Error::Connect {
                     backend: NAME,
@@ -237,7 +244,7 @@ impl Sentinels {
                         .collect::<Vec<_>>()
                         .join(","),
                     temporary: true,
-                    source: format!("no sentinel answered: {}", why.join("; ")).into(),
+                    source: format!("no sentinel named a primary: {}", why.join("; ")).into(),
                 })
             }
         }
