@@ -195,17 +195,20 @@ impl ZooKeeperConfig {
 
     fn resolve(self) -> Result<Resolved> {
         let invalid = |input: &str, msg: String| Error::invalid_config(input, msg);
+        // Before anything splits it: a password may hold a '/' (taken for a chroot's start) or
+        // a ':' (for a port), and what is left of it would be shown in an error as a host or
+        // a chroot. Nothing of the string is shown.
+        if self.connect_string.contains('@') {
+            return Err(invalid(
+                "(the connect string, not shown)",
+                "credentials in the connect string are not used: give them with sasl_digest_md5 or digest_auth".into(),
+            ));
+        }
         let (servers, from_string) = split_chroot(&self.connect_string);
         if servers.trim().is_empty() {
             return Err(invalid(
                 &self.connect_string,
                 "the connect string names no server".into(),
-            ));
-        }
-        if servers.contains('@') {
-            return Err(invalid(
-                &fencelock_net::redact(servers),
-                "credentials in the connect string are not used: give them with sasl_digest_md5 or digest_auth".into(),
             ));
         }
         let mut hosts = Vec::new();
