@@ -127,6 +127,7 @@ impl Election {
                 kind: EntryKind::Exclusive,
                 rule: Rule::Exclusive,
                 value,
+                recorded: true,
             };
             let tenure = acquire(&self.session, req, Some(local), wait).await?;
             Ok(tenure.map(|tenure| Leadership {

@@ -35,6 +35,8 @@ use crate::{Result, Session};
 pub struct Mutex {
     session: Session,
     queue: QueueId,
+    /// Whether its acquisitions and holds are metrics of their own (not a semaphore's gate).
+    recorded: bool,
 }
 
 impl fmt::Debug for Mutex {
@@ -60,7 +62,21 @@ impl Session {
 
 impl Mutex {
     pub(crate) fn new(session: Session, queue: QueueId) -> Self {
-        Mutex { session, queue }
+        Mutex {
+            session,
+            queue,
+            recorded: true,
+        }
+    }
+
+    /// A semaphore's gate: a mutex on the cluster, whose acquisitions and holds are the
+    /// semaphore's (recorded by it), not a mutex's.
+    pub(crate) fn gate(session: Session, queue: QueueId) -> Self {
+        Mutex {
+            session,
+            queue,
+            recorded: false,
+        }
     }
 
     /// The queue this mutex takes entries in.
@@ -88,6 +104,7 @@ impl Mutex {
             kind: EntryKind::Exclusive,
             rule: Rule::Exclusive,
             value: b"",
+            recorded: self.recorded,
         };
         let tenure = acquire(&self.session, req, Some(local), wait).await?;
         Ok(tenure.map(Guard::new))

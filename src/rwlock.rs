@@ -87,6 +87,7 @@ impl RwLock {
                 Rule::Shared
             },
             value: b"",
+            recorded: true,
         };
         Ok(acquire(&self.session, req, Some(local), wait)
             .await?

@@ -28,7 +28,7 @@ impl Session {
             session: self.clone(),
             name: name.to_string(),
             permits,
-            gate: Mutex::new(self.clone(), locks),
+            gate: Mutex::gate(self.clone(), locks),
             leases: self.sub_queue(name, "leases", QueueKind::Semaphore)?,
         })
     }
@@ -95,15 +95,32 @@ impl Semaphore {
         let value = format!("{PERMITS_TAG}{}", self.permits);
         check_value(self.session.shared(), value.as_bytes())?;
         // Through the gate first: the one acquirer at its head takes a lease or waits for one.
-        let gate = match wait {
-            Wait::No => match self.gate.try_lock().await? {
-                Some(g) => g,
-                None => return Ok(None),
-            },
-            Wait::Forever => self.gate.lock().await?,
+        let at_gate = match wait {
+            Wait::No => self.gate.try_lock().await,
+            Wait::Forever => self.gate.lock().await.map(Some),
             Wait::Until { deadline, .. } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                self.gate.lock_timeout(left).await?
+                self.gate.lock_timeout(left).await.map(Some)
+            }
+        };
+        // Ended at the gate: the semaphore's outcome (the gate records none of its own).
+        let ended = |outcome| {
+            let shared = self.session.shared();
+            let name = shared.metrics_names.then_some(self.leases.name.as_str());
+            crate::metrics::acquisition("semaphore", name, outcome);
+        };
+        let gate = match at_gate {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                ended(crate::metrics::Outcome::NotAcquired);
+                return Ok(None);
+            }
+            Err(e) => {
+                ended(match e {
+                    Error::Timeout { .. } => crate::metrics::Outcome::Timeout,
+                    _ => crate::metrics::Outcome::Error,
+                });
+                return Err(e);
             }
         };
         let req = Request {
@@ -111,6 +128,7 @@ impl Semaphore {
             kind: EntryKind::Shared,
             rule: Rule::Permits(self.permits),
             value: value.as_bytes(),
+            recorded: true,
         };
         let tenure = acquire(&self.session, req, None, wait).await;
         // The next acquirer through the gate, whatever the outcome: released and confirmed

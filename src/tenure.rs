@@ -36,6 +36,8 @@ pub(crate) struct Tenure {
     holds: AtomicUsize,
     /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`).
     ended: Arc<Ended>,
+    /// Whether its hold is recorded in the metrics (not a semaphore's gate).
+    recorded: bool,
 }
 
 impl Tenure {
@@ -55,7 +57,14 @@ impl Tenure {
             settled: AtomicBool::new(false),
             holds: AtomicUsize::new(0),
             ended: Arc::default(),
+            recorded: true,
         }
+    }
+
+    /// The same, its hold not recorded in the metrics (a semaphore's gate).
+    pub(crate) fn unrecorded(mut self) -> Self {
+        self.recorded = false;
+        self
     }
 
     pub(crate) fn token(&self) -> FencingToken {
@@ -251,6 +260,9 @@ impl Tenure {
 
     /// Records how long this grant was held.
     fn record_end(&self) {
+        if !self.recorded {
+            return;
+        }
         let shared = self.session.shared();
         let name = shared.metrics_names.then_some(self.queue.name.as_str());
         crate::metrics::tenure_ended(

@@ -113,6 +113,9 @@ pub(crate) struct Request<'a> {
     pub(crate) kind: EntryKind,
     pub(crate) rule: Rule,
     pub(crate) value: &'a [u8],
+    /// Whether the acquisition and its hold are recorded in the metrics (not a semaphore's
+    /// gate, whose semaphore records its own).
+    pub(crate) recorded: bool,
 }
 
 /// Checks an entry value against the backend's limit.
@@ -158,11 +161,13 @@ pub(crate) async fn acquire(
         Err(Error::Timeout { .. }) => Outcome::Timeout,
         Err(_) => Outcome::Error,
     };
-    let name = session
-        .shared()
-        .metrics_names
-        .then_some(req.queue.name.as_str());
-    acquisition(primitive(req.queue, req.kind), name, outcome);
+    if req.recorded {
+        let name = session
+            .shared()
+            .metrics_names
+            .then_some(req.queue.name.as_str());
+        acquisition(primitive(req.queue, req.kind), name, outcome);
+    }
     res
 }
 
@@ -222,12 +227,12 @@ async fn acquire_recorded(
                 pending.maybe_created = false;
                 tracing::Span::current().record("token", entry.token.get());
                 debug!(key = %entry.key, "granted");
-                Ok(Some(Tenure::new(
-                    session.clone(),
-                    req.queue.clone(),
-                    entry,
-                    local,
-                )))
+                let tenure = Tenure::new(session.clone(), req.queue.clone(), entry, local);
+                Ok(Some(if req.recorded {
+                    tenure
+                } else {
+                    tenure.unrecorded()
+                }))
             }
             Ok(None) => {
                 pending.cleanup_now().await?;

@@ -79,6 +79,10 @@ async fn every_documented_metric_is_recorded() {
     let lost = gb.lost();
     backend.delete_key(gb.key());
     lost.await;
+    // A semaphore's permit: the semaphore's acquisition and hold, not its gate's (a mutex on
+    // the cluster) besides.
+    let permit = b.semaphore("pool", 2).unwrap().acquire().await.unwrap();
+    permit.release().await.unwrap();
     // A session lost at its local deadline.
     let r = a.rwlock("catalog").unwrap().read().await.unwrap();
     a.halt_heartbeats();
@@ -114,6 +118,19 @@ async fn every_documented_metric_is_recorded() {
         1
     );
     assert_eq!(counter(&snap, m::ACQUISITIONS, &[("primitive", "read")]), 1);
+    assert_eq!(
+        counter(
+            &snap,
+            m::ACQUISITIONS,
+            &[("primitive", "semaphore"), ("outcome", "granted")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(&snap, m::ACQUISITIONS, &[("primitive", "mutex")]),
+        4,
+        "jobs/x's four, and no semaphore gate's"
+    );
     assert_eq!(counter(&snap, m::HANDOFFS, &mutex), 1);
     assert_eq!(counter(&snap, m::LOSSES, &[("reason", "entry_deleted")]), 1);
     assert_eq!(

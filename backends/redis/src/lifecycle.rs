@@ -45,6 +45,9 @@ pub(crate) struct RedisSession {
     /// Held, shared, by every change of what the session owns, from tracking it to its reply;
     /// a reconciliation takes it alone, so that it never deletes a create in flight.
     pub(crate) gate: RwLock<()>,
+    /// Whether a divergence (changes the server lost) is being reconciled and was reported:
+    /// reported once, not at each heartbeat while reconciliation fails.
+    pub(crate) reconciling: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisSession {
@@ -89,6 +92,7 @@ impl RedisSession {
             headed: StdMutex::default(),
             own_channel: OwnChannel::default(),
             gate: RwLock::new(()),
+            reconciling: std::sync::atomic::AtomicBool::new(false),
         };
         if groups == Groups::Cluster {
             // On a cluster a session has keys only in the groups of its entries (made by its
@@ -386,17 +390,30 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     // heartbeat): the heartbeat itself never waits for one.
     if !diverged.is_empty() {
         if let Ok(_alone) = session.gate.try_write() {
-            tracing::warn!(
-                session = %session.sid,
-                "the Redis server lost changes of this session (a failover to a replica \
-                 that lagged): deleting the entries it released that came back"
-            );
+            use std::sync::atomic::Ordering;
+            let first = !session.reconciling.swap(true, Ordering::SeqCst);
+            if first {
+                tracing::warn!(
+                    session = %session.sid,
+                    "the Redis server lost changes of this session (a failover to a replica \
+                     that lagged): deleting the entries it released that came back"
+                );
+            }
+            let mut all_done = true;
             for group in diverged {
                 // The session is confirmed alive either way; a failed reconciliation is tried
-                // again at the next heartbeat.
+                // again at the next heartbeat (warned of once).
                 if let Err(e) = session.reconcile(group).await {
-                    tracing::warn!(session = %session.sid, error = %e, "reconciliation failed");
+                    all_done = false;
+                    if first {
+                        tracing::warn!(session = %session.sid, error = %e, "reconciliation failed (tried again at each heartbeat)");
+                    } else {
+                        tracing::debug!(session = %session.sid, error = %e, "reconciliation failed");
+                    }
                 }
+            }
+            if all_done {
+                session.reconciling.store(false, Ordering::SeqCst);
             }
         }
     }

@@ -51,6 +51,9 @@ pub(crate) struct Primary {
     resolving: AtomicBool,
     /// When the last resolution started.
     last: StdMutex<Option<Instant>>,
+    /// Whether the last answer of the sentinels was that they know no master of that name
+    /// (warned once, not at every resolution: up to five a second while it lasts).
+    master_unknown: AtomicBool,
     /// How the server runs fencelock's scripts.
     pub(crate) runner: Runner,
 }
@@ -93,6 +96,7 @@ impl Primary {
                     resolving: AtomicBool::new(false),
                     runner: Runner::default(),
                     last: StdMutex::new(None),
+                    master_unknown: AtomicBool::new(false),
                 }));
             }
         };
@@ -141,6 +145,7 @@ impl Primary {
             resolving: AtomicBool::new(false),
             runner: Runner::default(),
             last: StdMutex::new(None),
+            master_unknown: AtomicBool::new(false),
         }))
     }
 
@@ -244,9 +249,18 @@ impl Primary {
             return;
         };
         let at = match sentinels.locate(self.config.timeout).await {
-            Ok(Located::Primary(host, port)) => (host, port),
+            Ok(Located::Primary(host, port)) => {
+                if self.master_unknown.swap(false, Ordering::SeqCst) {
+                    tracing::info!(master = %sentinels.master, "the sentinels know the master name again");
+                }
+                (host, port)
+            }
             Ok(Located::UnknownMaster) => {
-                tracing::warn!(master = %sentinels.master, "no sentinel knows the master name any more");
+                if !self.master_unknown.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(master = %sentinels.master, "no sentinel knows the master name any more");
+                } else {
+                    tracing::debug!(master = %sentinels.master, "no sentinel knows the master name");
+                }
                 return;
             }
             Err(e) => {
