@@ -62,6 +62,8 @@ pub(crate) async fn run(
     // before the next one (never retiring: the deadline ends the loop) and counts it.
     let mut retry = Retry::new(Backoff::for_ttl(ttl)).counted(shared.backend_name());
     drop(shared);
+    // Whether a refused heartbeat was warned of since the last one that passed.
+    let mut refusal_warned = false;
     async move {
         loop {
             let Some(shared) = weak.upgrade() else {
@@ -185,6 +187,7 @@ pub(crate) async fn run(
                                 shared.set_state(SessionState::Live);
                             }
                             retry.succeeded();
+                            refusal_warned = false;
                             next = sent.mono + period;
                         }
                         Ok(Err(Error::SessionLost(reason))) => {
@@ -197,9 +200,12 @@ pub(crate) async fn run(
                             // Retried all the same (the deadline ends the session), but one
                             // that cannot pass by waiting (credentials or permissions revoked)
                             // is what the operator needs to see when the session is lost.
-                            if e.is_temporary() {
+                            // Warned of once until a heartbeat passes again (retried up to
+                            // tens of times before the deadline).
+                            if e.is_temporary() || refusal_warned {
                                 debug!(error = %e, "heartbeat failed");
                             } else {
+                                refusal_warned = true;
                                 warn!(error = %e, "heartbeat refused: the session will be lost at its deadline unless this passes");
                             }
                             if let Some(shared) = weak.upgrade() {
