@@ -63,6 +63,13 @@ impl ZkSession {
         queue_path(req.queue, self.chrooted())
     }
 
+    /// Waits until the server this session is connected to has applied every transaction the
+    /// leader committed before (a `sync`): what the session reads next is at least that recent.
+    pub(crate) async fn sync(&self, op: &'static str) -> Result<()> {
+        let client = self.client()?;
+        client.sync("/").await.map_err(|e| error::map(op, e))
+    }
+
     /// Children of `parent` (none if it does not exist).
     pub(crate) async fn children(&self, op: &'static str, parent: &str) -> Result<Vec<String>> {
         let client = self.client()?;
@@ -230,6 +237,9 @@ impl ZkSession {
     /// Deletes every entry of `req`'s attempt that this session created in its queue.
     pub(crate) async fn abandon_attempt(&self, req: &EnqueueRequest<'_>) -> Result<()> {
         let parent = self.parent_of(req)?;
+        // Caught up with the leader: a create of the attempt that committed through another
+        // server must be seen, or it stays (see `enqueue`'s retry).
+        self.sync("abandon").await?;
         let children = self.children("abandon", &parent).await?;
         for e in self.find_own(&parent, &children, req).await? {
             self.delete("abandon", &e.key).await?;

@@ -25,13 +25,20 @@ pub(crate) async fn enqueue(session: &ZkSession, req: EnqueueRequest<'_>) -> Res
             if req.retry {
                 // The create of an earlier try may have succeeded with its reply lost: adopt the
                 // node if it is there (ours: named with the attempt, owned by this session).
+                // Caught up with the leader first: the session may have moved to a server that
+                // has not applied that create yet, and a second node would be made behind it,
+                // the first left in the queue ahead of everyone, owned by no guard.
+                session.sync(OP).await?;
                 let children = session.children(OP, &parent).await?;
-                if let Some(own) = session
+                let mut found = session
                     .find_own(&parent, &children, &req)
                     .await?
-                    .into_iter()
-                    .next()
-                {
+                    .into_iter();
+                if let Some(own) = found.next() {
+                    // Earlier tries that each made a node: the first is adopted, the others go.
+                    for extra in found {
+                        session.delete(OP, &extra.key).await?;
+                    }
                     debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
                     let sorted = sorted_entries(children, req.queue.kind);
                     let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
