@@ -96,6 +96,12 @@ impl RwLock {
 
     /// Waits until this session may read: no writer queued before it holds or waits.
     ///
+    /// A second `read()` while this session reads is another reader: it queues behind any
+    /// writer that came in between (a writer of this session or another), which waits for the
+    /// first read to end. A task that holds a read and reads again can so wait for ever: read
+    /// again through the guard ([`ReadGuard::reenter`]). There is no upgrade: a `write()` while
+    /// the same task reads waits for that read, for ever.
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe like [`Mutex::lock`](crate::Mutex::lock): dropping the future leaves no
@@ -132,7 +138,9 @@ impl RwLock {
         })
     }
 
-    /// Waits until this session may write: alone, after every entry queued before it.
+    /// Waits until this session may write: alone, after every entry queued before it, this
+    /// session's own reads included (a task that reads and then writes waits for ever; there is
+    /// no upgrade). Write again as the same holder through the guard ([`WriteGuard::reenter`]).
     ///
     /// # Cancel safety
     ///

@@ -175,7 +175,8 @@ impl BackendSession for MemorySession {
 
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()> {
         // Until the target goes, or our own entry does (deleted by someone else meanwhile: the
-        // wait fails at once, as on a real cluster, instead of lasting until the target goes).
+        // wait fails at once; the real backends notice it later, when the target goes or at
+        // their next look at the queue).
         self.wait_until(|st| {
             st.same(&own.key, own.order).is_none() || st.same(&target.key, target.order).is_none()
         })
