@@ -192,6 +192,7 @@ impl SessionBuilder {
             Arc::downgrade(&shared),
             shared.stop.clone(),
             shared.remote.clone(),
+            heartbeat::Orphaned(Arc::downgrade(&shared)),
         ));
         tokio::spawn(cleanup::worker(shared.clone(), cleanup_rx));
         Ok(shared)

@@ -41,6 +41,7 @@ pub(crate) async fn run(
     weak: Weak<Shared>,
     stop: CancellationToken,
     remote: Arc<dyn BackendSession>,
+    _orphaned: Orphaned,
 ) {
     let ttl = remote.ttl();
     let Some(shared) = weak.upgrade() else {
@@ -229,6 +230,21 @@ pub(crate) async fn run(
     }
     .instrument(span)
     .await
+}
+
+/// Ends the session (as closed) when the heartbeat task goes, whatever way: dropped unfinished
+/// when its runtime shuts down (a test's runtime, with the session kept elsewhere), nothing
+/// heartbeats the session any more, and it must not look live until its deadline. (When the
+/// task ends by itself, the session has ended already: the first reason stays.) An argument
+/// of [`run`], so that it goes with the task even if the task never ran.
+pub(crate) struct Orphaned(pub(crate) Weak<Shared>);
+
+impl Drop for Orphaned {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.set_lost(SessionEnd::Closed);
+        }
+    }
 }
 
 /// The pause before the next heartbeat after a failed one: every failure is worth another try

@@ -12,7 +12,8 @@ pub enum SessionEnd {
     /// last confirmed heartbeat was sent): we step down by our own clock, before the cluster
     /// can grant our locks to anyone else.
     LocalDeadline,
-    /// The session was closed with [`Session::close`](crate::Session::close) (or dropped).
+    /// The session was closed with [`Session::close`](crate::Session::close) (or dropped, or
+    /// the runtime that started it shut down: nothing heartbeats it any more).
     Closed,
 }
 

@@ -613,3 +613,21 @@ async fn paused_time_rules_a_memory_sessions_deadline() {
     g.release().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// A session whose runtime shut down (a test's, the session kept elsewhere) is no longer live:
+/// nothing heartbeats it. It said `Live` until its deadline passed, seconds later.
+#[test]
+fn a_session_whose_runtime_shut_down_is_not_live() {
+    use fencelock::{SessionEnd, SessionState};
+    let backend = MemoryBackend::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::builder(backend.clone()).start())
+        .unwrap();
+    assert_eq!(s.state(), SessionState::Live);
+    drop(rt);
+    assert_eq!(s.state(), SessionState::Lost(SessionEnd::Closed));
+}
