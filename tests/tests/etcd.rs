@@ -288,3 +288,49 @@ async fn a_foreign_key_that_is_not_utf8_is_waited_for_without_spinning() {
     g.release().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// A multi-lock's `try_lock` takes a free set while locks nested under its names (`a/b` under
+/// `a`) come and go: the all-or-nothing create compares the whole prefix, so each nested
+/// change failed a try, and after three the free set was reported taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_try_ignores_nested_churn() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("nested_churn");
+    let start = || {
+        Session::builder(f.etcd().clone())
+            .namespace(ns.as_str())
+            .start()
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = tokio::spawn({
+        let (b, stop) = (b.clone(), stop.clone());
+        async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let g = b.mutex("a/b").unwrap().lock().await.unwrap();
+                g.release().await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    });
+    let mut refused = 0;
+    for _ in 0..50 {
+        match a.multi_lock(["a", "c"]).unwrap().try_lock().await.unwrap() {
+            Some(g) => g.release().await.unwrap(),
+            None => refused += 1,
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let churned = churn.await.unwrap();
+    assert!(churned >= 20, "the nested lock barely churned: {churned}");
+    assert_eq!(
+        refused, 0,
+        "free sets refused (nested lock taken {churned} times)"
+    );
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

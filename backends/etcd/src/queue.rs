@@ -16,9 +16,12 @@ use crate::layout::{ahead_range, entry_of, key_of, peer_of, prefix_of, queue_ord
 use crate::lifecycle::{gets, keys_only, queue_keys, same, EtcdSession};
 use crate::request::hedged;
 
-/// How often [`enqueue_all`] re-checks queues that changed
-/// between its read and its write before it reports them taken.
-const ENQUEUE_ALL_TRIES: usize = 3;
+/// How often [`enqueue_all`] tries again when a queue's prefix changed between its read and
+/// its write, though no entry of the queue itself appeared (a foreign entry ends it at once:
+/// taken). Such a change is a lock nested under the name (`a/b` under `a`) coming or going:
+/// the compare covers the whole prefix, and each of that lock's acquisitions failed a try
+/// (three tries reported a free set taken, under a busy nested lock).
+const ENQUEUE_ALL_TRIES: usize = 32;
 
 pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
     let key = key_of(req.queue, session.lease, req.kind, req.attempt);
