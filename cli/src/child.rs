@@ -296,7 +296,7 @@ pub(crate) async fn run_under(
     };
     // The command is gone; what it started must not run on once the grant is released, nor
     // once it is lost meanwhile (then it is killed at once).
-    if !tree.members().is_empty() {
+    if !tree.is_empty() {
         say!("the command exited, leaving processes behind: stopping them");
         tokio::select! {
             biased;

@@ -111,6 +111,41 @@ async fn nothing_outlives_fencelock(t: Target) {
     s.close().await.unwrap();
 }
 
+/// A daemon made by a double fork that ends as the command does (`setsid -f`: the command
+/// exits while its child forks the daemon and exits too) is stopped like any leftover, run
+/// after run: `/proc`'s listing, read before each process's state, missed the daemon forked in
+/// between while its parent read as exited, and the daemon outlived fencelock in about a
+/// third of the runs, running beside the next holder.
+async fn a_double_forked_daemon_does_not_escape(t: Target) {
+    let ns = unique_namespace("cli_double_fork");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for run_no in 0..12 {
+        let daemon = d.join(format!("daemon{run_no}"));
+        // The daemon writes its PID, then lives on.
+        let script = format!(
+            r#"setsid -f sh -c "sh -c 'echo \$\$ > {f}; exec sleep 1000' & exit 0""#,
+            f = daemon.display()
+        );
+        let (code, out) = run(
+            &t.url,
+            &ns,
+            d,
+            &["lock", "m", "--grace", "1s", "--", "sh", "-c", &script],
+        )
+        .await;
+        assert_eq!(code, 0, "{out}");
+        // Written by now if the daemon ever ran (fencelock waits for what is left).
+        if let Ok(pid) = std::fs::read_to_string(&daemon) {
+            let pid: i32 = pid.trim().parse().unwrap();
+            assert!(
+                !alive(pid),
+                "run {run_no}: the daemon {pid} outlived fencelock: {out}"
+            );
+        }
+    }
+}
+
 /// The background part of [`TREE`] alone.
 const TREE_BACKGROUND: &str =
     r#"sleep 1000 & echo $! > bg; (setsid sleep 1000 & echo $! > daemon);"#;
@@ -149,7 +184,8 @@ async fn lost_while_paused(t: Target) {
 on_each!(
     lost_grant_stops_the_tree,
     nothing_outlives_fencelock,
-    lost_while_paused
+    lost_while_paused,
+    a_double_forked_daemon_does_not_escape
 );
 
 /// A signal sent to fencelock's whole process group (Ctrl-C in a terminal) reaches the command
