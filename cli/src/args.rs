@@ -61,6 +61,34 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+impl Cli {
+    /// The command line, parsed (clap's own exit on a usage error); a variable of the
+    /// environment set but empty counts as unset where emptiness would be a value:
+    /// `FENCELOCK_NAMESPACE=` (from `NS=$UNSET`, an EnvironmentFile line without a value)
+    /// switched to the empty namespace, and the locks of processes that meant to share one
+    /// stopped excluding each other; `FENCELOCK_USER=` was a user of no name. The empty
+    /// namespace stays reachable from the command line (`--namespace ''`).
+    pub(crate) fn parsed() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let from_env = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(clap::parser::ValueSource::EnvVariable)
+            )
+        };
+        let c = &mut cli.cluster;
+        if from_env("namespace") && c.namespace.as_deref() == Some("") {
+            c.namespace = None;
+        }
+        if from_env("user") && c.user.as_deref() == Some("") {
+            c.user = None;
+        }
+        cli
+    }
+}
+
 /// Where the cluster is and how to reach it.
 #[derive(Args, Clone)]
 pub(crate) struct ClusterArgs {

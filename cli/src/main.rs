@@ -27,7 +27,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 use fencelock::{Result, Session};
 
 use args::{Cli, Command, Output, WaitArgs};
@@ -35,7 +35,7 @@ use child::Grant;
 use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parsed();
     if let Command::Completions { shell } = cli.command {
         // Written here, not by clap_complete, which panics on a closed stdout.
         let mut script = Vec::new();

@@ -744,3 +744,40 @@ async fn observe_outlives_a_server_restart() {
     leader.resign().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// An empty `FENCELOCK_NAMESPACE=` (from `NS=$UNSET`, an EnvironmentFile line without a value)
+/// counts as unset: the default namespace. It switched to the empty namespace, and the locks of
+/// processes that meant to share one stopped excluding each other. The empty namespace stays
+/// reachable from the command line; an empty `FENCELOCK_USER=` is no user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_namespace_variable_counts_as_unset() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key_of = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = command(&t.url, "");
+        cmd.envs(env.iter().copied());
+        cmd.args(extra).args([
+            "lock",
+            &format!("k-{}", uuid()),
+            "--",
+            "sh",
+            "-c",
+            "echo key=$FENCELOCK_KEY",
+        ]);
+        let mut r = Run::spawn(cmd, dir.path(), &format!("ns-{}", uuid()));
+        async move {
+            let code = r.code(WITHIN).await;
+            (code, r.output())
+        }
+    };
+    let (code, out) = key_of(&[], &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("key=fencelock/"), "{out}");
+    let (code, out) = key_of(&["--namespace", ""], &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("key=/"), "{out}");
+    let (code, out) = key_of(&[], &[("FENCELOCK_USER", "")]).await;
+    assert_eq!(code, 0, "{out}");
+}
