@@ -334,3 +334,31 @@ async fn multi_lock_try_ignores_nested_churn() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// An etcd URL that names another service (here a plain HTTP server) is a setting to fix,
+/// `InvalidConfig`: the HTTP/2 protocol error it answers with was an internal failure
+/// (`Error::Backend`, the CLI's 70).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_is_not_etcd_is_a_wrong_setting() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let config =
+        EtcdConfig::new([format!("http://{addr}")]).connect_timeout(Duration::from_secs(3));
+    let r = tokio::time::timeout(Duration::from_secs(10), EtcdBackend::connect_with(config))
+        .await
+        .expect("an answer within the bound");
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    server.abort();
+}

@@ -177,11 +177,23 @@ async fn round(
 /// Checks one endpoint: a client of its own, authenticated if a user is set, asks for the
 /// member's status (no permission needed) before `deadline`. Returns the member's id.
 async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<u64> {
+    // An answer that is an error of no other kind (a protocol error, an unknown method): not
+    // an etcd member at that address but another service (an HTTP server, Redis), a setting
+    // to fix. It was an internal failure ("h2 protocol error"), the CLI's 70.
+    let not_etcd = |e: Error| match e {
+        Error::Backend {
+            temporary: false, ..
+        } => Error::invalid_config(
+            endpoint,
+            "it does not answer as an etcd member (another service at that address?)",
+        ),
+        other => other,
+    };
     let probe = async {
         let mut c = Client::connect([endpoint], Some(options(config)))
             .await
-            .map_err(|e| map("connect", e))?;
-        let status = c.status().await.map_err(|e| map("connect", e))?;
+            .map_err(|e| not_etcd(map("connect", e)))?;
+        let status = c.status().await.map_err(|e| not_etcd(map("connect", e)))?;
         Ok(status.header().map_or(0, |h| h.member_id()))
     };
     match timeout_at(deadline, probe).await {
