@@ -160,21 +160,21 @@ impl EtcdConfig {
                     ));
                 }
                 if split_host_port(rest, None).is_none() {
-                    return Err(Error::invalid_config(ep, "not an endpoint: expected host:port"));
+                    return Err(Error::invalid_config(fencelock_net::redact(ep), "not an endpoint: expected host:port"));
                 }
                 match (scheme, &self.tls) {
                     (None, None) | (Some("http"), None) => Ok(format!("http://{rest}")),
                     (None, Some(_)) | (Some("https"), Some(_)) => Ok(format!("https://{rest}")),
                     (Some("https"), None) => Err(Error::invalid_config(
-                        ep,
+                        fencelock_net::redact(ep),
                         "an https:// endpoint needs TLS settings: EtcdConfig::tls(TlsConfig::from_ca_file(..)?)",
                     )),
                     (Some("http"), Some(_)) => Err(Error::invalid_config(
-                        ep,
+                        fencelock_net::redact(ep),
                         "TLS is configured, but the endpoint is http://",
                     )),
                     (Some(other), _) => Err(Error::invalid_config(
-                        ep,
+                        fencelock_net::redact(ep),
                         format!("unknown scheme {other:?}: use http:// or https://"),
                     )),
                 }
@@ -194,6 +194,17 @@ impl EtcdConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `user:password` with its `@host` left out reads as a host and a port: the "port" is
+    /// not shown.
+    #[test]
+    fn a_password_taken_for_a_port_is_not_shown() {
+        let e = EtcdConfig::new(["http://bob:Hunter2Secret"])
+            .validate()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        assert!(!e.to_string().contains("Hunter2"), "{e}");
+    }
 
     #[test]
     fn validation() {

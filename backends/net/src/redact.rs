@@ -9,6 +9,9 @@
 /// assert_eq!(fencelock_net::redact("redis://u:p@h:1/2"), "redis://***@h:1/2");
 /// assert_eq!(fencelock_net::redact("u:p@h:1"), "***@h:1");
 /// assert_eq!(fencelock_net::redact("etcd://a:1,b:2/ns"), "etcd://a:1,b:2/ns");
+/// // A user and password without the `@host` after them: read as a host and a port.
+/// assert_eq!(fencelock_net::redact("etcd://bob:Hunter2"), "etcd://bob:***");
+/// assert_eq!(fencelock_net::redact("http://[::1]:2379,[::1]"), "http://[::1]:2379,[::1]");
 /// assert_eq!(
 ///     fencelock_net::redact("redis+unix:///r.sock?db=1&pass=p&user=u"),
 ///     "redis+unix:///r.sock?db=1&pass=***&user=u"
@@ -42,10 +45,30 @@ fn redact_userinfo(url: &str) -> String {
     };
     let rest = match rest.rsplit_once('@') {
         Some((_, hosts)) => format!("***@{hosts}"),
-        None => rest.to_string(),
+        None => mask_odd_ports(rest),
     };
     match scheme {
         Some(scheme) => format!("{scheme}://{rest}"),
         None => rest,
     }
+}
+
+/// `rest` (what follows the scheme) with every "port" of its hosts that is not a number masked:
+/// `user:password` with its `@host` left out reads as a host and a port, and the "port" may be
+/// a password.
+fn mask_odd_ports(rest: &str) -> String {
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let hosts: Vec<String> = authority
+        .split(',')
+        .map(|host| match host.rsplit_once(':') {
+            // A bracketed IPv6 address without a port: the colon is the address's.
+            Some((_, port)) if port.contains(']') => host.to_string(),
+            Some((name, port)) if !port.is_empty() && !port.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("{name}:***")
+            }
+            _ => host.to_string(),
+        })
+        .collect();
+    format!("{}{tail}", hosts.join(","))
 }

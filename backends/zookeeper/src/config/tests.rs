@@ -27,6 +27,18 @@ fn credentials_in_the_connect_string() {
     }
 }
 
+/// `user:password` with its `@host` left out reads as a host and a port: the "port" is not
+/// shown.
+#[test]
+fn a_password_taken_for_a_port_is_not_shown() {
+    let e = ZooKeeperConfig::new("bob:Hunter2Secret")
+        .resolve()
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(!e.to_string().contains("Hunter2"), "{e}");
+}
+
 #[test]
 fn resolve_rules() {
     let r = ZooKeeperConfig::new("a:1,b/x").resolve().unwrap();
