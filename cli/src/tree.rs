@@ -108,8 +108,12 @@ impl Tree {
     /// is left. `/proc` alone cannot tell: its listing is read before each process's state, so
     /// a process forked in between is missed while its parent is read as exited (a double fork
     /// that ends as the command does: a daemon outlived fencelock in a third of the runs).
+    ///
+    /// Only with a `/proc` of our own, where the tree's exited orphans are reaped as they are
+    /// found: without one, those outside the command's group are never reaped, and would
+    /// count as children for good.
     pub(crate) fn is_empty(&self) -> bool {
-        self.live().is_empty() && !has_children()
+        self.live().is_empty() && !(proc_is_ours(getpid()) && has_children())
     }
 
     /// The live processes of the tree (zombies left out; ours are reaped on the way).

@@ -120,11 +120,12 @@ async fn a_double_forked_daemon_does_not_escape(t: Target) {
     let ns = unique_namespace("cli_double_fork");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
+    let mut started = 0;
     for run_no in 0..12 {
         let daemon = d.join(format!("daemon{run_no}"));
-        // The daemon writes its PID, then lives on.
+        // The daemon writes its PID (whole, by a rename), then lives on.
         let script = format!(
-            r#"setsid -f sh -c "sh -c 'echo \$\$ > {f}; exec sleep 1000' & exit 0""#,
+            r#"setsid -f sh -c "sh -c 'echo \$\$ > {f}.tmp && mv {f}.tmp {f}; exec sleep 1000' & exit 0""#,
             f = daemon.display()
         );
         let (code, out) = run(
@@ -135,15 +136,24 @@ async fn a_double_forked_daemon_does_not_escape(t: Target) {
         )
         .await;
         assert_eq!(code, 0, "{out}");
-        // Written by now if the daemon ever ran (fencelock waits for what is left).
-        if let Ok(pid) = std::fs::read_to_string(&daemon) {
-            let pid: i32 = pid.trim().parse().unwrap();
+        // Written within moments if the daemon got that far (an escaped one writes after
+        // fencelock's exit too).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(pid) = std::fs::read_to_string(&daemon)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            started += 1;
             assert!(
                 !alive(pid),
                 "run {run_no}: the daemon {pid} outlived fencelock: {out}"
             );
         }
     }
+    assert!(
+        started > 0,
+        "no daemon ever started: the test tested nothing"
+    );
 }
 
 /// The background part of [`TREE`] alone.
