@@ -241,9 +241,20 @@ pub(crate) struct Orphaned(pub(crate) Weak<Shared>);
 
 impl Drop for Orphaned {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.upgrade() {
-            shared.set_lost(SessionEnd::Closed);
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        if matches!(*shared.state.borrow(), SessionState::Lost(_)) {
+            return;
         }
+        // The deadline, if it passed already, is the first reason.
+        let reason = if shared.clock.passed(shared.deadline_stamp()) {
+            SessionEnd::LocalDeadline
+        } else {
+            SessionEnd::Closed
+        };
+        shared.orphaned.store(true, Ordering::SeqCst);
+        shared.set_lost(reason);
     }
 }
 

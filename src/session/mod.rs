@@ -228,7 +228,13 @@ impl Session {
     /// the cluster is unreachable. Only the confirmation is lost with the future.
     pub async fn close(&self) -> Result<()> {
         let shared = self.shared();
-        if shared.end().is_some() {
+        // A session whose heartbeat task went with its runtime is lost, but nothing closed it
+        // on the cluster: closed here all the same.
+        if shared.end().is_some()
+            && !shared
+                .orphaned
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
             return Ok(());
         }
         shared.set_lost(SessionEnd::Closed);

@@ -35,6 +35,9 @@ pub(crate) struct Shared {
     pub(crate) stop: CancellationToken,
     /// Heartbeats stopped on purpose (a test playing a paused process).
     pub(crate) halted: AtomicBool,
+    /// Its heartbeat task went unfinished (its runtime shut down): lost, but not closed on the
+    /// cluster by anyone yet, which [`Session::close`](crate::Session::close) still does.
+    pub(crate) orphaned: AtomicBool,
     /// The local queues tasks of this session line up in before the cluster's.
     pub(crate) local: LocalQueues,
     cleanup: mpsc::UnboundedSender<Cleanup>,
@@ -70,6 +73,7 @@ impl Shared {
             state: watch::channel(SessionState::Live).0,
             stop: CancellationToken::new(),
             halted: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             local,
             cleanup,
             span,

@@ -351,6 +351,10 @@ async fn an_endpoint_that_is_not_etcd_is_a_wrong_setting() {
                 let _ = conn
                     .write_all(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
                     .await;
+                // Closed in order (what the client sends meanwhile read to its end): a reset
+                // would be a temporary error instead.
+                let _ = conn.shutdown().await;
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
             });
         }
     });

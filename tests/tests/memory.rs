@@ -627,7 +627,28 @@ fn a_session_whose_runtime_shut_down_is_not_live() {
     let s = rt
         .block_on(Session::builder(backend.clone()).start())
         .unwrap();
+    let held = rt.block_on(async { s.mutex("m").unwrap().lock().await.unwrap() });
     assert_eq!(s.state(), SessionState::Live);
     drop(rt);
     assert_eq!(s.state(), SessionState::Lost(SessionEnd::Closed));
+    assert!(!held.is_held());
+    // Closed on the cluster all the same by a close from another runtime: its lock is free at
+    // once, not at its TTL.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        s.close().await.unwrap();
+        let other = Session::builder(backend.clone()).start().await.unwrap();
+        assert!(other
+            .mutex("m")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some());
+        other.close().await.unwrap();
+    });
+    drop(held);
 }

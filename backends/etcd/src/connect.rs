@@ -180,10 +180,14 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
     // An answer that is an error of no other kind (a protocol error, an unknown method): not
     // an etcd member at that address but another service (an HTTP server, Redis), a setting
     // to fix. It was an internal failure ("h2 protocol error"), the CLI's 70.
+    // (An error etcd itself gives, `etcdserver: …`, stays as it is: "not capable" while the
+    // cluster's version is undecided, say.)
     let not_etcd = |e: Error| match e {
         Error::Backend {
-            temporary: false, ..
-        } => Error::invalid_config(
+            temporary: false,
+            ref source,
+            ..
+        } if !source.to_string().contains("etcdserver:") => Error::invalid_config(
             endpoint,
             "it does not answer as an etcd member (another service at that address?)",
         ),

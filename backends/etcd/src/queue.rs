@@ -20,8 +20,9 @@ use crate::request::hedged;
 /// its write, though no entry of the queue itself appeared (a foreign entry ends it at once:
 /// taken). Such a change is a lock nested under the name (`a/b` under `a`) coming or going:
 /// the compare covers the whole prefix, and each of that lock's acquisitions failed a try
-/// (three tries reported a free set taken, under a busy nested lock).
-const ENQUEUE_ALL_TRIES: usize = 32;
+/// (three tries reported a free set taken, under a busy nested lock). Not more: each try
+/// reads the whole prefix, nested locks included.
+const ENQUEUE_ALL_TRIES: usize = 12;
 
 pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> Result<Enqueued> {
     let key = key_of(req.queue, session.lease, req.kind, req.attempt);

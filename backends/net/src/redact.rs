@@ -11,7 +11,11 @@
 /// assert_eq!(fencelock_net::redact("etcd://a:1,b:2/ns"), "etcd://a:1,b:2/ns");
 /// // A user and password without the `@host` after them: read as a host and a port.
 /// assert_eq!(fencelock_net::redact("etcd://bob:Hunter2"), "etcd://bob:***");
+/// assert_eq!(fencelock_net::redact("bob:pa/ss,zk2:2181"), "bob:***");
+/// assert_eq!(fencelock_net::redact("etcd://bob:123456"), "etcd://bob:***");
+/// assert_eq!(fencelock_net::redact("bob:pa:ss"), "bob:***");
 /// assert_eq!(fencelock_net::redact("http://[::1]:2379,[::1]"), "http://[::1]:2379,[::1]");
+/// assert_eq!(fencelock_net::redact("a:1,b:2/ns?x=1"), "a:1,b:2/ns?x=1");
 /// assert_eq!(
 ///     fencelock_net::redact("redis+unix:///r.sock?db=1&pass=p&user=u"),
 ///     "redis+unix:///r.sock?db=1&pass=***&user=u"
@@ -53,22 +57,37 @@ fn redact_userinfo(url: &str) -> String {
     }
 }
 
-/// `rest` (what follows the scheme) with every "port" of its hosts that is not a number masked:
+/// `rest` (what follows the scheme) with what may be a password masked when there is no `@`:
 /// `user:password` with its `@host` left out reads as a host and a port, and the "port" may be
-/// a password.
+/// a password (holding digits only, or a `/`, `?`, `,` or `:` of its own). A host whose port is
+/// not a number (0 to 65535) has everything after its first `:` masked, and so has the rest of
+/// the string after it.
 fn mask_odd_ports(rest: &str) -> String {
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let hosts: Vec<String> = authority
-        .split(',')
-        .map(|host| match host.rsplit_once(':') {
-            // A bracketed IPv6 address without a port: the colon is the address's.
-            Some((_, port)) if port.contains(']') => host.to_string(),
-            Some((name, port)) if !port.is_empty() && !port.bytes().all(|b| b.is_ascii_digit()) => {
-                format!("{name}:***")
-            }
-            _ => host.to_string(),
-        })
-        .collect();
-    format!("{}{tail}", hosts.join(","))
+    let mut out = Vec::new();
+    for host in rest.split(',') {
+        // A bracketed IPv6 address: its port after the `]`.
+        let (name, port) = match host.strip_prefix('[') {
+            Some(v6) => match v6.split_once(']') {
+                Some((addr, after)) => (format!("[{addr}]"), after.strip_prefix(':')),
+                None => (host.to_string(), None),
+            },
+            None => match host.split_once(':') {
+                Some((name, port)) => (name.to_string(), Some(port)),
+                None => (host.to_string(), None),
+            },
+        };
+        let Some(port) = port else {
+            out.push(host.to_string());
+            continue;
+        };
+        // The port, and what may follow it in the last host (a path, a query).
+        let digits = port.split(['/', '?']).next().unwrap_or_default();
+        if digits.parse::<u16>().is_ok() {
+            out.push(host.to_string());
+        } else {
+            out.push(format!("{name}:***"));
+            return out.join(",");
+        }
+    }
+    out.join(",")
 }

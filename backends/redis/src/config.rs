@@ -96,7 +96,8 @@ impl RedisConfig {
     /// most (a primary demoted by `SENTINEL FAILOVER` goes on accepting writes for seconds).
     /// Sessions are suspended meanwhile, then live again on the new primary if it has their
     /// key, or lost (at the next heartbeat, or at the local deadline): never resurrected. A
-    /// master name no sentinel knows is [`Error::InvalidConfig`]; no sentinel answering,
+    /// master name a majority of the listed sentinels do not know is [`Error::InvalidConfig`]
+    /// (fewer, the others silent: temporary); no sentinel answering,
     /// [`Error::Connect`] (temporary). Such a connect asks the sentinels, then connects to the
     /// primary and checks its role, each within the [`timeout`](Self::timeout): it may take
     /// a few times as long. With [`wait_for_replicas`](Self::wait_for_replicas) a

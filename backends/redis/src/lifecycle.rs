@@ -388,7 +388,12 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     }
     // Only when no change of what the session owns is in flight (else at a later
     // heartbeat): the heartbeat itself never waits for one.
-    if !diverged.is_empty() {
+    if diverged.is_empty() {
+        // Over, however it ended (a group let go, say): the next episode is warned of.
+        session
+            .reconciling
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    } else {
         if let Ok(_alone) = session.gate.try_write() {
             use std::sync::atomic::Ordering;
             let first = !session.reconciling.swap(true, Ordering::SeqCst);

@@ -121,7 +121,8 @@ pub(crate) struct Sentinels {
 pub(crate) enum Located {
     /// The primary's address, named by the most sentinels that answered.
     Primary(String, u16),
-    /// Every sentinel that answered (at least one) does not know the master name.
+    /// A majority of the listed sentinels answered that they do not know the master name, and
+    /// none named a primary.
     UnknownMaster,
 }
 

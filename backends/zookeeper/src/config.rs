@@ -203,7 +203,7 @@ impl ZooKeeperConfig {
         if self.connect_string.contains('@') {
             return Err(invalid(
                 "(the connect string, not shown)",
-                "credentials in the connect string are not used: give them with sasl_digest_md5 or digest_auth".into(),
+                "an '@' in the connect string: credentials are not taken there (give them with sasl_digest_md5 or digest_auth), and a chroot holding an '@' is given with chroot()".into(),
             ));
         }
         let (servers, from_string) = split_chroot(&self.connect_string);
@@ -246,7 +246,8 @@ impl ZooKeeperConfig {
                 return Err(invalid(
                     &self.connect_string,
                     format!(
-                        "{server:?} has a path: a chroot goes after the last server only (host:port,host:port/chroot)"
+                        "{:?} has a path: a chroot goes after the last server only (host:port,host:port/chroot)",
+                        fencelock_net::redact(server)
                     ),
                 ));
             }
