@@ -128,6 +128,7 @@ impl Election {
                 rule: Rule::Exclusive,
                 value,
                 recorded: true,
+                since: None,
             };
             let tenure = acquire(&self.session, req, Some(local), wait).await?;
             Ok(tenure.map(|tenure| Leadership {

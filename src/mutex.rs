@@ -105,6 +105,7 @@ impl Mutex {
             rule: Rule::Exclusive,
             value: b"",
             recorded: self.recorded,
+            since: None,
         };
         let tenure = acquire(&self.session, req, Some(local), wait).await?;
         Ok(tenure.map(Guard::new))
@@ -228,6 +229,11 @@ impl Guard {
         Guard {
             hold: Hold::new(tenure),
         }
+    }
+
+    /// Whether its grant had to wait for another holder.
+    pub(crate) fn waited(&self) -> bool {
+        self.hold.tenure().waited()
     }
 
     holding_methods!("lock");

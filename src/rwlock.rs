@@ -88,6 +88,7 @@ impl RwLock {
             },
             value: b"",
             recorded: true,
+            since: None,
         };
         Ok(acquire(&self.session, req, Some(local), wait)
             .await?

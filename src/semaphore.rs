@@ -94,6 +94,8 @@ impl Semaphore {
     async fn acquire_permit(&self, wait: Wait) -> Result<Option<Permit>> {
         let value = format!("{PERMITS_TAG}{}", self.permits);
         check_value(self.session.shared(), value.as_bytes())?;
+        // The semaphore's wait runs from here, through its gate.
+        let started = tokio::time::Instant::now();
         // Through the gate first: the one acquirer at its head takes a lease or waits for one.
         let at_gate = match wait {
             Wait::No => self.gate.try_lock().await,
@@ -129,6 +131,7 @@ impl Semaphore {
             rule: Rule::Permits(self.permits),
             value: value.as_bytes(),
             recorded: true,
+            since: Some((started, gate.waited())),
         };
         let tenure = acquire(&self.session, req, None, wait).await;
         // The next acquirer through the gate, whatever the outcome: released and confirmed

@@ -38,6 +38,8 @@ pub(crate) struct Tenure {
     ended: Arc<Ended>,
     /// Whether its hold is recorded in the metrics (not a semaphore's gate).
     recorded: bool,
+    /// Whether its grant had to wait for another holder.
+    waited: bool,
 }
 
 impl Tenure {
@@ -58,7 +60,19 @@ impl Tenure {
             holds: AtomicUsize::new(0),
             ended: Arc::default(),
             recorded: true,
+            waited: false,
         }
+    }
+
+    /// The same, saying whether its grant had to wait for another holder.
+    pub(crate) fn with_waited(mut self, waited: bool) -> Self {
+        self.waited = waited;
+        self
+    }
+
+    /// Whether its grant had to wait for another holder.
+    pub(crate) fn waited(&self) -> bool {
+        self.waited
     }
 
     /// The same, its hold not recorded in the metrics (a semaphore's gate).

@@ -116,6 +116,9 @@ pub(crate) struct Request<'a> {
     /// Whether the acquisition and its hold are recorded in the metrics (not a semaphore's
     /// gate, whose semaphore records its own).
     pub(crate) recorded: bool,
+    /// Where the acquisition began, if before this request (a semaphore's lease, after its
+    /// gate), and whether it waited there: the metrics' wait runs from the call.
+    pub(crate) since: Option<(Instant, bool)>,
 }
 
 /// Checks an entry value against the backend's limit.
@@ -149,9 +152,11 @@ pub(crate) async fn acquire(
     wait: Wait,
 ) -> Result<Option<Tenure>> {
     use crate::metrics::{acquisition, primitive, Outcome};
-    let started = Instant::now();
-    let mut waited = false;
-    let res = acquire_recorded(session, req, local, wait, &mut waited).await;
+    let (started, waited_before) = req.since.unwrap_or_else(|| (Instant::now(), false));
+    let mut waited_here = false;
+    let res = acquire_recorded(session, req, local, wait, &mut waited_here).await;
+    let waited = waited_before || waited_here;
+    let res = res.map(|t| t.map(|t| t.with_waited(waited)));
     let outcome = match &res {
         Ok(Some(_)) => Outcome::Granted {
             waited,

@@ -83,6 +83,37 @@ async fn every_documented_metric_is_recorded() {
     // the cluster) besides.
     let permit = b.semaphore("pool", 2).unwrap().acquire().await.unwrap();
     permit.release().await.unwrap();
+    // Acquirers queued behind a permit, one of them at the gate first: each one's wait runs
+    // from its call, through the gate (it ran from its lease's request: the gate's time was
+    // counted nowhere). The later one waits the holder's 300 ms and the first one's 200 ms.
+    let one = |s: &Session| s.semaphore("one", 1).unwrap();
+    let (c, d, e) = (
+        start(10_000).await.unwrap(),
+        start(10_000).await.unwrap(),
+        start(10_000).await.unwrap(),
+    );
+    let first = one(&c).acquire().await.unwrap();
+    let queued: Vec<_> = [&d, &e]
+        .into_iter()
+        .map(|s| {
+            let sem = one(s);
+            tokio::spawn(async move { sem.acquire().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let mut queued = queued.into_iter();
+    let (x, y) = (queued.next().unwrap(), queued.next().unwrap());
+    // Whichever is granted first holds 200 ms.
+    let (granted, other) = match futures::future::select(x, y).await {
+        futures::future::Either::Left(done) | futures::future::Either::Right(done) => done,
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    granted.unwrap().unwrap().release().await.unwrap();
+    other.await.unwrap().unwrap().release().await.unwrap();
+    for s in [c, d, e] {
+        s.close().await.unwrap();
+    }
     // A session lost at its local deadline.
     let r = a.rwlock("catalog").unwrap().read().await.unwrap();
     a.halt_heartbeats();
@@ -118,13 +149,30 @@ async fn every_documented_metric_is_recorded() {
         1
     );
     assert_eq!(counter(&snap, m::ACQUISITIONS, &[("primitive", "read")]), 1);
+    let longest_semaphore_wait = snap
+        .iter()
+        .filter(|(k, _)| {
+            k.key().name() == m::WAIT_SECONDS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "primitive" && l.value() == "semaphore")
+        })
+        .flat_map(|(_, v)| match v {
+            DebugValue::Histogram(h) => h.iter().map(|f| f.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .fold(0.0_f64, f64::max);
+    assert!(
+        longest_semaphore_wait >= 0.45,
+        "the longest semaphore wait, {longest_semaphore_wait:.3} s, leaves out the gate"
+    );
     assert_eq!(
         counter(
             &snap,
             m::ACQUISITIONS,
             &[("primitive", "semaphore"), ("outcome", "granted")]
         ),
-        1
+        4
     );
     assert_eq!(
         counter(&snap, m::ACQUISITIONS, &[("primitive", "mutex")]),
