@@ -92,7 +92,8 @@ pub fn split_host_port(endpoint: &str, default_port: Option<u16>) -> Option<(Str
     split(endpoint, default_port).filter(|(_, port)| *port != 0)
 }
 
-fn split(endpoint: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+/// [`split_host_port`] with port 0 accepted (`redact` reads with it what is a port).
+pub(crate) fn split(endpoint: &str, default_port: Option<u16>) -> Option<(String, u16)> {
     let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
     let rest = rest.split('/').next().unwrap_or(rest);
     if let Some(v6) = rest.strip_prefix('[') {

@@ -59,35 +59,25 @@ fn redact_userinfo(url: &str) -> String {
 
 /// `rest` (what follows the scheme) with what may be a password masked when there is no `@`:
 /// `user:password` with its `@host` left out reads as a host and a port, and the "port" may be
-/// a password (holding digits only, or a `/`, `?`, `,` or `:` of its own). A host whose port is
-/// not a number (0 to 65535) has everything after its first `:` masked, and so has the rest of
-/// the string after it.
+/// a password (holding digits only, or a `/`, `?`, `,` or `:` of its own). A host with a `:`
+/// that does not read as `host:port` (a port from 0 to 65535) has everything after its name
+/// masked, and so has the rest of the string after it.
 fn mask_odd_ports(rest: &str) -> String {
     let mut out = Vec::new();
     for host in rest.split(',') {
-        // A bracketed IPv6 address: its port after the `]`.
-        let (name, port) = match host.strip_prefix('[') {
-            Some(v6) => match v6.split_once(']') {
-                Some((addr, after)) => (format!("[{addr}]"), after.strip_prefix(':')),
-                None => (host.to_string(), None),
-            },
-            None => match host.split_once(':') {
-                Some((name, port)) => (name.to_string(), Some(port)),
-                None => (host.to_string(), None),
-            },
-        };
-        let Some(port) = port else {
+        // The last host carries the path and query, if any.
+        let address = host.split(['/', '?']).next().unwrap_or_default();
+        if !address.contains(':') || crate::probe::split(address, Some(1)).is_some() {
             out.push(host.to_string());
             continue;
-        };
-        // The port, and what may follow it in the last host (a path, a query).
-        let digits = port.split(['/', '?']).next().unwrap_or_default();
-        if digits.parse::<u16>().is_ok() {
-            out.push(host.to_string());
-        } else {
-            out.push(format!("{name}:***"));
-            return out.join(",");
         }
+        // A bracketed IPv6 address is the name; else what precedes the first `:`.
+        let name = match address.split_once(']') {
+            Some((v6, _)) if address.starts_with('[') => format!("{v6}]"),
+            _ => address.split(':').next().unwrap_or_default().to_string(),
+        };
+        out.push(format!("{name}:***"));
+        return out.join(",");
     }
     out.join(",")
 }
