@@ -73,6 +73,25 @@ pub(crate) enum Outcome {
     Error,
 }
 
+impl Outcome {
+    /// How an acquisition that gave `res` ended (`waited`, and `started` for a grant).
+    pub(crate) fn of<T>(
+        res: &crate::Result<Option<T>>,
+        waited: bool,
+        started: tokio::time::Instant,
+    ) -> Self {
+        match res {
+            Ok(Some(_)) => Outcome::Granted {
+                waited,
+                after: started.elapsed(),
+            },
+            Ok(None) => Outcome::NotAcquired,
+            Err(crate::Error::Timeout { .. }) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        }
+    }
+}
+
 /// Records the end of an acquisition.
 pub(crate) fn acquisition(primitive: &'static str, name: Option<&str>, outcome: Outcome) {
     let l = labels(primitive, name);

@@ -106,24 +106,14 @@ impl Semaphore {
             }
         };
         // Ended at the gate: the semaphore's outcome (the gate records none of its own).
-        let ended = |outcome| {
+        if !matches!(at_gate, Ok(Some(_))) {
             let shared = self.session.shared();
             let name = shared.metrics_names.then_some(self.leases.name.as_str());
+            let outcome = crate::metrics::Outcome::of(&at_gate, false, started);
             crate::metrics::acquisition("semaphore", name, outcome);
-        };
-        let gate = match at_gate {
-            Ok(Some(g)) => g,
-            Ok(None) => {
-                ended(crate::metrics::Outcome::NotAcquired);
-                return Ok(None);
-            }
-            Err(e) => {
-                ended(match e {
-                    Error::Timeout { .. } => crate::metrics::Outcome::Timeout,
-                    _ => crate::metrics::Outcome::Error,
-                });
-                return Err(e);
-            }
+        }
+        let Some(gate) = at_gate? else {
+            return Ok(None);
         };
         let req = Request {
             queue: &self.leases,

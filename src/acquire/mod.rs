@@ -157,15 +157,7 @@ pub(crate) async fn acquire(
     let res = acquire_recorded(session, req, local, wait, &mut waited_here).await;
     let waited = waited_before || waited_here;
     let res = res.map(|t| t.map(|t| t.with_waited(waited)));
-    let outcome = match &res {
-        Ok(Some(_)) => Outcome::Granted {
-            waited,
-            after: started.elapsed(),
-        },
-        Ok(None) => Outcome::NotAcquired,
-        Err(Error::Timeout { .. }) => Outcome::Timeout,
-        Err(_) => Outcome::Error,
-    };
+    let outcome = Outcome::of(&res, waited, started);
     if req.recorded {
         let name = session
             .shared()
