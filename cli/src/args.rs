@@ -68,16 +68,39 @@ impl Cli {
     /// switched to the empty namespace, and the locks of processes that meant to share one
     /// stopped excluding each other; `FENCELOCK_USER=` was a user of no name. The empty
     /// namespace stays reachable from the command line (`--namespace ''`).
+    ///
+    /// An option given on the command line overrides its variable, which is then not read at
+    /// all: clap checks a global option's variable wherever the option is not given (at the
+    /// top level, say, when it follows the subcommand), so a malformed `FENCELOCK_TTL` failed
+    /// a run given `--ttl 5s`.
     pub(crate) fn parsed() -> Cli {
+        Cli::parsed_from(std::env::args_os().collect())
+    }
+
+    fn parsed_from(args: Vec<std::ffi::OsString>) -> Cli {
+        use clap::parser::ValueSource;
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().get_matches();
+        // Which options the command line gives, read without the environment (a command line
+        // that fails so is left to the full parse below, which reports it).
+        let given: Vec<clap::Id> = Cli::command()
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(&args)
+            .map(|m| {
+                m.ids()
+                    .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let matches = Cli::command()
+            .mut_args(|a| match given.contains(a.get_id()) {
+                true => a.env(None),
+                false => a,
+            })
+            .get_matches_from(&args);
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-        let from_env = |id: &str| {
-            matches!(
-                matches.value_source(id),
-                Some(clap::parser::ValueSource::EnvVariable)
-            )
-        };
+        let from_env =
+            |id: &str| matches!(matches.value_source(id), Some(ValueSource::EnvVariable));
         let c = &mut cli.cluster;
         if from_env("namespace") && c.namespace.as_deref() == Some("") {
             c.namespace = None;

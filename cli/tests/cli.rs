@@ -576,6 +576,40 @@ fn completion_scripts() {
     }
 }
 
+/// An option given on the command line overrides its variable, even one whose value is
+/// malformed: clap checked the variable of a global option given after the subcommand, and
+/// `FENCELOCK_TTL=bogus fencelock lock x --ttl 5s ...` was a usage error. A malformed variable
+/// that is not overridden still is one.
+#[test]
+fn an_option_overrides_a_malformed_variable() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .env_remove("FENCELOCK_ENDPOINTS")
+            .env("FENCELOCK_TTL", "bogus")
+            .env("FENCELOCK_OUTPUT", "bogus")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        &["--ttl", "5s", "-o", "json", "completions", "bash"][..],
+        &["completions", "bash", "--ttl", "5s", "--output", "json"][..],
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+    }
+    for args in [
+        &["completions", "bash", "--ttl", "5s"][..],
+        &["-o", "text", "completions", "bash"][..],
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("bogus"), "{args:?}: {err}");
+    }
+}
+
 /// Two `fencelock lock` processes on the cluster at `url` run their commands one after the
 /// other (each logs its start and end into `dir`'s log).
 async fn two_processes_exclude(url: &str, ns: &str, dir: &Path) {
