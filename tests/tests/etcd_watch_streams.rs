@@ -2,7 +2,8 @@
 //! (whose dropped registrations cancel their watches) with plain `lock()` waiters, while a proxy
 //! breaks every connection again and again (each break replaces the session's watch stream, whose
 //! watch ids start from 0 again). A cancel that reached the wrong watch would leave a plain
-//! waiter asleep for ever: every one of them must be granted in bounded time.
+//! waiter asleep for ever: every one of them must be granted in bounded time. And waits given
+//! up at every moment leave no watch behind on the server.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,9 +12,11 @@ use std::time::Duration;
 use fencelock::conformance::unique_namespace;
 use fencelock::{Error, Session};
 use fencelock_etcd::EtcdBackend;
+use fencelock_integration::notifications::etcd_counter;
 use fencelock_integration::proxy::{Mode, Proxy};
-use fencelock_integration::servers::etcd::EtcdFactory;
-use fencelock_integration::servers::Cluster;
+use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster, EtcdFactory};
+use fencelock_integration::servers::{available, Cluster};
+use fencelock_integration::target::Kind;
 use tokio::time::Instant;
 
 /// How long the faults go on.
@@ -115,6 +118,85 @@ async fn waiters_wake_across_watch_stream_replacements() {
     assert!(breaks >= 10, "{breaks} breaks");
     assert!(granted >= 100, "{granted} grants");
     assert!(timed_out >= 50, "{timed_out} timeouts");
+    for s in sessions {
+        let _ = s.close().await;
+    }
+}
+
+/// Waits given up at every moment behind a holder that stays leave no watch on the server: one
+/// dropped while its watch was being created left the watch there until the holder's key was
+/// deleted (for an election's leader, hours), and the stream asked for progress all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_given_up_while_their_watch_is_created_leave_no_watch() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    // A server of its own: no other test's watches are counted.
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let watchers = || etcd_counter(&ep, "etcd_debugging_mvcc_watcher_total", "");
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+        sessions.push(
+            Session::builder(b)
+                .namespace("given_up")
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    // A holder of many locks, each waited on once (a wait on a key waited on before may find
+    // its watch there, and take it over).
+    const LOCKS: u64 = 300;
+    let mut held = Vec::new();
+    for i in 0..LOCKS {
+        held.push(
+            sessions[0]
+                .mutex(&format!("held{i}"))
+                .unwrap()
+                .lock()
+                .await
+                .unwrap(),
+        );
+    }
+    let before = watchers().await.expect("the server's watcher count");
+    let mut given_up = 0;
+    for i in 0..LOCKS {
+        // From before the enqueue is answered to well after the watch is made.
+        let wait = Duration::from_micros(i * 53 % 12_000);
+        let waiter = sessions[1].mutex(&format!("held{i}")).unwrap();
+        match tokio::time::timeout(wait, waiter.lock()).await {
+            Err(_) => given_up += 1,
+            Ok(r) => panic!("a wait behind a holder ended: {:?}", r.map(|_| ())),
+        }
+    }
+    assert_eq!(given_up, LOCKS);
+    // Nothing waits now: the watches go (cancels are sent from tasks, at once).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = watchers().await.expect("the server's watcher count");
+        if now <= before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} watches left on the server by {given_up} waits given up ({before} before)",
+            now - before
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The waiters still wake at a release.
+    let waiter = sessions[1].mutex("held0").unwrap();
+    let next = tokio::spawn(async move { waiter.lock().await.map(|_| ()) });
+    held.swap_remove(0).release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the next waiter woke")
+        .unwrap()
+        .unwrap();
     for s in sessions {
         let _ = s.close().await;
     }

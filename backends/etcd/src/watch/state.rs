@@ -172,7 +172,7 @@ impl Stream {
                 state
                     .keys
                     .get(key)
-                    .is_some_and(|ks| !ks.waiters.is_empty() || ks.moving)
+                    .is_some_and(|ks| ks.waiters.iter().any(|w| !w.tx.is_closed()) || ks.moving)
             })
     }
 }

@@ -94,6 +94,15 @@ pub(super) async fn read_loop(
             for c in ks.creating.drain(..) {
                 let _ = c.send(Ok(()));
             }
+            let unneeded = !ks.needed();
+            if unneeded && st.idle.as_deref() != Some(key.as_str()) {
+                // Every wait that asked for it was given up while it was being created (their
+                // registrations found it still needed by the create): it ends now, not at
+                // the key's next deletion. (The kept watch, moved to a new stream, stays.)
+                st.forget(&key);
+                ss.ids.remove(&resp.watch_id());
+                cancel_later(&sender, resp.watch_id());
+            }
             continue;
         }
         if resp.canceled() {
@@ -126,6 +135,11 @@ pub(super) async fn read_loop(
             // watches only the keys it waits on, and at most one more (`State::idle`).
             let rev = kv.mod_revision();
             let Some(ks) = st.keys.get_mut(key) else {
+                // A watch whose key has no state left (its registration went where no runtime
+                // could cancel it): it ends now, not at each later deletion of the key.
+                if ss.ids.remove(&resp.watch_id()).is_some() {
+                    cancel_later(&sender, resp.watch_id());
+                }
                 continue;
             };
             if let Some(w) = ks.watch.as_mut() {
