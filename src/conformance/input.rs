@@ -199,7 +199,13 @@ pub async fn huge_durations_never_panic(f: &dyn Factory) {
             .await;
         assert!(matches!(r, Err(Error::InvalidTtl(_))), "ttl {ttl:?}: {r:?}");
     }
-    for margin in [Duration::MAX, Duration::ZERO] {
+    // A margin past half the TTL: a deadline before the first heartbeat could be confirmed.
+    for margin in [
+        Duration::MAX,
+        Duration::ZERO,
+        TTL - Duration::from_nanos(1),
+        TTL / 2 + Duration::from_millis(1),
+    ] {
         let r = Session::builder(f.backend())
             .namespace(&ns)
             .ttl(TTL)

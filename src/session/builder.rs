@@ -72,8 +72,10 @@ impl SessionBuilder {
 
     /// The safety margin subtracted from the TTL to get the local deadline (default
     /// `max(ttl / 5, 1 s)`, but at most `ttl / 2`). Must be positive (a zero margin leaves no
-    /// room for the client's and the cluster's clocks to run at different rates) and below the
-    /// TTL the cluster grants; [`Error::InvalidTtl`] otherwise.
+    /// room for the client's and the cluster's clocks to run at different rates) and at most
+    /// half the TTL the cluster grants (a larger one leaves a deadline that comes before the
+    /// first heartbeat can be confirmed: a session lost as it starts); [`Error::InvalidTtl`]
+    /// otherwise.
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
@@ -227,10 +229,15 @@ fn check_margin(margin: Duration, ttl: Duration) -> Result<()> {
             "the safety margin must be positive: it is the room left for clock drift",
         ));
     }
-    if margin >= ttl {
+    // The deadline, `ttl - margin` after a heartbeat's send, must leave room for the next one
+    // (a period of at most a third of the TTL) to be confirmed.
+    if margin > ttl / 2 {
         return Err(Error::invalid_ttl(
             margin,
-            format!("the safety margin must be below the ttl ({ttl:?})"),
+            format!(
+                "the safety margin must be at most half the ttl ({ttl:?}): a larger one puts \
+                 the local deadline before the next heartbeat"
+            ),
         ));
     }
     Ok(())
