@@ -264,6 +264,15 @@ impl Guard {
             hold: self.hold.share()?,
         })
     }
+
+    /// Resolves when the lock is no longer held through any of its guards (the last one
+    /// released or dropped, the session lost, the entry deleted): a Supervisor's term ends
+    /// then, not when the first guard goes while a reentered one holds on.
+    pub(crate) fn tenure_lost(
+        &self,
+    ) -> impl std::future::Future<Output = crate::LostReason> + Send + 'static {
+        self.hold.tenure().lost()
+    }
 }
 
 impl_holding!(Guard);

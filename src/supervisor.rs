@@ -12,7 +12,9 @@ use tracing::{info, warn};
 
 use crate::race::{race, First};
 use crate::retry::{Backoff, Retry};
-use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilder, SessionState};
+use crate::{
+    Error, Guard, Leadership, LostReason, Result, Session, SessionBuilder, SessionEnd, SessionState,
+};
 
 /// Keeps a process leading an election, or holding a lock, across session losses.
 ///
@@ -30,8 +32,9 @@ use crate::{Error, Guard, Leadership, LostReason, Result, Session, SessionBuilde
 /// the session is closed at once, so that a successor takes over in milliseconds rather than
 /// a TTL.
 ///
-/// Supervision ends when your future returns. Releasing the guard, resigning the leadership or
-/// dropping it inside your code is your decision, not a loss: no new term is started, your
+/// Supervision ends when your future returns. Releasing the guard (its last reentered share),
+/// resigning the leadership, dropping it or closing its session inside your code is your
+/// decision, not a loss: no new term is started, your
 /// future is left to run to its end (the release is never cut short), and supervision then ends
 /// as for a future that returned. (To step down for a while and take part again, return and
 /// call `lead`/`hold` again.)
@@ -170,7 +173,9 @@ impl Supervisor {
             },
             |guard: Guard| {
                 info!(token = %guard.token(), "holding");
-                let lost = guard.lost();
+                // The tenure's end, not this guard's: the work may hold on through a guard it
+                // reentered and drop this one.
+                let lost = guard.tenure_lost();
                 (lost, work(guard))
             },
         )
@@ -227,10 +232,14 @@ impl Supervisor {
                 let mut user = pin!(user);
                 match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
                     First::Left(()) => TermEnd::Shutdown,
-                    First::Right(First::Left(LostReason::Released)) => {
-                        // The user's own code released, resigned or dropped the grant: its
-                        // choice, not a loss. Let it finish (dropping it now would cut its
-                        // release short), then end as for a returned future.
+                    First::Right(First::Left(
+                        LostReason::Released | LostReason::Session(SessionEnd::Closed),
+                    )) => {
+                        // The user's own code released, resigned or dropped the grant, or
+                        // closed its session (nothing else closes it during a term: the
+                        // supervisor holds a handle): its choice, not a loss. Let it finish
+                        // (dropping it now would cut its release short), then end as for a
+                        // returned future.
                         match race(shutdown.as_mut(), user.as_mut()).await {
                             First::Left(()) => TermEnd::Shutdown,
                             First::Right(()) => TermEnd::Done,

@@ -160,6 +160,7 @@ macro_rules! conformance_tests {
             supervisor_keeps_leading,
             supervisor_ends_when_the_work_releases,
             supervisor_campaigns_again_when_its_entry_is_deleted,
+            supervisor_deposes_a_term_held_through_a_reentered_guard,
             supervisor_spaces_quick_losses,
             state_changes_until_closed,
             readers_share_writer_excludes,

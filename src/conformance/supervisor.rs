@@ -94,12 +94,12 @@ pub async fn supervisor_spaces_quick_losses(f: &dyn Factory) {
 }
 
 /// A supervised future that releases its own grant (`hold` with `release()`, `hold` dropping
-/// the guard, `lead` with `resign()`) is not deposed: it runs exactly once, its release
+/// the guard, `hold` closing its session, `lead` with `resign()`) is not deposed: it runs exactly once, its release
 /// completes (`Ok`), the code after it runs, and supervision then ends with `Ok(())` and no
 /// entry left, as it does for a future that returns.
 pub async fn supervisor_ends_when_the_work_releases(f: &dyn Factory) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    for how in ["release", "drop", "resign"] {
+    for how in ["release", "drop", "close", "resign"] {
         let ns = unique_namespace("supervisor_release");
         let builder = crate::Session::builder(f.backend()).namespace(&ns).ttl(TTL);
         let supervisor = crate::Supervisor::new(builder);
@@ -136,11 +136,13 @@ pub async fn supervisor_ends_when_the_work_releases(f: &dyn Factory) {
                             runs.fetch_add(1, Ordering::SeqCst);
                             let after = after_release.clone();
                             async move {
-                                let r = if how == "drop" {
-                                    drop(guard);
-                                    Ok(())
-                                } else {
-                                    guard.release().await
+                                let r = match how {
+                                    "drop" => {
+                                        drop(guard);
+                                        Ok(())
+                                    }
+                                    "close" => guard.session().close().await,
+                                    _ => guard.release().await,
                                 };
                                 after(r).await
                             }
@@ -158,6 +160,46 @@ pub async fn supervisor_ends_when_the_work_releases(f: &dyn Factory) {
         wait_entries(&probe, "nothing left", |l| l.is_empty()).await;
         probe.close().await.unwrap();
     }
+}
+
+/// A term whose work holds the lock through a reentered guard, the first one dropped, is still
+/// deposed when the lock is lost (an operator deletes its entry): its work is dropped and the
+/// next term starts. (The first guard's release was taken for the work's own, and the term ran
+/// on, holding nothing.)
+pub async fn supervisor_deposes_a_term_held_through_a_reentered_guard(f: &dyn Factory) {
+    let ns = unique_namespace("supervisor_reentered");
+    let probe = open(f, &ns, TTL).await;
+    let builder = crate::Session::builder(f.backend()).namespace(&ns).ttl(TTL);
+    let supervisor = crate::Supervisor::new(builder);
+    let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
+    let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        supervisor
+            .hold(
+                "m",
+                async move {
+                    let _ = stop.await;
+                },
+                move |guard| {
+                    let terms_tx = terms_tx.clone();
+                    async move {
+                        let inner = guard.reenter().unwrap();
+                        drop(guard);
+                        let _ = terms_tx.send(inner.key().to_string());
+                        std::future::pending::<()>().await;
+                        drop(inner);
+                    }
+                },
+            )
+            .await
+    });
+    let first = bounded(WAIT, "the first term", terms.recv()).await.unwrap();
+    f.delete_as_admin(&first).await.unwrap();
+    let second = bounded(WAIT, "a second term after the loss", terms.recv()).await;
+    assert!(second.is_some(), "supervision ended");
+    let _ = stop_tx.send(());
+    bounded(WAIT, "shutdown", run).await.unwrap().unwrap();
+    probe.close().await.unwrap();
 }
 
 /// A supervised candidate whose waiting entry an operator deletes campaigns again instead of
