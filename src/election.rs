@@ -300,7 +300,7 @@ impl Leadership {
         let entry = &tenure.entry;
         match shared.retry(|| remote.set_value(entry, value)).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Error::NotHeld(LostReason::EntryDeleted)),
+            Ok(false) => Err(Error::NotHeld(tenure.found_deleted())),
             Err(Error::SessionLost(end)) => Err(Error::NotHeld(LostReason::Session(end))),
             Err(e) => Err(e),
         }

@@ -13,7 +13,7 @@ use crate::backend::{BackendSession, Entry, QueueId};
 use crate::race::{race, First};
 use crate::retry::{Backoff, Retry};
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared, Undo};
-use crate::{Error, FencingToken, Result, Session};
+use crate::{Error, FencingToken, Result, Session, SessionEnd};
 
 mod ended;
 mod hold;
@@ -115,20 +115,16 @@ impl Tenure {
             match race(known, own_entry_gone(remote, entry, weak.clone())).await {
                 First::Left(First::Left(r)) => r,
                 First::Left(First::Right(end)) => LostReason::Session(end),
-                First::Right(()) => {
-                    // A session that is closing or expiring deletes its entries too: report
-                    // the session's reason when it has one.
-                    let reason = weak
-                        .upgrade()
-                        .and_then(|s| s.end())
-                        .map_or(LostReason::EntryDeleted, LostReason::Session);
-                    if ended.first(reason) {
-                        crate::metrics::grant_lost(reason);
-                    }
-                    ended.get().unwrap_or(reason)
-                }
+                First::Right(()) => ended_by_deletion(&ended, weak.upgrade().and_then(|s| s.end())),
             }
         }
+    }
+
+    /// The entry was found deleted by someone else (a guarded write refused): the tenure ends
+    /// now, as a `lost()` would have ended it, and `is_held()` says so. The reason it ended
+    /// with.
+    pub(crate) fn found_deleted(&self) -> LostReason {
+        ended_by_deletion(&self.ended, self.session.shared().end())
     }
 
     /// Fails unless the entry is still held.
@@ -204,6 +200,17 @@ impl Tenure {
         drop(local);
         self.session.shared().local.trim(&self.queue);
     }
+}
+
+/// Ends a tenure whose entry was found deleted: for the session's reason if it has one (a
+/// session that is closing or expiring deletes its entries too), for the deletion otherwise.
+/// The reason the tenure ended with (an earlier one, if it had ended already).
+fn ended_by_deletion(ended: &Ended, session_end: Option<SessionEnd>) -> LostReason {
+    let reason = session_end.map_or(LostReason::EntryDeleted, LostReason::Session);
+    if ended.first(reason) {
+        crate::metrics::grant_lost(reason);
+    }
+    ended.get().unwrap_or(reason)
 }
 
 /// Resolves once `entry` is gone, retrying temporary errors. Never resolves if the entry

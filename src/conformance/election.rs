@@ -177,12 +177,16 @@ pub async fn deposed_leader_cannot_proclaim(f: &dyn Factory) {
     l.proclaim(b"v2").await.unwrap();
     assert_eq!(e.leader().await.unwrap().unwrap().value, b"v2");
     f.delete_as_admin(l.key()).await.unwrap();
-    bounded(WAIT, "lost fires", l.lost()).await;
-    assert!(!l.is_leader());
+    // Found out by the refused write alone (no `lost()` asked): `is_leader()` says so too.
     assert!(matches!(
         l.proclaim(b"v3").await,
         Err(Error::NotHeld(LostReason::EntryDeleted))
     ));
+    assert!(!l.is_leader(), "still leader after a refused proclaim");
+    assert_eq!(
+        bounded(WAIT, "lost fires", l.lost()).await,
+        LostReason::EntryDeleted
+    );
     // Resigning a lost leadership reports it (and frees the local slot).
     assert!(matches!(l.resign().await, Err(Error::NotHeld(_))));
     let l2 = e.campaign(b"w1").await.unwrap();
