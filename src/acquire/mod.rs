@@ -135,6 +135,13 @@ pub(crate) fn value_fits(backend: &str, value: &[u8]) -> Result<()> {
             format!("longer than the {backend} backend's limit of {max} bytes"),
         )));
     }
+    if value == crate::backend::REVOKE_MARKER {
+        // A holder whose value is the marker would take itself for revoked.
+        return Err(Error::InvalidValue(crate::error::InvalidInput::new(
+            "__REVOKE__",
+            "the value a revocation request writes, reserved for it",
+        )));
+    }
     Ok(())
 }
 

@@ -238,7 +238,7 @@ pub async fn huge_durations_never_panic(f: &dyn Factory) {
 
 /// A value longer than the backend's limit is refused with [`Error::InvalidValue`] before
 /// anything is sent (campaign and proclaim), and leaves no entry; a value of exactly the limit
-/// works and is read back whole.
+/// works and is read back whole. The revocation marker is refused as a value too.
 pub async fn oversized_values_are_refused(f: &dyn Factory) {
     let ns = unique_namespace("oversized_values");
     let s = open(f, &ns, TTL).await;
@@ -271,7 +271,18 @@ pub async fn oversized_values_are_refused(f: &dyn Factory) {
     assert!(l.is_leader(), "a refused proclaim changes nothing");
     l.proclaim(vec![3u8; max]).await.unwrap();
     assert_eq!(e.leader().await.unwrap().unwrap().value, vec![3u8; max]);
+    // The revocation marker is no value of a leader's: it would take itself for revoked.
+    let r = l.proclaim(crate::backend::REVOKE_MARKER).await;
+    assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+    assert!(l.is_leader(), "a refused proclaim changes nothing");
     l.resign().await.unwrap();
+    let r = bounded(
+        WAIT,
+        "campaign with the revocation marker",
+        e.campaign(crate::backend::REVOKE_MARKER),
+    )
+    .await;
+    assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
     s.close().await.unwrap();
 }
 
