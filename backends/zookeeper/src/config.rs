@@ -257,7 +257,14 @@ impl ZooKeeperConfig {
                     "not a server address: expected host[:port]".into(),
                 ));
             };
-            hosts.push((host, port));
+            // A server named twice is one server: moving a session off a hung server must
+            // not take it to the same one under its second name.
+            if !hosts
+                .iter()
+                .any(|(h, p): &(String, u16)| h.eq_ignore_ascii_case(&host) && *p == port)
+            {
+                hosts.push((host, port));
+            }
         }
         let chroot = match (from_string, self.chroot.as_deref()) {
             (Some(a), Some(b)) if a != b => {
@@ -278,7 +285,8 @@ impl ZooKeeperConfig {
                     ));
                 }
                 fencelock::validate_namespace(root)?;
-                check_zk_path(root, root, true)?;
+                // From the server's own root: a chroot inside /zookeeper is refused too.
+                check_zk_path(root, root, false)?;
                 Some(root.to_string())
             }
         };
@@ -302,8 +310,11 @@ impl ZooKeeperConfig {
         for (what, id) in [("digest", &self.digest), ("SASL", &self.sasl)] {
             if let Some((user, _)) = id {
                 if user.is_empty() || (what == "digest" && user.contains(':')) {
+                    // Only what comes before the ':': `user:password` given as the user is
+                    // a common mistake, and the password must not be shown.
+                    let shown = user.split(':').next().unwrap_or_default();
                     return Err(invalid(
-                        user,
+                        &format!("{shown}:***"),
                         format!("the {what} user must be non-empty and contain no ':'"),
                     ));
                 }

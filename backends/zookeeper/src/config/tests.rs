@@ -82,6 +82,24 @@ fn resolve_rules() {
         .is_ok());
     let r = ZooKeeperConfig::new("a:1/").resolve().unwrap();
     assert_eq!(r.chroot, None);
+    // A server named twice is one server (a session moved off it must not come back to it).
+    let r = ZooKeeperConfig::new("a:1,A:1,b,b:2181").resolve().unwrap();
+    assert_eq!(r.servers, "tcp://a:1,tcp://b:2181");
+    // ZooKeeper's own tree is no chroot.
+    for c in [
+        ZooKeeperConfig::new("a:1").chroot("/zookeeper/quota"),
+        ZooKeeperConfig::new("a:1/zookeeper"),
+    ] {
+        assert!(matches!(c.resolve(), Err(Error::InvalidName(_))));
+    }
+    // `user:password` given as the digest user: the password is not shown.
+    let e = ZooKeeperConfig::new("a:1")
+        .digest_auth("billing:12345", "p")
+        .resolve()
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(!e.to_string().contains("12345"), "{e}");
     let dbg = format!(
         "{:?}",
         ZooKeeperConfig::new("a:1")
