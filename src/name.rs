@@ -103,16 +103,6 @@ pub(crate) fn validate_queue_name(name: &str) -> Result<()> {
 }
 
 /// Checks a namespace: empty, or a name as for [`validate_name`] that may also start with `/`.
-/// A namespace is a prefix of the names under it (the lock `b` of the namespace `ns/a` is the
-/// lock `a/b` of `ns`), so its last segment below another is not one of
-/// [`RESERVED_LAST_SEGMENTS`] either: the lock `x` of the namespace `ns/jobs/read` would queue
-/// among the readers of the read-write lock `jobs` of `ns`.
-///
-/// ```
-/// assert!(fencelock::validate_namespace("/svc/locks").is_ok());
-/// assert!(fencelock::validate_namespace("read").is_ok());
-/// assert!(fencelock::validate_namespace("ns/jobs/read").is_err());
-/// ```
 pub fn validate_namespace(namespace: &str) -> Result<()> {
     if namespace.is_empty() {
         return Ok(());
@@ -120,14 +110,7 @@ pub fn validate_namespace(namespace: &str) -> Result<()> {
     if namespace == "/" {
         return Err(invalid(namespace, "use the empty namespace instead of '/'"));
     }
-    check_segments(namespace)?;
-    match namespace.trim_start_matches('/').rsplit_once('/') {
-        Some((_, last)) if RESERVED_LAST_SEGMENTS.contains(&last) => Err(invalid(
-            namespace,
-            "ends in a segment that read-write locks keep their entries under (read, write)",
-        )),
-        _ => Ok(()),
-    }
+    check_segments(namespace)
 }
 
 #[cfg(test)]
@@ -172,7 +155,5 @@ mod tests {
         assert!(validate_namespace("").is_ok());
         assert!(validate_namespace("/svc/locks").is_ok());
         assert!(validate_namespace("/").is_err());
-        assert!(validate_namespace("/write").is_ok());
-        assert!(validate_namespace("/ns/write").is_err());
     }
 }
