@@ -83,7 +83,8 @@ impl SessionBuilder {
 
     /// The key prefix under which every lock and election of this session lives
     /// (default `"fencelock"`). An empty namespace gives keys `/{name}/...`, the layout of
-    /// etcd's Go `concurrency` package for a prefix `/{name}`.
+    /// etcd's Go `concurrency` package for a prefix `/{name}`. Namespaces nest as prefixes:
+    /// the lock `b` of the namespace `ns/a` is the lock `a/b` of `ns`.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
