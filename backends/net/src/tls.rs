@@ -41,13 +41,32 @@ impl fmt::Debug for TlsConfig {
     }
 }
 
+/// The largest PEM file read: certificate chains and CA bundles are tens of KiB (Mozilla's
+/// whole bundle is about 220 KiB).
+const MAX_PEM_FILE: u64 = 4 << 20;
+
+/// Reads a PEM file, bounded: a path to a device or a FIFO (`/dev/zero`, `<(…)` read twice)
+/// would block or fill the memory, and the read is a blocking call made where a connect starts.
 fn read(path: &Path, what: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| {
-        Error::invalid_config(
-            path.display().to_string(),
-            format!("cannot read the {what}: {e}"),
-        )
-    })
+    use std::io::Read;
+    let bad = |why: String| Error::invalid_config(path.display().to_string(), why);
+    let cannot = |e: std::io::Error| bad(format!("cannot read the {what}: {e}"));
+    if !std::fs::metadata(path).map_err(cannot)?.is_file() {
+        return Err(bad(format!("the {what} is not a regular file")));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(cannot)?
+        .take(MAX_PEM_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_PEM_FILE {
+        return Err(bad(format!(
+            "the {what} is larger than {} MiB: not a PEM file",
+            MAX_PEM_FILE >> 20
+        )));
+    }
+    Ok(text)
 }
 
 impl TlsConfig {
@@ -242,6 +261,23 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+
+    /// A device, a directory or a huge file given as a PEM file is refused, without reading it
+    /// whole (`/dev/zero` never ended).
+    #[test]
+    fn only_regular_files_of_a_sane_size_are_read() {
+        for path in ["/dev/zero", "/dev/null", "/tmp", "/no/such/file"] {
+            let e = invalid(TlsConfig::from_ca_file(path));
+            assert!(e.contains(path), "{e}");
+        }
+        let dir = std::env::temp_dir().join(format!("fencelock-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.pem");
+        std::fs::write(&big, vec![b'A'; (MAX_PEM_FILE + 1) as usize]).unwrap();
+        let e = invalid(TlsConfig::from_ca_file(&big));
+        assert!(e.contains("larger"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// PEM that frames no usable certificate or key is refused when given, not at the
