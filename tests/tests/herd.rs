@@ -2,7 +2,8 @@
 //! read-write lock and a semaphore, each release waking one waiter (at most one watch
 //! notification per acquisition, whatever the number of waiters; on Redis, requests per
 //! acquisition that do not grow with the waiters). Each backend gets a server of
-//! its own, so that no other test's notifications are counted.
+//! its own, so that no other test's notifications are counted. And observers of an election
+//! are woken by its head alone, not by candidates joining and leaving behind it.
 
 use std::time::Duration;
 
@@ -57,6 +58,83 @@ async fn check_loads(sessions: Vec<Session>, counter: &Notifications, limit: f64
             after > before,
             "{load:?}: contended, yet nobody was ever woken"
         );
+    }
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
+
+/// Candidates joining and leaving an election's tail wake no observer: `sessions[0]` leads,
+/// `OBSERVERS` streams of `sessions[1]` observe, `sessions[2]` campaigns and gives up `CHURN`
+/// times. Each join and leave woke every observer (which then opened a watch again and read
+/// the queue): `2 × CHURN × OBSERVERS` notifications. The observers still see the next leader.
+async fn check_observers(sessions: Vec<Session>, counter: &Notifications) {
+    use futures::StreamExt;
+    const OBSERVERS: usize = 8;
+    const CHURN: usize = 30;
+    let e = |i: usize| sessions[i].election("observed").unwrap();
+    let leader = e(0).campaign(b"first").await.unwrap();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let mut observers = Vec::new();
+    for i in 0..OBSERVERS {
+        let (stream, seen_tx) = (e(1).observe(), seen_tx.clone());
+        observers.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                let value = item.ok().flatten().map(|l| l.value);
+                let _ = seen_tx.send((i, value));
+            }
+        }));
+    }
+    let mut first = 0;
+    while first < OBSERVERS {
+        let got = tokio::time::timeout(Duration::from_secs(30), seen.recv()).await;
+        let (_, value) = got.expect("every observer reports the leader").unwrap();
+        assert_eq!(value.as_deref(), Some(&b"first"[..]));
+        first += 1;
+    }
+    let before = counter.read().await.expect("read the server's counter");
+    let mut gave_up = 0;
+    for _ in 0..CHURN {
+        let r = e(2)
+            .campaign_timeout(b"churn", Duration::from_millis(20))
+            .await;
+        assert!(matches!(r, Err(fencelock::Error::Timeout { .. })), "{r:?}");
+        gave_up += 1;
+    }
+    let after = counter.read().await.expect("read the server's counter");
+    let woken = after - before;
+    println!("{woken} notifications for {gave_up} candidates joining and leaving");
+    assert!(
+        woken < CHURN as f64,
+        "{woken} notifications for {gave_up} candidates joining and leaving the tail, {OBSERVERS} observers"
+    );
+    assert!(
+        seen.try_recv().is_err(),
+        "an observer reported a change at the tail"
+    );
+    // The observers still follow the head.
+    let next = tokio::spawn({
+        let e = e(2);
+        // The leadership is returned, not dropped (which would resign at once).
+        async move { e.campaign(b"next").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    leader.resign().await.unwrap();
+    let mut told = std::collections::HashSet::new();
+    while told.len() < OBSERVERS {
+        let got = tokio::time::timeout(Duration::from_secs(30), seen.recv()).await;
+        let (i, value) = got
+            .expect("every observer reports the next leader")
+            .unwrap();
+        if value.as_deref() == Some(&b"next"[..]) {
+            told.insert(i);
+        }
+    }
+    let next = next.await.unwrap().unwrap();
+    next.resign().await.unwrap();
+    for o in observers {
+        o.abort();
     }
     for s in sessions {
         s.close().await.unwrap();
@@ -309,4 +387,53 @@ async fn redis_release_wakes_one_waiter() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_observers_sleep_through_the_tail() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+        sessions.push(
+            Session::builder(b)
+                .namespace("observers")
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    check_observers(sessions, &Notifications::Etcd(ep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_observers_sleep_through_the_tail() {
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let b = fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect()
+            .await
+            .unwrap();
+        sessions.push(
+            Session::builder(b)
+                .namespace("observers")
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    check_observers(sessions, &Notifications::ZooKeeper(server.port(0))).await;
 }

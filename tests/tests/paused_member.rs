@@ -351,3 +351,77 @@ async fn gray_etcd_watch_moves_off_paused_member() {
     }
     holder.close().await.unwrap();
 }
+
+/// An election's observer whose watch stream sits on a member that hangs: the leader resigns
+/// through another member during the pause, and the observer reports the change well before
+/// HTTP/2 keep-alive would give up on the hung member (about 8 s): a quiet watch is asked for
+/// progress, and one that stays silent is given up and made again elsewhere. As for the waiter
+/// above, the observer's client knows only the two followers, each paused in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gray_etcd_observer_moves_off_paused_member() {
+    use futures::StreamExt;
+    if !available(Kind::Etcd) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let cluster: Arc<dyn Cluster> = Arc::new(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    let namespace = fencelock::conformance::unique_namespace("paused-observer");
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..cluster.size()).filter(|i| *i != leader).collect();
+    let candidate = start_session(&backend(&*cluster).await, &namespace, SHORT_TTL).await;
+    let observer_at: Vec<String> = followers.iter().map(|i| cluster.endpoint(*i)).collect();
+    for (round, victim) in followers.into_iter().enumerate() {
+        let observer_backend = cluster.target().backend_at(&observer_at.join(",")).await;
+        let observer = start_session(&observer_backend, &namespace, SHORT_TTL).await;
+        let value = format!("round {round}");
+        let led = candidate
+            .election("e")
+            .unwrap()
+            .campaign(value.as_bytes())
+            .await
+            .unwrap();
+        let stream = observer.election("e").unwrap().observe();
+        let mut stream = std::pin::pin!(stream);
+        // The leader of this round first (errors of a paused member are yielded, and skipped).
+        let first = tokio::time::timeout(PATIENCE, async {
+            while let Some(item) = stream.next().await {
+                if let Ok(Some(l)) = item {
+                    return l.value;
+                }
+            }
+            panic!("the observation ended")
+        })
+        .await
+        .expect("the observer reports the leader");
+        assert_eq!(first, value.as_bytes());
+        cluster.pause(victim);
+        tokio::time::sleep(SHORT_TTL).await;
+        led.resign().await.unwrap();
+        let resigned = Instant::now();
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(item) = stream.next().await {
+                if let Ok(None) = item {
+                    return;
+                }
+            }
+            panic!("the observation ended")
+        })
+        .await
+        .expect("the observer never reported the resignation");
+        let after = resigned.elapsed();
+        cluster.resume(victim);
+        println!(
+            "etcd, member {victim} paused: the observer was told {after:?} after the resignation"
+        );
+        assert!(
+            after < Duration::from_secs(4),
+            "told only {after:?} after the resignation"
+        );
+        observer.close().await.unwrap();
+    }
+    candidate.close().await.unwrap();
+}

@@ -7,7 +7,7 @@ use fencelock::{FencingToken, Result};
 
 use crate::error::{map, temporary, watch_refused};
 use crate::fence::is_fence_key;
-use crate::layout::{entry_of, key_string, prefix_of, queue_order};
+use crate::layout::{entry_kind, entry_of, key_string, prefix_of, queue_order};
 use crate::lifecycle::{queue_keys, EtcdSession};
 use crate::request::{hedged, within};
 
@@ -59,20 +59,36 @@ pub(crate) async fn head(
     Err(temporary("leader", "the queue's head kept changing"))
 }
 
+/// Waits until the head of `queue` or its value differs from `seen`.
+///
+/// While a head is known, only its key is watched: it can change only by going (entries that
+/// join take later revisions, behind it) or by a new value, so waiters joining and leaving
+/// the queue's tail wake no observer. An empty queue is watched whole, for an entry's arrival
+/// (the keys of nested names under its prefix do not count).
+///
+/// A quiet watch is asked for progress, and one that stays silent for the request bound ends
+/// with a temporary error: a member that hangs keeps its streams open without a word, and the
+/// caller reads again elsewhere (within about the bound, not HTTP/2 keep-alive's seconds).
 pub(crate) async fn wait_queue_change(
     session: &EtcdSession,
     queue: &QueueId,
     seen: Option<&(Entry, Vec<u8>)>,
 ) -> Result<()> {
     let prefix = prefix_of(queue);
+    let (key, options) = match seen {
+        Some((head, _)) => (head.key.clone(), etcd_client::WatchOptions::new()),
+        None => (
+            prefix.clone(),
+            etcd_client::WatchOptions::new().with_prefix(),
+        ),
+    };
     // Opened and created within the request bound (a stream sent to a member that hangs
     // is given up, and the caller's retry goes elsewhere).
     let mut watches = session
         .client
         .watch_client()
         .max_decoding_message_size(usize::MAX);
-    let options = etcd_client::WatchOptions::new().with_prefix();
-    let opened = watches.watch(prefix.as_str(), Some(options));
+    let opened = watches.watch(key.as_str(), Some(options));
     let mut stream = within(session.bound, "observe", opened).await?;
     match within(session.bound, "observe", stream.message()).await? {
         Some(r) if r.created() && !r.canceled() => {}
@@ -88,13 +104,36 @@ pub(crate) async fn wait_queue_change(
     if !same {
         return Ok(());
     }
+    let quiet = session.bound / 2;
+    let mut asked = false;
     loop {
-        match stream.message().await.map_err(|e| map("observe", e))? {
+        let message = match tokio::time::timeout(quiet, stream.message()).await {
+            Ok(m) => m.map_err(|e| map("observe", e))?,
+            Err(_) if asked => {
+                return Err(temporary("observe", "the watch stream went silent"));
+            }
+            Err(_) => {
+                asked = true;
+                within(session.bound, "observe", stream.request_progress()).await?;
+                continue;
+            }
+        };
+        asked = false;
+        match message {
             Some(r) if r.canceled() => {
                 return Err(temporary("observe", "watch canceled"));
             }
-            Some(r) if !r.events().is_empty() => return Ok(()),
-            Some(_) => {}
+            Some(r) => {
+                let counts = |ev: &etcd_client::Event| {
+                    seen.is_some()
+                        || ev
+                            .kv()
+                            .is_some_and(|kv| entry_kind(queue.kind, &prefix, kv.key()).is_some())
+                };
+                if r.events().iter().any(counts) {
+                    return Ok(());
+                }
+            }
             None => return Err(temporary("observe", "watch ended")),
         }
     }

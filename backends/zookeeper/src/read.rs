@@ -138,14 +138,26 @@ impl ZkSession {
         }
     }
 
-    /// Waits until the head of `queue` or its value differs from `seen`, with a children
-    /// watch on the parent (an exists watch while the parent is missing) and a data watch on
-    /// the head.
+    /// Waits until the head of `queue` or its value differs from `seen`.
+    ///
+    /// While a head is known, only its node (a data watch: its deletion or new data) and its
+    /// proclaimed value are watched: it can change only by going, as entries that join take
+    /// later sequence numbers, behind it; so waiters joining and leaving the tail wake no
+    /// observer, and no wake lists the queue. An empty queue is watched with a children watch
+    /// on the parent (an exists watch while the parent is missing).
     pub(crate) async fn wait_head_change(
         &self,
         queue: &QueueId,
         seen: Option<&(Entry, Vec<u8>)>,
     ) -> Result<()> {
+        match seen {
+            None => self.wait_first_entry(queue).await,
+            Some((entry, value)) => self.wait_head_gone_or_changed(entry, value).await,
+        }
+    }
+
+    /// Waits until `queue` has an entry.
+    async fn wait_first_entry(&self, queue: &QueueId) -> Result<()> {
         const OP: &str = "watch queue";
         let parent = queue_path(queue, self.chrooted())?;
         loop {
@@ -155,9 +167,6 @@ impl ZkSession {
             let (children, child_watch) = match res {
                 Ok((children, _, w)) => (children, w),
                 Err(zk::Error::NoNode) => {
-                    if seen.is_some() {
-                        return Ok(());
-                    }
                     // Wait for the parent to appear.
                     let res = client.check_and_watch_stat(&parent).await;
                     drop(client);
@@ -177,21 +186,23 @@ impl ZkSession {
                 }
                 Err(err) => return Err(error::map(OP, err)),
             };
-            let head = sorted_entries(children, queue.kind).into_iter().next();
-            let (seen_entry, seen_value) = match (head, seen) {
-                (None, None) => {
-                    drop(client);
-                    tokio::select! {
-                        ev = child_watch.changed() => {
-                            check_session_event(OP, &ev)?;
-                            continue;
-                        }
-                        err = broken => return Err(err),
-                    }
-                }
-                (Some(first), Some((e, v))) if join(&parent, &first.name) == e.key => (e, v),
-                _ => return Ok(()),
-            };
+            drop(client);
+            if !sorted_entries(children, queue.kind).is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                ev = child_watch.changed() => check_session_event(OP, &ev)?,
+                err = broken => return Err(err),
+            }
+        }
+    }
+
+    /// Waits until the head entry `seen_entry` goes or its value is no longer `seen_value`.
+    async fn wait_head_gone_or_changed(&self, seen_entry: &Entry, seen_value: &[u8]) -> Result<()> {
+        const OP: &str = "watch queue";
+        loop {
+            let broken = self.broken(OP);
+            let client = self.client()?;
             // The head's node and its proclaimed value, both read and watched, in one round
             // trip; the value node may not exist (an exists watch fires when it is created).
             let vpath = value_path(&seen_entry.key).filter(|_| is_latch(&seen_entry.key));
@@ -224,7 +235,7 @@ impl ZkSession {
                 (Some(Ok(_)), Some(Err(err))) => return Err(error::map(OP, err)),
                 (Some(Ok((_, w))), None) => (data, Some(w)),
             };
-            if stat.czxid as u64 != seen_entry.token.get() || value != *seen_value {
+            if stat.czxid as u64 != seen_entry.token.get() || value != seen_value {
                 return Ok(());
             }
             let value_changed = async {
@@ -234,7 +245,6 @@ impl ZkSession {
                 }
             };
             tokio::select! {
-                ev = child_watch.changed() => check_session_event(OP, &ev)?,
                 ev = data_watch.changed() => check_session_event(OP, &ev)?,
                 ev = value_changed => check_session_event(OP, &ev)?,
                 err = broken => return Err(err),
