@@ -8,7 +8,8 @@
 //! connects, waits, spawns, releases or closes) and leave a queue entry to linger until the
 //! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
 //! and another holder ran beside it once the TTL had passed). Those that fencelock was started
-//! with ignored (`nohup`) stay ignored, for its command too.
+//! with ignored (`nohup`) stay ignored, for its command too, and so does SIGPIPE
+//! ([`sigpipe_ignored_at_start`]).
 //! SIGTSTP (Ctrl-Z) and SIGTTIN are caught too, so that a command in a process group of its
 //! own stops with fencelock: stopped alone, fencelock would stop heartbeating while the command
 //! ran on, and past the TTL another holder would run beside it ([`is_job_stop`]). SIGTTOU is
@@ -197,6 +198,34 @@ fn ignored_at_start() -> u64 {
             u64::from_str_radix(line.trim(), 16).ok()
         })
         .unwrap_or(0)
+}
+
+/// Whether fencelock was started with SIGPIPE ignored (systemd's `IgnoreSIGPIPE=yes`, its
+/// default for services; a shell's `trap '' PIPE`): its command then starts with it ignored
+/// too, as it would without fencelock. Rust's runtime ignores SIGPIPE for itself before `main`,
+/// and resets it for the processes it starts, so `SigIgn` read later tells nothing of it.
+pub(crate) fn sigpipe_ignored_at_start() -> bool {
+    SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static SIGPIPE_IGNORED_AT_START: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Run by the C runtime before Rust's (which sets SIGPIPE to ignored): the disposition that
+/// fencelock was started with.
+#[used]
+#[link_section = ".init_array"]
+static READ_SIGPIPE_AT_START: extern "C" fn() = read_sigpipe_at_start;
+
+extern "C" fn read_sigpipe_at_start() {
+    // SAFETY: a zeroed `sigaction` is a valid value of the C struct, and `sigaction` with no
+    // new action only reads the current one into it.
+    let ignored = unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut now) == 0
+            && now.sa_sigaction == libc::SIG_IGN
+    };
+    SIGPIPE_IGNORED_AT_START.store(ignored, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -759,6 +759,51 @@ async fn a_parent_ignoring_sigchld_still_gets_the_status() {
     s.close().await.unwrap();
 }
 
+/// Started with SIGPIPE ignored (systemd's `IgnoreSIGPIPE=yes`, `trap '' PIPE`), fencelock
+/// starts its command with it ignored too, as the command would be without fencelock (it got
+/// the default, Rust's runtime's reset for the processes it starts); started with the default,
+/// the command gets the default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ignored_sigpipe_stays_ignored_for_the_command() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_sigpipe");
+    let dir = tempfile::tempdir().unwrap();
+    for (label, disposition, ignored) in [
+        ("ignored", "'IGNORE'", true),
+        ("default", "'DEFAULT'", false),
+    ] {
+        let mut cmd = std::process::Command::new("perl");
+        cmd.args([
+            "-e",
+            &format!("$SIG{{PIPE}} = {disposition}; exec @ARGV or die"),
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_fencelock"))
+        .args([
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "grep SigIgn /proc/self/status",
+        ])
+        .env("FENCELOCK_ENDPOINTS", &t.url)
+        .env("FENCELOCK_NAMESPACE", &ns);
+        let mut r = Run::spawn(cmd, dir.path(), label);
+        assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+        let out = r.output();
+        let mask = out
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no SigIgn line: {out}"));
+        let pipe = 1u64 << (Signal::PIPE.as_raw() - 1);
+        assert_eq!(mask & pipe != 0, ignored, "{label}: SigIgn {mask:x}");
+    }
+}
+
 /// An interactive bash (job control on) on a pseudo-terminal of `script`'s, in `d`, lines
 /// typed into it through `script`'s input; its output in `d/{label}.log`. `$FL` in a line is
 /// fencelock, with the cluster and namespace in its environment and TTL `ttl`.
