@@ -136,6 +136,14 @@ impl KeyWatcher {
                 first
             }
         };
+        // Made before the first await: dropped at any point from here, it cancels the watch
+        // (or, with the create still on its way, leaves that to the created reply).
+        let registration = Registration {
+            covered,
+            rx: Some(rx),
+            key: key.to_string(),
+            state: self.inner.state.clone(),
+        };
         if must_create {
             // The create runs as a task of its own: a caller dropped half way must not leave
             // a key in `pending` whose request never went out (the FIFO of created replies
@@ -159,12 +167,6 @@ impl KeyWatcher {
                 Err(e) => return Err(temporary("watch", &e.to_string())),
             }
         }
-        let registration = Registration {
-            covered,
-            rx: Some(rx),
-            key: key.to_string(),
-            state: self.inner.state.clone(),
-        };
         match created_rx.await {
             Ok(Ok(())) => Ok(registration),
             Ok(Err(e)) => {

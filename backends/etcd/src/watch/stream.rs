@@ -94,11 +94,10 @@ pub(super) async fn read_loop(
             for c in ks.creating.drain(..) {
                 let _ = c.send(Ok(()));
             }
-            let unneeded = !ks.needed();
-            if unneeded && st.idle.as_deref() != Some(key.as_str()) {
+            if !ks.needed() {
                 // Every wait that asked for it was given up while it was being created (their
                 // registrations found it still needed by the create): it ends now, not at
-                // the key's next deletion. (The kept watch, moved to a new stream, stays.)
+                // the key's next deletion.
                 st.forget(&key);
                 ss.ids.remove(&resp.watch_id());
                 cancel_later(&sender, resp.watch_id());
