@@ -76,8 +76,12 @@ pub(crate) async fn wait_queue_change(
 ) -> Result<()> {
     let prefix = prefix_of(queue);
     let (key, options) = match seen {
-        Some((head, _)) => (head.key.clone(), etcd_client::WatchOptions::new()),
-        None => (
+        // (A head whose key is not UTF-8, a foreign one, is known only by a lossy copy of its
+        // name, which a watch would never hear of: the queue is watched whole.)
+        Some((head, _)) if !head.key.contains(char::REPLACEMENT_CHARACTER) => {
+            (head.key.clone(), etcd_client::WatchOptions::new())
+        }
+        _ => (
             prefix.clone(),
             etcd_client::WatchOptions::new().with_prefix(),
         ),
@@ -104,10 +108,15 @@ pub(crate) async fn wait_queue_change(
     if !same {
         return Ok(());
     }
-    let quiet = session.bound / 2;
     let mut asked = false;
     loop {
-        let message = match tokio::time::timeout(quiet, stream.message()).await {
+        // Quiet for half the bound: ask; then silent for the bound: given up.
+        let patience = if asked {
+            session.bound
+        } else {
+            session.bound / 2
+        };
+        let message = match tokio::time::timeout(patience, stream.message()).await {
             Ok(m) => m.map_err(|e| map("observe", e))?,
             Err(_) if asked => {
                 return Err(temporary("observe", "the watch stream went silent"));
