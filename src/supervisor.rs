@@ -99,7 +99,7 @@ impl Supervisor {
     /// `shutdown` resolves or a `lead` future returns (then it resigns). Leadership lost
     /// (session expired, local deadline, entry deleted) drops the `lead` future and starts a
     /// new campaign, in a new session (the old one closed). A `lead` future that resigns
-    /// (or drops its leadership) is not deposed: it runs on until it returns, and supervision
+    /// (or drops its leadership, or closes its session) is not deposed: it runs on until it returns, and supervision
     /// ends then. A waiting candidacy whose entry is deleted campaigns again.
     ///
     /// Returns `Ok(())` after a shutdown or a `lead` that returned, with the session closed;
@@ -142,8 +142,9 @@ impl Supervisor {
     }
 
     /// Locks `name` and runs `work` with each guard, until `shutdown` resolves or a `work`
-    /// future returns (then it releases). A lost lock drops the `work` future and locks again. A `work` future that releases (or drops) its
-    /// guard runs on until it returns, and supervision ends then.
+    /// future returns (then it releases). A lost lock drops the `work` future and locks again.
+    /// A `work` future that releases (or drops) its guard, its last reentered one, or closes
+    /// its session runs on until it returns, and supervision ends then.
     ///
     /// A lost lock locks again in a new session (the old one closed).
     ///
@@ -232,14 +233,11 @@ impl Supervisor {
                 let mut user = pin!(user);
                 match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
                     First::Left(()) => TermEnd::Shutdown,
-                    First::Right(First::Left(
-                        LostReason::Released | LostReason::Session(SessionEnd::Closed),
-                    )) => {
+                    First::Right(First::Left(reason)) if ended_by_the_work(reason, &s) => {
                         // The user's own code released, resigned or dropped the grant, or
-                        // closed its session (nothing else closes it during a term: the
-                        // supervisor holds a handle): its choice, not a loss. Let it finish
-                        // (dropping it now would cut its release short), then end as for a
-                        // returned future.
+                        // closed its session: its choice, not a loss. Let it finish (dropping
+                        // it now would cut its release short), then end as for a returned
+                        // future.
                         match race(shutdown.as_mut(), user.as_mut()).await {
                             First::Left(()) => TermEnd::Shutdown,
                             First::Right(()) => TermEnd::Done,
@@ -329,5 +327,20 @@ async fn close_kept(session: &Mutex<Option<Session>>) {
     let kept = session.lock().unwrap().take();
     if let Some(s) = kept {
         let _ = s.close().await;
+    }
+}
+
+/// Whether a term's grant ended by the choice of the term's own code: released (resigned,
+/// dropped), or its session closed. Nothing else closes the session during a term (the
+/// supervisor holds a handle of it), but its heartbeat task gone (a panic, its runtime shut
+/// down), which is a loss.
+fn ended_by_the_work(reason: LostReason, session: &Session) -> bool {
+    use std::sync::atomic::Ordering;
+    match reason {
+        LostReason::Released => true,
+        LostReason::Session(SessionEnd::Closed) => {
+            !session.shared().orphaned.load(Ordering::SeqCst)
+        }
+        _ => false,
     }
 }
