@@ -154,7 +154,17 @@ impl SessionBuilder {
             .unwrap_or_else(|| (ttl / 5).max(Duration::from_secs(1)).min(ttl / 2));
         if let Err(e) = check_margin(margin, ttl) {
             let _ = remote.close().await;
-            return Err(e);
+            if ttl == self.ttl {
+                return Err(e);
+            }
+            return Err(Error::invalid_ttl(
+                margin,
+                format!(
+                    "the safety margin must be at most half the ttl, and the cluster granted \
+                     {ttl:?} where {:?} was asked (a ZooKeeper server's maxSessionTimeout, say)",
+                    self.ttl
+                ),
+            ));
         }
         let mut deadline = sent.after(ttl - margin);
         // On both clocks: a machine suspended while opening counts as a slow open.
