@@ -45,16 +45,27 @@ impl fmt::Debug for TlsConfig {
 /// whole bundle is about 220 KiB).
 const MAX_PEM_FILE: u64 = 4 << 20;
 
-/// Reads a PEM file, bounded: a device given for it (`/dev/zero`) filled the memory. (A pipe
-/// is read, as from a shell's `<(…)`.)
+/// Reads a PEM file, bounded: a device given for it (`/dev/zero`) filled the memory. A pipe
+/// is read, as from a shell's `<(…)`; a named one that no process writes to reads as empty
+/// (opened plainly, it blocked the caller, a connect, for ever).
 fn read(path: &Path, what: &str) -> Result<String> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let bad = |why: String| Error::invalid_config(path.display().to_string(), why);
     let cannot = |e: std::io::Error| bad(format!("cannot read the {what}: {e}"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(cannot)?;
+    // Blocking again for the read: a writer that is slow to start is waited for, and a pipe
+    // with no writer at all reads as its end.
+    fcntl_getfl(&file)
+        .and_then(|flags| fcntl_setfl(&file, flags - OFlags::NONBLOCK))
+        .map_err(|e| cannot(e.into()))?;
     let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(cannot)?
-        .take(MAX_PEM_FILE + 1)
+    file.take(MAX_PEM_FILE + 1)
         .read_to_string(&mut text)
         .map_err(cannot)?;
     if text.len() as u64 > MAX_PEM_FILE {
@@ -274,6 +285,24 @@ mod tests {
         std::fs::write(&big, vec![b'A'; (MAX_PEM_FILE + 1) as usize]).unwrap();
         let e = invalid(TlsConfig::from_ca_file(&big));
         assert!(e.contains("larger"), "{e}");
+        // A named pipe nobody writes to: refused at once (it blocked for ever).
+        let fifo = dir.join("ca.fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(TlsConfig::from_ca_file(&fifo).map(|_| ()));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a pipe nobody writes to is read without waiting");
+        assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

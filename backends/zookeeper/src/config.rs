@@ -312,9 +312,12 @@ impl ZooKeeperConfig {
                 if user.is_empty() || (what == "digest" && user.contains(':')) {
                     // Only what comes before the ':': `user:password` given as the user is
                     // a common mistake, and the password must not be shown.
-                    let shown = user.split(':').next().unwrap_or_default();
+                    let shown = match user.split_once(':') {
+                        Some((user, _)) => format!("{user}:***"),
+                        None => "(empty)".to_string(),
+                    };
                     return Err(invalid(
-                        &format!("{shown}:***"),
+                        &shown,
                         format!("the {what} user must be non-empty and contain no ':'"),
                     ));
                 }
