@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_core::Stream;
 use tracing::Instrument;
 
-use crate::acquire::{acquire, check_value, local_turn, Request, Rule, Wait};
+use crate::acquire::{acquire_in_turn, check_value, Request, Rule, Wait};
 use crate::backend::{Entry, EntryInfo, EntryKind, QueueId, QueueKind};
 use crate::retry::Backoff;
 use crate::session::Shared;
@@ -119,9 +119,6 @@ impl Election {
             let value = value.as_slice();
             let shared = self.session.shared();
             check_value(shared, value)?;
-            let Some(local) = local_turn(shared, &self.queue, false, wait).await? else {
-                return Ok(None);
-            };
             let req = Request {
                 queue: &self.queue,
                 kind: EntryKind::Exclusive,
@@ -130,7 +127,7 @@ impl Election {
                 recorded: true,
                 since: None,
             };
-            let tenure = acquire(&self.session, req, Some(local), wait).await?;
+            let tenure = acquire_in_turn(&self.session, req, false, wait).await?;
             Ok(tenure.map(|tenure| Leadership {
                 hold: Hold::new(tenure),
             }))

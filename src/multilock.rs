@@ -179,7 +179,7 @@ impl MultiLock {
         let mut locals = Vec::with_capacity(self.mutexes.len());
         for m in &self.mutexes {
             match local_turn(shared, m.queue_id(), false, Wait::No).await? {
-                Some(slot) => locals.push(slot),
+                Some((slot, _)) => locals.push(slot),
                 None => return Ok(None), // held by another task of this session
             }
         }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::acquire::{acquire, local_turn, Request, Rule, Wait};
+use crate::acquire::{acquire_in_turn, Request, Rule, Wait};
 use crate::backend::{EntryInfo, EntryKind, QueueId, QueueKind};
 use crate::tenure::{holding_methods, impl_holding, Hold, Tenure};
 use crate::{Result, Session};
@@ -95,10 +95,6 @@ impl Mutex {
     }
 
     async fn acquire(&self, wait: Wait) -> Result<Option<Guard>> {
-        let shared = self.session.shared();
-        let Some(local) = local_turn(shared, &self.queue, false, wait).await? else {
-            return Ok(None);
-        };
         let req = Request {
             queue: &self.queue,
             kind: EntryKind::Exclusive,
@@ -107,7 +103,7 @@ impl Mutex {
             recorded: self.recorded,
             since: None,
         };
-        let tenure = acquire(&self.session, req, Some(local), wait).await?;
+        let tenure = acquire_in_turn(&self.session, req, false, wait).await?;
         Ok(tenure.map(Guard::new))
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::acquire::{acquire, local_turn, Request, Rule, Wait};
+use crate::acquire::{acquire_in_turn, Request, Rule, Wait};
 use crate::backend::{EntryInfo, EntryKind, QueueId, QueueKind};
 use crate::tenure::{holding_methods, impl_holding, Hold};
 use crate::{Result, Session};
@@ -70,10 +70,6 @@ impl RwLock {
     }
 
     async fn acquire(&self, writer: bool, wait: Wait) -> Result<Option<Hold>> {
-        let shared = self.session.shared();
-        let Some(local) = local_turn(shared, &self.queue, !writer, wait).await? else {
-            return Ok(None);
-        };
         let req = Request {
             queue: &self.queue,
             kind: if writer {
@@ -90,7 +86,7 @@ impl RwLock {
             recorded: true,
             since: None,
         };
-        Ok(acquire(&self.session, req, Some(local), wait)
+        Ok(acquire_in_turn(&self.session, req, !writer, wait)
             .await?
             .map(Hold::new))
     }

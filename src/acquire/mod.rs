@@ -253,28 +253,63 @@ async fn acquire_recorded(
     .await
 }
 
+/// Acquires `req` after this session's local turn on its queue (a reader's turn if
+/// `shared_turn`): what a mutex, a read-write lock and an election do. The metrics count the
+/// acquisition from the call, the local wait included, and one that ends there (a `try_*` that
+/// found another task of the session holding it, a timeout) too.
+pub(crate) async fn acquire_in_turn(
+    session: &Session,
+    mut req: Request<'_>,
+    shared_turn: bool,
+    wait: Wait,
+) -> Result<Option<Tenure>> {
+    let started = Instant::now();
+    let (local, waited) = match local_turn(session.shared(), req.queue, shared_turn, wait).await {
+        Ok(Some(turn)) => turn,
+        ended => {
+            let ended = ended.map(|_| None::<()>);
+            if req.recorded {
+                let shared = session.shared();
+                let name = shared.metrics_names.then_some(req.queue.name.as_str());
+                let outcome = crate::metrics::Outcome::of(&ended, true, started);
+                let primitive = crate::metrics::primitive(req.queue, req.kind);
+                crate::metrics::acquisition(primitive, name, outcome);
+            }
+            return ended.map(|_| None);
+        }
+    };
+    req.since = Some((started, waited));
+    acquire(session, req, Some(local), wait).await
+}
+
 /// Waits for this session's local turn on `queue` (see [`crate::session::LocalQueue`]), a
-/// reader's turn if `shared_turn` (in a read-write lock). Returns `None` only for [`Wait::No`]
-/// when another task of the session has it.
+/// reader's turn if `shared_turn` (in a read-write lock), and tells whether it had to wait.
+/// Returns `None` only for [`Wait::No`] when another task of the session has it.
 pub(crate) async fn local_turn(
     shared: &Shared,
     queue: &QueueId,
     shared_turn: bool,
     wait: Wait,
-) -> Result<Option<LocalSlot>> {
+) -> Result<Option<(LocalSlot, bool)>> {
     shared.check_alive()?;
     let make = match queue.kind {
         QueueKind::ReadWrite => LocalQueue::read_write,
         _ => LocalQueue::exclusive,
     };
     let q = shared.local.get(queue, make);
+    if let Some(free) = q.clone().try_lock(shared_turn) {
+        return Ok(Some((free, false)));
+    }
     match wait {
-        Wait::No => Ok(q.try_lock(shared_turn)),
-        Wait::Forever => shared.unless_lost(q.lock(shared_turn)).await.map(Some),
+        Wait::No => Ok(None),
+        Wait::Forever => shared
+            .unless_lost(q.lock(shared_turn))
+            .await
+            .map(|slot| Some((slot, true))),
         Wait::Until { deadline, .. } => shared
             .unless_lost(timeout_at(deadline, q.lock(shared_turn)))
             .await?
-            .map(Some)
+            .map(|slot| Some((slot, true)))
             .map_err(|_| wait.timed_out()),
     }
 }

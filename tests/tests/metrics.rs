@@ -114,6 +114,16 @@ async fn every_documented_metric_is_recorded() {
     for s in [c, d, e] {
         s.close().await.unwrap();
     }
+    // Tasks of one session: the second waits in the session's own queue, and its try, its
+    // timeout and its wait are counted as another session's are (they were not counted at all).
+    let held = b.mutex("local/x").unwrap().lock().await.unwrap();
+    let local = b.mutex("local/x").unwrap();
+    assert!(local.try_lock().await.unwrap().is_none());
+    assert!(local.lock_timeout(Duration::from_millis(20)).await.is_err());
+    let waiter = tokio::spawn(async move { local.lock().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
     // A session lost at its local deadline.
     let r = a.rwlock("catalog").unwrap().read().await.unwrap();
     a.halt_heartbeats();
@@ -174,10 +184,38 @@ async fn every_documented_metric_is_recorded() {
         ),
         4
     );
+    let local = [("primitive", "mutex"), ("name", "local/x")];
+    for (outcome, n) in [("granted", 2), ("not_acquired", 1), ("timeout", 1)] {
+        let mut labels = local.to_vec();
+        labels.push(("outcome", outcome));
+        assert_eq!(
+            counter(&snap, m::ACQUISITIONS, &labels),
+            n,
+            "local/x {outcome}"
+        );
+    }
+    assert_eq!(counter(&snap, m::HANDOFFS, &local), 1, "local/x's wait");
+    let longest_local_wait = snap
+        .iter()
+        .filter(|(k, _)| {
+            k.key().name() == m::WAIT_SECONDS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "name" && l.value() == "local/x")
+        })
+        .flat_map(|(_, v)| match v {
+            DebugValue::Histogram(h) => h.iter().map(|f| f.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .fold(0.0_f64, f64::max);
+    assert!(
+        longest_local_wait >= 0.09,
+        "the wait in the session's own queue, {longest_local_wait:.3} s, left out"
+    );
     assert_eq!(
         counter(&snap, m::ACQUISITIONS, &[("primitive", "mutex")]),
-        4,
-        "jobs/x's four, and no semaphore gate's"
+        8,
+        "jobs/x's four, local/x's four, and no semaphore gate's"
     );
     assert_eq!(counter(&snap, m::HANDOFFS, &mutex), 1);
     assert_eq!(counter(&snap, m::LOSSES, &[("reason", "entry_deleted")]), 1);
