@@ -63,11 +63,11 @@ pub(crate) struct Cli {
 
 impl Cli {
     /// The command line, parsed (clap's own exit on a usage error); a variable of the
-    /// environment set but empty counts as unset where emptiness would be a value:
-    /// `FENCELOCK_NAMESPACE=` (from `NS=$UNSET`, an EnvironmentFile line without a value)
-    /// switched to the empty namespace, and the locks of processes that meant to share one
-    /// stopped excluding each other; `FENCELOCK_USER=` was a user of no name. The empty
-    /// namespace stays reachable from the command line (`--namespace ''`).
+    /// environment set but empty counts as unset (`FENCELOCK_NAMESPACE=`, from `NS=$UNSET` or
+    /// an EnvironmentFile line without a value, switched to the empty namespace, and the locks
+    /// of processes that meant to share one stopped excluding each other; `FENCELOCK_TTL=` was
+    /// a usage error, `FENCELOCK_PASSWORD=` a password of nothing). The empty namespace stays
+    /// reachable from the command line (`--namespace ''`).
     ///
     /// An option given on the command line overrides its variable, which is then not read at
     /// all: clap checks a global option's variable wherever the option is not given (at the
@@ -92,23 +92,18 @@ impl Cli {
                     .collect()
             })
             .unwrap_or_default();
+        let empty = |a: &clap::Arg| {
+            a.get_env()
+                .and_then(std::env::var_os)
+                .is_some_and(|v| v.is_empty())
+        };
         let matches = Cli::command()
-            .mut_args(|a| match given.contains(a.get_id()) {
+            .mut_args(|a| match given.contains(a.get_id()) || empty(&a) {
                 true => a.env(None),
                 false => a,
             })
             .get_matches_from(&args);
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-        let from_env =
-            |id: &str| matches!(matches.value_source(id), Some(ValueSource::EnvVariable));
-        let c = &mut cli.cluster;
-        if from_env("namespace") && c.namespace.as_deref() == Some("") {
-            c.namespace = None;
-        }
-        if from_env("user") && c.user.as_deref() == Some("") {
-            c.user = None;
-        }
-        cli
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 }
 

@@ -780,7 +780,7 @@ async fn observe_outlives_a_server_restart() {
 }
 
 /// An empty `FENCELOCK_NAMESPACE=` (from `NS=$UNSET`, an EnvironmentFile line without a value)
-/// counts as unset: the default namespace. It switched to the empty namespace, and the locks of
+/// counts as unset: the default namespace (and so does every other variable set empty). It switched to the empty namespace, and the locks of
 /// processes that meant to share one stopped excluding each other. The empty namespace stays
 /// reachable from the command line; an empty `FENCELOCK_USER=` is no user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -813,5 +813,23 @@ async fn an_empty_namespace_variable_counts_as_unset() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("key=/"), "{out}");
     let (code, out) = key_of(&[], &[("FENCELOCK_USER", "")]).await;
+    assert_eq!(code, 0, "{out}");
+    // Every variable: set but empty, it counts as unset (FENCELOCK_TTL= was a usage error,
+    // FENCELOCK_PASSWORD= a password of nothing).
+    let empty: Vec<(&str, &str)> = [
+        "FENCELOCK_TTL",
+        "FENCELOCK_CONNECT_TIMEOUT",
+        "FENCELOCK_OUTPUT",
+        "FENCELOCK_TLS_CA",
+        "FENCELOCK_TLS_CERT",
+        "FENCELOCK_TLS_KEY",
+        "FENCELOCK_TLS_SERVER_NAME",
+        "FENCELOCK_PASSWORD",
+        "FENCELOCK_SENTINEL_PASSWORD",
+    ]
+    .into_iter()
+    .map(|v| (v, ""))
+    .collect();
+    let (code, out) = key_of(&[], &empty).await;
     assert_eq!(code, 0, "{out}");
 }
