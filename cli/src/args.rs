@@ -282,10 +282,12 @@ pub(crate) enum Command {
 /// How long to wait for the grant.
 #[derive(Args, Debug, Clone, Copy)]
 pub(crate) struct WaitArgs {
-    /// Do not wait: exit 75 at once if it is taken.
+    /// Do not wait: exit 75 at once if it is taken (69 if the cluster does not answer within
+    /// --connect-timeout).
     #[arg(long = "try", conflicts_with = "timeout")]
     pub(crate) try_only: bool,
-    /// Wait at most this long (e.g. 30s, 5m), then exit 75.
+    /// Wait at most this long (e.g. 30s, 5m), then exit 75 (69 if the cluster then does not
+    /// answer within --connect-timeout more).
     #[arg(long, value_parser = duration)]
     pub(crate) timeout: Option<Duration>,
 }

@@ -152,14 +152,15 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
     match command {
         Command::Lock { name, wait, run } => {
             let m = session.mutex(&name)?;
+            let wait = wait_args(wait);
             let acquired = signals
-                .until(async {
-                    match wait_args(wait) {
+                .until(answered(ctx, wait.patience(), "lock", async {
+                    match wait {
                         Wait::No => m.try_lock().await,
                         Wait::At(t) => m.lock_timeout(t).await.map(Some),
                         Wait::Forever => m.lock().await.map(Some),
                     }
-                })
+                }))
                 .await;
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
@@ -180,14 +181,15 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             run,
         } => {
             let e = session.election(&name)?;
+            let wait = wait_args(wait);
             let acquired = signals
-                .until(async {
-                    match wait_args(wait) {
+                .until(answered(ctx, wait.patience(), "campaign", async {
+                    match wait {
                         Wait::No => e.try_campaign(&value).await,
                         Wait::At(t) => e.campaign_timeout(&value, t).await.map(Some),
                         Wait::Forever => e.campaign(&value).await.map(Some),
                     }
-                })
+                }))
                 .await;
             Ok(match acquired {
                 Stopped::Signal(sig) => status_of(sig),
@@ -204,7 +206,8 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
         }
         Command::Leader { name } => {
             let election = session.election(&name)?;
-            let leader = match signals.until(election.leader()).await {
+            let read = answered(ctx, Some(Duration::ZERO), "leader", election.leader());
+            let leader = match signals.until(read).await {
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(leader) => leader?,
             };
@@ -219,7 +222,13 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             observe::observe(session, ctx.cluster, &name, output, signals).await
         }
         Command::List { prefix } => {
-            let listing = match signals.until(session.queue_listing(&prefix)).await {
+            let read = answered(
+                ctx,
+                Some(Duration::ZERO),
+                "list",
+                session.queue_listing(&prefix),
+            );
+            let listing = match signals.until(read).await {
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(q) => q?,
             };
@@ -242,10 +251,47 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
     }
 }
 
+#[derive(Clone, Copy)]
 enum Wait {
     No,
     At(std::time::Duration),
     Forever,
+}
+
+impl Wait {
+    /// How long the acquisition may wait for others (`None`: for ever).
+    fn patience(self) -> Option<Duration> {
+        match self {
+            Wait::No => Some(Duration::ZERO),
+            Wait::At(t) => Some(t),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// `request`, given up once it has run `patience` and the cluster still has not answered for
+/// the connect timeout (`ctx.bound`): a server that hangs after the session began held a
+/// `--try`, a `--timeout` or a read until the session's local deadline (0.8 × the TTL, hours
+/// with a long one). Given up, it is a cluster out of reach (exit 69); dropped, the request
+/// leaves nothing behind (the session's close takes what it may have created).
+async fn answered<T>(
+    ctx: Ctx<'_>,
+    patience: Option<Duration>,
+    op: &'static str,
+    request: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let Some(within) = patience.and_then(|p| p.checked_add(ctx.bound)) else {
+        return request.await;
+    };
+    match tokio::time::timeout(within, request).await {
+        Ok(r) => r,
+        Err(_) => Err(fencelock::Error::backend(
+            ctx.session.backend_name(),
+            op,
+            true,
+            format!("the cluster did not answer within {within:?}"),
+        )),
+    }
 }
 
 fn wait_args(w: WaitArgs) -> Wait {

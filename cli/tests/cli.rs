@@ -215,6 +215,49 @@ async fn lost_by_cut_off(t: Target, upstream: &str) {
     s.close().await.unwrap();
 }
 
+/// A cluster that stops answering once the session is up (a server that hangs, a partition
+/// without resets) does not hold a `--timeout` wait past its bound: fencelock gives up once the
+/// wait has run out and the cluster has not answered for the connect timeout more, and exits
+/// 69. It waited for the session's local deadline, 48 s at a TTL of 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_cluster_does_not_hold_a_timed_wait() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_hung_wait");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(t.url.trim_start_matches("etcd://")).await;
+    let s = t.session(&ns).await;
+    let held = s.mutex("m").unwrap().lock().await.unwrap();
+    let mut cmd = command(&format!("etcd://{}", proxy.addr()), &ns);
+    cmd.args(["--ttl", "60s", "--connect-timeout", "1s"]).args([
+        "lock",
+        "m",
+        "--timeout",
+        "3s",
+        "--",
+        "true",
+    ]);
+    let mut r = Run::spawn(cmd, dir.path(), "hung");
+    // Queued behind the holder, then cut off.
+    let queued = Instant::now();
+    while s.mutex("m").unwrap().waiters().await.unwrap().is_empty() {
+        assert!(queued.elapsed() < WITHIN, "never queued: {}", r.output());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set(Mode::BlackHole);
+    let cut = Instant::now();
+    assert_eq!(r.code(Duration::from_secs(40)).await, 69, "{}", r.output());
+    let after = cut.elapsed();
+    assert!(
+        after < Duration::from_secs(15),
+        "ended {after:?} after the cut (3 s of wait, 1 s of connect timeout): {}",
+        r.output()
+    );
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
 /// SIGTERM to fencelock reaches the command; once it exits the lock goes to the next process at
 /// once (milliseconds, not a TTL); the exit status is the command's.
 async fn signals_are_passed_on(t: Target) {
