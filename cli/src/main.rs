@@ -206,7 +206,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
         }
         Command::Leader { name } => {
             let election = session.election(&name)?;
-            let read = answered(ctx, Some(Duration::ZERO), "leader", election.leader());
+            let read = answered(ctx, Some(ctx.cluster.ttl / 3), "leader", election.leader());
             let leader = match signals.until(read).await {
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(leader) => leader?,
@@ -222,9 +222,11 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             observe::observe(session, ctx.cluster, &name, output, signals).await
         }
         Command::List { prefix } => {
+            // (A third of the TTL, as a request of the session's: a large namespace's listing
+            // may take seconds.)
             let read = answered(
                 ctx,
-                Some(Duration::ZERO),
+                Some(ctx.cluster.ttl / 3),
                 "list",
                 session.queue_listing(&prefix),
             );
