@@ -43,7 +43,7 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// lost as the command exited); 69 the cluster could not be reached or the session was lost
 /// before the command started; 78 bad configuration or input (names, TLS files, a server certificate not trusted, a host
 /// that does not resolve, credentials,
-/// permissions); 70 an internal failure; 126 / 127 the command could not be run / was not found;
+/// permissions); 70 an internal failure (or output that cannot be written); 126 / 127 the command could not be run / was not found;
 /// 2 a usage error. Stopped
 /// by signal N before the command ran, fencelock ends by N (128 + N in a shell).
 #[derive(Parser, Debug)]

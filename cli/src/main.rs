@@ -139,10 +139,19 @@ struct Ctx<'a> {
     bound: Duration,
 }
 
-/// Prints a line on stdout; false once nobody reads it (`fencelock list | head -1`).
-fn print(line: &str) -> bool {
+/// Prints a line on stdout. Breaks with the exit status once nothing more can be printed: 0
+/// when nobody reads any more (`fencelock list | head -1`), 70 when the write failed (a full
+/// disk: said, where it went unnoticed and a script found an empty file and status 0).
+fn print(line: &str) -> std::ops::ControlFlow<u8> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => std::ops::ControlFlow::Continue(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::ops::ControlFlow::Break(0),
+        Err(e) => {
+            say!("cannot write the output: {e}");
+            std::ops::ControlFlow::Break(exit::SOFTWARE)
+        }
+    }
 }
 
 async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Result<u8> {
@@ -211,7 +220,11 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(leader) => leader?,
             };
-            print(&show::leader(&name, leader.as_ref(), output));
+            if let std::ops::ControlFlow::Break(failed @ 1..) =
+                print(&show::leader(&name, leader.as_ref(), output))
+            {
+                return Ok(failed);
+            }
             Ok(if leader.is_some() {
                 0
             } else {
@@ -242,8 +255,8 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             }
             for q in listing.queues {
                 for line in show::queue(&q, output) {
-                    if !print(&line) {
-                        return Ok(0);
+                    if let std::ops::ControlFlow::Break(code) = print(&line) {
+                        return Ok(code);
                     }
                 }
             }

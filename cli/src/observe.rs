@@ -14,8 +14,8 @@ use crate::{cluster, exit, print, show};
 
 /// How one session's watch ended.
 enum Ended {
-    /// Nobody reads stdout any more, or a signal: done (0).
-    Done,
+    /// Nobody reads stdout any more, or a signal (0), or the output failed (70): done.
+    Done(u8),
     /// The session was lost: a new one may go on.
     Lost(Error),
 }
@@ -36,7 +36,7 @@ pub(crate) async fn observe(
     let status = loop {
         match watch(&current, name, output, signals, &mut last).await {
             Err(e) => break Err(e),
-            Ok(Ended::Done) => break Ok(0),
+            Ok(Ended::Done(code)) => break Ok(code),
             Ok(Ended::Lost(e)) => {
                 say!("{} (starting a new session)", describe(&e));
                 let next = match signals.until(cluster::session(args)).await {
@@ -92,8 +92,8 @@ async fn watch(
                         if last.as_deref() == Some(line.as_str()) {
                             continue;
                         }
-                        if !print(&line) {
-                            return Ok(Ended::Done);
+                        if let std::ops::ControlFlow::Break(code) = print(&line) {
+                            return Ok(Ended::Done(code));
                         }
                         *last = Some(line);
                     }
@@ -117,7 +117,7 @@ async fn watch(
         })
         .await;
     match watched {
-        Stopped::Signal(_) => Ok(Ended::Done),
+        Stopped::Signal(_) => Ok(Ended::Done(0)),
         Stopped::Done(r) => r,
     }
 }

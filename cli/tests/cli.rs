@@ -258,6 +258,37 @@ async fn a_hung_cluster_does_not_hold_a_timed_wait() {
     s.close().await.unwrap();
 }
 
+/// Output that cannot be written (a full disk) is an error, said, not a silent success:
+/// `list` and `leader` exited 0 with nothing written. Nobody reading any more
+/// (`| head -1`) still ends quietly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_that_cannot_be_written_fails() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_full");
+    let s = t.session(&ns).await;
+    let led = s.election("e").unwrap().campaign(b"v").await.unwrap();
+    for args in [&["list"][..], &["leader", "e"][..]] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = tokio::task::spawn_blocking({
+            let mut cmd = command(&t.url, &ns);
+            cmd.args(args).stdout(full);
+            move || cmd.output().unwrap()
+        })
+        .await
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(70), "{args:?}: {err}");
+        assert!(err.contains("cannot write"), "{args:?}: {err}");
+    }
+    led.resign().await.unwrap();
+    s.close().await.unwrap();
+}
+
 /// SIGTERM to fencelock reaches the command; once it exits the lock goes to the next process at
 /// once (milliseconds, not a TTL); the exit status is the command's.
 async fn signals_are_passed_on(t: Target) {
