@@ -90,6 +90,10 @@ async fn round(
         .collect();
     let mut healthy = Vec::new();
     let mut failed = Vec::new();
+    // A setting wrong at one endpoint (another service answers there): reported if no other
+    // endpoint answers, left out like an unreachable one otherwise (a stale port reused by
+    // another service listed first failed a healthy cluster).
+    let mut wrong = None;
     // Once one member answered, the others are waited for a moment only: a member that takes
     // the connection and never answers (hung, stopped) held every connect up for the whole
     // connect timeout. Those still unchecked are left out for now, as the failed ones.
@@ -110,7 +114,14 @@ async fn round(
                 healthy.push((ep.clone(), member));
                 others_until.get_or_insert(Instant::now() + STRAGGLERS);
             }
-            // Credentials, permissions, configuration: the same everywhere, and final.
+            Err(e @ Error::InvalidConfig(_)) => {
+                failed.push((
+                    ep.clone(),
+                    Error::invalid_config(ep.as_str(), "not an etcd member"),
+                ));
+                wrong.get_or_insert(e);
+            }
+            // Credentials, permissions: the same everywhere, and final.
             Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => return Err(e),
             Err(e) => failed.push((ep.clone(), e)),
         }
@@ -157,6 +168,9 @@ async fn round(
             })?
             .map_err(|e| map("connect", e))?;
         return Ok((client, rotation));
+    }
+    if let Some(e) = wrong {
+        return Err(e);
     }
     // Nobody answered: find out why.
     let remaining = deadline.saturating_duration_since(Instant::now());
