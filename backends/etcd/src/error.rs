@@ -28,7 +28,7 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
                 return Error::PermissionDenied {
                     backend: NAME,
                     op,
-                    source: e.into(),
+                    source: readable(e),
                 }
             }
             Code::InvalidArgument
@@ -37,7 +37,7 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
             {
                 return Error::Unauthenticated {
                     backend: NAME,
-                    source: e.into(),
+                    source: readable(e),
                 }
             }
             Code::FailedPrecondition if s.message().contains("authentication is not enabled") => {
@@ -79,7 +79,31 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
         }
         _ => false,
     };
-    Error::backend(NAME, op, temporary, e)
+    Error::backend(NAME, op, temporary, readable(e))
+}
+
+/// `e` in words: etcd-client's text of a gRPC status carries tonic's debug dump (`metadata:
+/// MetadataMap {..}`, `source: tonic::transport::Error(Transport, hyper::Error(Http2, ..))`),
+/// which a user read in the CLI's messages. A status says its code's description, its message
+/// and its innermost cause's own words ("The service is currently unavailable: http2 error
+/// (keep-alive timed out)").
+fn readable(e: E) -> Box<dyn StdError + Send + Sync> {
+    let E::GRpcStatus(s) = &e else {
+        return e.into();
+    };
+    let mut text = format!("{}: {}", s.code().description(), s.message());
+    let mut innermost = None;
+    let mut cause = s.source();
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    if let Some(words) = innermost.map(ToString::to_string) {
+        if !words.is_empty() && !text.contains(&words) {
+            text.push_str(&format!(" ({words})"));
+        }
+    }
+    text.into()
 }
 
 /// Whether `e` says that the endpoint itself is out of reach: its connection was refused or
@@ -179,6 +203,41 @@ mod tests {
             Code::NotFound,
             "etcdserver: requested lease not found"
         )));
+    }
+
+    /// A status is said in words, without tonic's debug dump; its innermost cause's words
+    /// are kept.
+    #[test]
+    fn statuses_in_words() {
+        #[derive(Debug)]
+        struct Cause;
+        impl std::fmt::Display for Cause {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("keep-alive timed out")
+            }
+        }
+        impl StdError for Cause {}
+        let mut s = tonic::Status::new(Code::Unavailable, "http2 error");
+        s.set_source(std::sync::Arc::new(Cause));
+        let e = map("close", E::GRpcStatus(s));
+        let text = StdError::source(&e)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            text.contains(
+                "The service is currently unavailable: http2 error (keep-alive timed out)"
+            ),
+            "{text}"
+        );
+        for noise in [
+            "metadata",
+            "MetadataMap",
+            "source:",
+            "tonic",
+            "grpc request error",
+        ] {
+            assert!(!text.contains(noise), "{text}");
+        }
     }
 
     #[test]

@@ -21,14 +21,14 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         ErrorKind::AuthenticationFailed => {
             return Error::Unauthenticated {
                 backend: NAME,
-                source: e.into(),
+                source: readable(&e).into(),
             }
         }
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
             return Error::PermissionDenied {
                 backend: NAME,
                 op,
-                source: e.into(),
+                source: readable(&e).into(),
             }
         }
         // A server that wants a password and got none (`NOAUTH`), or a rejected `AUTH` sent
@@ -36,10 +36,10 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => {
             return Error::Unauthenticated {
                 backend: NAME,
-                source: e.into(),
+                source: readable(&e).into(),
             }
         }
-        ErrorKind::InvalidClientConfig => return Error::invalid_config("", e.to_string()),
+        ErrorKind::InvalidClientConfig => return Error::invalid_config("", readable(&e)),
         // A TLS handshake that failed on a certificate (reported as an I/O error): the server's
         // not trusted is a wrong setting (a `rediss://` URL with the system's trust store and a
         // server of a private CA), ours refused is a refusal of our credentials.
@@ -47,7 +47,7 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
             Some(fencelock_net::Probe::ClientCertificate(_)) => {
                 return Error::Unauthenticated {
                     backend: NAME,
-                    source: e.into(),
+                    source: readable(&e).into(),
                 }
             }
             Some(_) => false,
@@ -74,7 +74,19 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         _ if e.to_string().contains("non local key in a cluster node") => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
     };
-    Error::backend(NAME, op, temporary, e)
+    Error::backend(NAME, op, temporary, readable(&e))
+}
+
+/// `e` in words: redis-rs writes its error kind's debug name into its text ("Password
+/// authentication failed - AuthenticationFailed", "refused to switch database -
+/// Server(ResponseError): DB index is out of range"), which a user read in the CLI's messages.
+fn readable(e: &RedisError) -> String {
+    let text = e.to_string();
+    let kind = format!(" - {:?}", e.kind());
+    match text.split_once(&kind) {
+        Some((words, detail)) => format!("{words}{detail}"),
+        None => text,
+    }
 }
 
 /// A temporary error of operation `op` with a message of our own.
@@ -86,4 +98,28 @@ pub(crate) fn temporary(op: &'static str, message: &'static str) -> Error {
 /// keys, or a bug): permanent, since retrying would read the same.
 pub(crate) fn unexpected(op: &'static str) -> Error {
     Error::backend(NAME, op, false, "unexpected reply from a fencelock script")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error is said in words, without redis-rs' kind names.
+    #[test]
+    fn errors_in_words() {
+        let auth = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert_eq!(readable(&auth), "Password authentication failed");
+        let db = RedisError::from((
+            ErrorKind::Io,
+            "Redis server refused to switch database",
+            "DB index is out of range".to_string(),
+        ));
+        assert_eq!(
+            readable(&db),
+            "Redis server refused to switch database: DB index is out of range"
+        );
+    }
 }
