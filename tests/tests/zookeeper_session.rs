@@ -211,9 +211,11 @@ async fn unreachable_cluster_fails_to_connect() {
 }
 
 /// One server of the connect string takes connections and never answers (hung), the other is
-/// healthy: every session starts within the connect timeout, whichever server is tried first.
-/// (The first server tried was given the whole connect timeout, the client's own wait being
-/// 0.6 x the TTL: a session start failed whenever the hung one came first.)
+/// healthy: every session starts within the connect timeout, whichever server is tried first,
+/// even a short one, and closes without trying the hung one first. (The first server tried was
+/// given the whole connect timeout, the client's own wait being 0.6 x the TTL, later at least a
+/// second: with a connect timeout of a second, a session start failed whenever the hung one
+/// came first. A close tried the session's own server last, after the hung one's share.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_server_in_the_connect_string_is_passed_over() {
     let Some(f) = ZkFactory::shared().await else {
@@ -221,8 +223,14 @@ async fn a_hung_server_in_the_connect_string_is_passed_over() {
     };
     let hung = HungServer::start().await;
     let connect = format!("{},{}", hung.addr(), f.server().connect_string());
-    let timeout = Duration::from_secs(4);
-    let backend = ZooKeeperBackend::builder(connect.as_str())
+    for timeout in [Duration::from_secs(4), Duration::from_secs(1)] {
+        starts_and_closes_past_a_hung_server(&connect, timeout).await;
+    }
+    drop(hung);
+}
+
+async fn starts_and_closes_past_a_hung_server(connect: &str, timeout: Duration) {
+    let backend = ZooKeeperBackend::builder(connect)
         .min_ttl(MIN_SESSION_TIMEOUT)
         .connect_timeout(timeout)
         .connect()
@@ -242,12 +250,17 @@ async fn a_hung_server_in_the_connect_string_is_passed_over() {
         .unwrap_or_else(|e| panic!("start {i}: {e}"));
         assert!(
             start.elapsed() < timeout,
-            "start {i}: {:?}",
+            "start {i}, connect timeout {timeout:?}: {:?}",
             start.elapsed()
         );
+        let closing = Instant::now();
         s.close().await.unwrap();
+        assert!(
+            closing.elapsed() < Duration::from_secs(2),
+            "close {i}: {:?}",
+            closing.elapsed()
+        );
     }
-    drop(hung);
 }
 
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.

@@ -20,8 +20,12 @@ use zookeeper_client as zk;
 use crate::config::Resolved;
 use crate::error::{self, NAME};
 
-/// The least time a server is given to take a new session when several are tried in turn.
-const PER_SERVER_MIN: Duration = Duration::from_secs(1);
+/// The most time a server is given to take a new session in the first round of tries, when
+/// several are tried in turn: a server that takes the connection and never answers (hung,
+/// stopped) held the connect up for its whole share (half the connect timeout with two
+/// servers, all of it with a connect timeout of a second) while a healthy one waited its turn.
+/// Later rounds share the time left evenly.
+const FIRST_ROUND_SHARE: Duration = Duration::from_secs(1);
 
 impl Resolved {
     /// Probes every server (at most until the connect timeout): `Ok` if one is reachable as
@@ -90,10 +94,14 @@ impl Resolved {
         let deadline = Instant::now() + self.connect_timeout;
         // Each try goes round the servers from where the last one stopped.
         let next = AtomicUsize::new(fastrand::usize(..self.each.len()));
+        let rounds = AtomicUsize::new(0);
         let (client, server) = Retry::new(Backoff::new())
             .until(deadline)
             .run(
-                || self.try_each_server(&connector, &next, deadline),
+                || {
+                    let first = rounds.fetch_add(1, Ordering::Relaxed) == 0;
+                    self.try_each_server(&connector, &next, first, deadline)
+                },
                 Error::is_temporary,
             )
             .await?;
@@ -135,6 +143,7 @@ impl Resolved {
         &self,
         connector: &zk::Connector,
         next: &AtomicUsize,
+        first_round: bool,
         deadline: Instant,
     ) -> Result<(zk::Client, usize)> {
         let mut failure = String::new();
@@ -142,11 +151,15 @@ impl Resolved {
         for tried in 0..n {
             let server = next.fetch_add(1, Ordering::Relaxed) % n;
             let attempt = connector.clone().connect(&self.each[server]);
-            // Each server its share of the time left (at least a second): one that takes the
-            // connection and never answers (hung, stopped) must not use up the whole connect
-            // timeout while the others are healthy (the client itself waits 0.6 x the TTL).
+            // Each server its share of the time left: one that takes the connection and never
+            // answers (hung, stopped) must not use up the whole connect timeout while the
+            // others are healthy (the client itself waits 0.6 x the TTL).
             let left = deadline.saturating_duration_since(Instant::now());
-            let share = (left / (n - tried) as u32).max(PER_SERVER_MIN).min(left);
+            let fair = left / u32::try_from(n - tried).unwrap_or(u32::MAX);
+            let share = match first_round && n > 1 {
+                true => fair.min(FIRST_ROUND_SHARE),
+                false => fair,
+            };
             failure = match timeout_at(Instant::now() + share, attempt).await {
                 Ok(Ok(client)) => return Ok((client, server)),
                 Ok(Err(zk::Error::AuthFailed)) => {
@@ -212,22 +225,25 @@ impl Resolved {
 
     /// Closes the session `info` on the cluster: a client attached to it for that alone (not
     /// detached) is dropped, which sends CloseSession, and its end awaited; each server is
-    /// given `per_try` to take the session, the session's last one last. A temporary error if
-    /// none took the close.
+    /// given `per_try` to take the session, the session's last one first if it was `live`
+    /// (it answered: a silent server listed before it cost every close its whole bound), last
+    /// otherwise (it may be the silent one that cost the session). A temporary error if none
+    /// took the close.
     pub(crate) async fn close_session(
         &self,
         session_timeout: Duration,
         info: zk::SessionInfo,
         last_server: usize,
+        live: bool,
         per_try: Duration,
     ) -> Result<()> {
         let connector = self.connector(session_timeout, false)?.with_session(info);
         let mut last = None;
-        // The session's last server last: it may be the silent one that cost the session.
         // Twice round: a server sometimes drops the first attach right after the session's
         // previous client left it (the next one is taken).
         let n = self.each.len();
-        for i in 1..=2 * n {
+        let from = usize::from(!live);
+        for i in from..from + 2 * n {
             let server = (last_server + i) % n;
             let attempt = connector.clone().connect(&self.each[server]);
             let attempt = match tokio::time::timeout(per_try, attempt).await {

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -49,6 +50,9 @@ pub(crate) struct ZkSession {
     /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
     /// take turns).
     closed: AsyncMutex<Closing>,
+    /// The session was open when its close began (its last server answered): each try of the
+    /// close goes there first.
+    closed_live: AtomicBool,
 }
 
 impl fmt::Debug for ZkSession {
@@ -94,6 +98,7 @@ impl ZkSession {
             heartbeat,
             events: AsyncMutex::new(rx),
             closed: AsyncMutex::new(Closing::NotYet),
+            closed_live: AtomicBool::new(false),
         }
     }
 
@@ -121,7 +126,13 @@ impl ZkSession {
     /// cluster with the session's id, and renews it there if a one-way partition keeps the
     /// confirmation from us. Then the cluster expires it.
     pub(crate) async fn close_once(&self) -> Result<()> {
-        if let Some(last) = self.links.end(SessionEnd::Closed) {
+        let ending = self.links.end(SessionEnd::Closed);
+        // Open until now (not lost to a silent server): its last server answered.
+        let live = self
+            .closed_live
+            .fetch_or(ending.is_some(), Ordering::SeqCst)
+            || ending.is_some();
+        if let Some(last) = ending {
             // Its client ends once the waits on it woke and let go (the end wakes them):
             // alive, it would take the session back from the closer when the server drops
             // its connection for the closer's, and the close would fail.
@@ -140,7 +151,7 @@ impl ZkSession {
             Closing::NotYet => Instant::now(),
             Closing::Tried(first) => first,
         };
-        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
+        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster(live)).await;
         let failure = match res {
             Ok(Ok(())) => {
                 debug!(session = %self.id(), "zookeeper session closed");
@@ -218,11 +229,11 @@ impl Drop for ZkSession {
         if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
             return;
         }
-        self.links.end(SessionEnd::Closed);
+        let live = self.links.end(SessionEnd::Closed).is_some();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let links = self.links.clone();
             rt.spawn(async move {
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster(live)).await;
             });
         }
     }
@@ -243,7 +254,8 @@ async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: D
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
                 // As the cluster would: its entries go now, not a TTL after the client's own
                 // last ping.
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+                // (Its server may be the silent one: the others first.)
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster(false)).await;
             }
             return;
         }
