@@ -52,6 +52,12 @@ impl From<FencingToken> for u64 {
 /// a smaller one is refused with [`Error::StaleToken`]. `admit` is one atomic operation, safe to
 /// call from many threads.
 ///
+/// One fence per lock (tokens of different locks are not ordered), kept with the resource: a
+/// `Fence` lives in memory, so a resource that restarts stores [`highest`](Self::highest) with
+/// its data and starts again from it ([`starting_at`](Self::starting_at)); a fence that starts
+/// from nothing admits a stale holder's old token. (A database does it in the write itself:
+/// `UPDATE … SET fence = $token WHERE fence <= $token`, see the `fenced_sql` example.)
+///
 /// ```
 /// use fencelock::{Fence, FencingToken};
 /// let fence = Fence::new();
@@ -69,6 +75,21 @@ impl Fence {
     /// A fence that has admitted nothing yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fence that has admitted `highest` already: the one a restarted resource stored.
+    ///
+    /// ```
+    /// use fencelock::{Fence, FencingToken};
+    /// let stored = FencingToken::new(35); // saved with the resource's data before a restart
+    /// let fence = Fence::starting_at(stored);
+    /// assert!(fence.admit(FencingToken::new(34)).is_err());
+    /// assert!(fence.admit(FencingToken::new(35)).is_ok());
+    /// ```
+    pub fn starting_at(highest: FencingToken) -> Self {
+        Fence {
+            highest: AtomicU64::new(highest.0),
+        }
     }
 
     /// Admits `token` if it is at least the highest admitted so far, and records it.

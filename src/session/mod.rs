@@ -203,6 +203,11 @@ impl Session {
 
     /// The local deadline: the instant after which this process must consider every lock of
     /// the session lost, unless a heartbeat is confirmed before.
+    ///
+    /// On Tokio's clock, which stops while the machine is suspended (a laptop's sleep, a
+    /// paused VM): after a resume, `deadline()` can still lie ahead of a session that is lost.
+    /// The session itself counts the suspend too ([`state`](Self::state), `is_held()` and
+    /// `lost()` say so at once): ask them, not the time left until this instant.
     pub fn deadline(&self) -> Instant {
         self.shared().deadline()
     }
