@@ -51,6 +51,9 @@ async fn main() -> fencelock::Result<()> {
         "{}: campaigning for {:?} on {what} (ttl {:?}); ctrl-c or SIGTERM to stop",
         args.name, args.election, args.ttl
     );
+    // A stand-in for the shared storage: this process's own fence, which checks this
+    // instance's writes only. Real storage shared by the instances keeps the fence (see the
+    // `fenced_sql` example, and `leader_state` for state kept in the cluster itself).
     serve(backend, &args, Arc::new(Fence::new())).await
 }
 
