@@ -12,17 +12,27 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// `s` for a terminal: control characters escaped (`\n`, `\u{1b}`), so that a value or name
-/// someone else wrote cannot forge lines or send escape sequences to whoever reads the output.
+/// someone else wrote cannot forge lines or send escape sequences to whoever reads the output;
+/// so are the invisible ones that reorder or hide text (`\u{202e}`, a zero-width space), with
+/// which a name would read as another.
 fn plain(s: &str) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            if c.is_control() || invisible(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
             }
         })
         .collect()
+}
+
+/// Whether `c` is a character that shows nothing of itself but changes how text around it
+/// reads: bidirectional overrides and isolates, zero-width spaces and joiners, marks.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
 }
 
 /// An entry's creation time; `null` where it cannot be written as RFC 3339 (before 1970 or
@@ -164,5 +174,8 @@ mod tests {
         let l = plain("x\ne: forged (epoch 999)\u{1b}[2J");
         assert_eq!(l, "x\\ne: forged (epoch 999)\\u{1b}[2J");
         assert_eq!(plain("jobs/été"), "jobs/été");
+        // A name that would read as another.
+        assert_eq!(plain("jobs/\u{202e}gnp.exe"), "jobs/\\u{202e}gnp.exe");
+        assert_eq!(plain("a\u{200b}b"), "a\\u{200b}b");
     }
 }
