@@ -278,15 +278,17 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, rotation: 
                         }
                         true
                     }
-                    // The member answered, if only to refuse (say, credentials): it is up.
+                    // The member answered, if only to refuse (say, credentials): it is up. Not
+                    // another service at the address, which answers too (a protocol error, an
+                    // unknown method): left out at the connect, it must stay out.
                     Ok(Err(etcd_client::Error::GRpcStatus(s)))
-                        if !matches!(
-                            s.code(),
-                            tonic::Code::Unavailable
-                                | tonic::Code::DeadlineExceeded
-                                | tonic::Code::Cancelled
-                                | tonic::Code::Unknown
-                        ) =>
+                        if s.message().starts_with("etcdserver:")
+                            || matches!(
+                                s.code(),
+                                tonic::Code::Unauthenticated
+                                    | tonic::Code::PermissionDenied
+                                    | tonic::Code::InvalidArgument
+                            ) =>
                     {
                         true
                     }
