@@ -229,7 +229,8 @@ impl Drop for ZkSession {
         if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
             return;
         }
-        let live = self.links.end(SessionEnd::Closed).is_some();
+        let live =
+            self.links.end(SessionEnd::Closed).is_some() || self.closed_live.load(Ordering::SeqCst);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let links = self.links.clone();
             rt.spawn(async move {

@@ -169,8 +169,8 @@ impl Links {
         link
     }
 
-    /// Closes the session on the cluster, trying its last server first if the session was
-    /// `live` until now, last otherwise (see `Resolved::close_session`).
+    /// Closes the session on the cluster, trying its last server briefly first if the session
+    /// was `live` until now (see `Resolved::close_session`).
     pub(crate) async fn close_on_cluster(&self, live: bool) -> Result<()> {
         let config = &self.backend.config;
         let last = self.last_server.load(Ordering::SeqCst);
