@@ -212,10 +212,9 @@ async fn unreachable_cluster_fails_to_connect() {
 
 /// One server of the connect string takes connections and never answers (hung), the other is
 /// healthy: every session starts within the connect timeout, whichever server is tried first,
-/// even a short one, and closes without trying the hung one first. (The first server tried was
-/// given the whole connect timeout, the client's own wait being 0.6 x the TTL, later at least a
-/// second: with a connect timeout of a second, a session start failed whenever the hung one
-/// came first. A close tried the session's own server last, after the hung one's share.)
+/// even a short one. (The first server tried was given the whole connect timeout, the client's
+/// own wait being 0.6 x the TTL, later at least a second: with a connect timeout of a second, a
+/// session start failed whenever the hung one came first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_server_in_the_connect_string_is_passed_over() {
     let Some(f) = ZkFactory::shared().await else {
@@ -224,12 +223,12 @@ async fn a_hung_server_in_the_connect_string_is_passed_over() {
     let hung = HungServer::start().await;
     let connect = format!("{},{}", hung.addr(), f.server().connect_string());
     for timeout in [Duration::from_secs(4), Duration::from_secs(1)] {
-        starts_and_closes_past_a_hung_server(&connect, timeout).await;
+        starts_past_a_hung_server(&connect, timeout).await;
     }
     drop(hung);
 }
 
-async fn starts_and_closes_past_a_hung_server(connect: &str, timeout: Duration) {
+async fn starts_past_a_hung_server(connect: &str, timeout: Duration) {
     let backend = ZooKeeperBackend::builder(connect)
         .min_ttl(MIN_SESSION_TIMEOUT)
         .connect_timeout(timeout)
@@ -253,13 +252,7 @@ async fn starts_and_closes_past_a_hung_server(connect: &str, timeout: Duration) 
             "start {i}, connect timeout {timeout:?}: {:?}",
             start.elapsed()
         );
-        let closing = Instant::now();
         s.close().await.unwrap();
-        assert!(
-            closing.elapsed() < Duration::from_secs(2),
-            "close {i}: {:?}",
-            closing.elapsed()
-        );
     }
 }
 

@@ -30,9 +30,6 @@ const FIRST_ROUND_SHARE: Duration = Duration::from_secs(1);
 /// The least time a server is given to take a new session in the later rounds.
 const PER_SERVER_MIN: Duration = Duration::from_secs(1);
 
-/// How long a live session's own server is given first to take its close.
-const QUICK_CLOSE_TRY: Duration = Duration::from_millis(250);
-
 impl Resolved {
     /// Probes every server (at most until the connect timeout): `Ok` if one is reachable as
     /// configured.
@@ -231,31 +228,23 @@ impl Resolved {
 
     /// Closes the session `info` on the cluster: a client attached to it for that alone (not
     /// detached) is dropped, which sends CloseSession, and its end awaited; each server is
-    /// given `per_try` to take the session, the session's last one last. If the session was
-    /// `live`, its last server is first tried briefly too (twice: it sometimes drops the first
-    /// attach right after the session's previous client left): most likely it answers, and a
-    /// silent server listed before it cost every close its share; but it may be the one that
-    /// went silent since. A temporary error if none took the close.
+    /// given `per_try` to take the session, the session's last one last. A temporary error if
+    /// none took the close.
     pub(crate) async fn close_session(
         &self,
         session_timeout: Duration,
         info: zk::SessionInfo,
         last_server: usize,
-        live: bool,
         per_try: Duration,
     ) -> Result<()> {
         let connector = self.connector(session_timeout, false)?.with_session(info);
         let mut last = None;
+        // The session's last server last: it may be the silent one that cost the session.
         // Twice round: a server sometimes drops the first attach right after the session's
         // previous client left it (the next one is taken).
         let n = self.each.len();
-        let quick = per_try.min(QUICK_CLOSE_TRY);
-        let first = match live {
-            true => vec![(last_server, quick); 2],
-            false => Vec::new(),
-        };
-        let round = (1..=2 * n).map(|i| ((last_server + i) % n, per_try));
-        for (server, per_try) in first.into_iter().chain(round) {
+        for i in 1..=2 * n {
+            let server = (last_server + i) % n;
             let attempt = connector.clone().connect(&self.each[server]);
             let attempt = match tokio::time::timeout(per_try, attempt).await {
                 Ok(attempt) => attempt,

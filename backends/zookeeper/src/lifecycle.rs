@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -50,9 +49,6 @@ pub(crate) struct ZkSession {
     /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
     /// take turns).
     closed: AsyncMutex<Closing>,
-    /// The session was open when its close began (its last server answered): each try of the
-    /// close goes there first.
-    closed_live: AtomicBool,
 }
 
 impl fmt::Debug for ZkSession {
@@ -98,7 +94,6 @@ impl ZkSession {
             heartbeat,
             events: AsyncMutex::new(rx),
             closed: AsyncMutex::new(Closing::NotYet),
-            closed_live: AtomicBool::new(false),
         }
     }
 
@@ -126,13 +121,7 @@ impl ZkSession {
     /// cluster with the session's id, and renews it there if a one-way partition keeps the
     /// confirmation from us. Then the cluster expires it.
     pub(crate) async fn close_once(&self) -> Result<()> {
-        let ending = self.links.end(SessionEnd::Closed);
-        // Open until now (not lost to a silent server): its last server answered.
-        let live = self
-            .closed_live
-            .fetch_or(ending.is_some(), Ordering::SeqCst)
-            || ending.is_some();
-        if let Some(last) = ending {
+        if let Some(last) = self.links.end(SessionEnd::Closed) {
             // Its client ends once the waits on it woke and let go (the end wakes them):
             // alive, it would take the session back from the closer when the server drops
             // its connection for the closer's, and the close would fail.
@@ -151,7 +140,7 @@ impl ZkSession {
             Closing::NotYet => Instant::now(),
             Closing::Tried(first) => first,
         };
-        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster(live)).await;
+        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
         let failure = match res {
             Ok(Ok(())) => {
                 debug!(session = %self.id(), "zookeeper session closed");
@@ -229,12 +218,11 @@ impl Drop for ZkSession {
         if matches!(self.closed.try_lock().as_deref(), Ok(Closing::Done)) {
             return;
         }
-        let live =
-            self.links.end(SessionEnd::Closed).is_some() || self.closed_live.load(Ordering::SeqCst);
+        self.links.end(SessionEnd::Closed);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let links = self.links.clone();
             rt.spawn(async move {
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster(live)).await;
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
             });
         }
     }
@@ -255,8 +243,7 @@ async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: D
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
                 // As the cluster would: its entries go now, not a TTL after the client's own
                 // last ping.
-                // (Its server may be the silent one: the others first.)
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster(false)).await;
+                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
             }
             return;
         }

@@ -169,9 +169,8 @@ impl Links {
         link
     }
 
-    /// Closes the session on the cluster, trying its last server briefly first if the session
-    /// was `live` until now (see `Resolved::close_session`).
-    pub(crate) async fn close_on_cluster(&self, live: bool) -> Result<()> {
+    /// Closes the session on the cluster, trying its last server first.
+    pub(crate) async fn close_on_cluster(&self) -> Result<()> {
         let config = &self.backend.config;
         let last = self.last_server.load(Ordering::SeqCst);
         // Every server gets its try within one close's bound: with a server's share of the
@@ -183,7 +182,7 @@ impl Links {
             .min(crate::lifecycle::CLOSE_WAIT / n)
             .max(Duration::from_millis(500));
         config
-            .close_session(self.requested, self.info.clone(), last, live, per_try)
+            .close_session(self.requested, self.info.clone(), last, per_try)
             .await
     }
 
