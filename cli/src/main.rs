@@ -215,7 +215,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
         }
         Command::Leader { name } => {
             let election = session.election(&name)?;
-            let read = answered(ctx, Some(ctx.cluster.ttl / 3), "leader", election.leader());
+            let read = answered(ctx, Some(read_patience(ctx)), "leader", election.leader());
             let leader = match signals.until(read).await {
                 Stopped::Signal(sig) => return Ok(status_of(sig)),
                 Stopped::Done(leader) => leader?,
@@ -239,7 +239,7 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             // may take seconds.)
             let read = answered(
                 ctx,
-                Some(ctx.cluster.ttl / 3),
+                Some(read_patience(ctx)),
                 "list",
                 session.queue_listing(&prefix),
             );
@@ -282,6 +282,13 @@ impl Wait {
             Wait::Forever => None,
         }
     }
+}
+
+/// How long a `list` or `leader` read may take besides the connect timeout: a third of the TTL
+/// (a request of the session's may take that long), at most half a minute (at a TTL of hours, a
+/// hung cluster held a read for hours).
+fn read_patience(ctx: Ctx<'_>) -> Duration {
+    (ctx.cluster.ttl / 3).min(Duration::from_secs(30))
 }
 
 /// `request`, given up once it has run `patience` and the cluster still has not answered for

@@ -28,11 +28,13 @@ fn plain(s: &str) -> String {
 }
 
 /// Whether `c` is a character that shows nothing of itself but changes how text around it
-/// reads: bidirectional overrides and isolates, zero-width spaces and joiners, marks.
+/// reads: bidirectional overrides and isolates, zero-width spaces and joiners, marks, line and
+/// paragraph separators, soft hyphens, fillers and tag characters.
 fn invisible(c: char) -> bool {
     matches!(c,
-        '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+        '\u{00ad}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}'
+        | '\u{3164}' | '\u{feff}' | '\u{ffa0}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// An entry's creation time; `null` where it cannot be written as RFC 3339 (before 1970 or

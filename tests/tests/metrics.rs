@@ -121,7 +121,7 @@ async fn every_documented_metric_is_recorded() {
     assert!(local.try_lock().await.unwrap().is_none());
     assert!(local.lock_timeout(Duration::from_millis(20)).await.is_err());
     let waiter = tokio::spawn(async move { local.lock().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
     // A session lost at its local deadline.
@@ -209,7 +209,7 @@ async fn every_documented_metric_is_recorded() {
         })
         .fold(0.0_f64, f64::max);
     assert!(
-        longest_local_wait >= 0.09,
+        longest_local_wait >= 0.2,
         "the wait in the session's own queue, {longest_local_wait:.3} s, left out"
     );
     assert_eq!(

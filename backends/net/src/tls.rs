@@ -46,8 +46,9 @@ impl fmt::Debug for TlsConfig {
 const MAX_PEM_FILE: u64 = 4 << 20;
 
 /// Reads a PEM file, bounded: a device given for it (`/dev/zero`) filled the memory. A pipe
-/// is read, as from a shell's `<(…)`; a named one that no process writes to reads as empty
-/// (opened plainly, it blocked the caller, a connect, for ever).
+/// is read, as from a shell's `<(…)`, whose writer has it open already; a named one that no
+/// process has opened for writing reads as empty (opened plainly, it blocked the caller, a
+/// connect, for ever).
 fn read(path: &Path, what: &str) -> Result<String> {
     use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
     use std::io::Read;
@@ -59,8 +60,8 @@ fn read(path: &Path, what: &str) -> Result<String> {
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)
         .map_err(cannot)?;
-    // Blocking again for the read: a writer that is slow to start is waited for, and a pipe
-    // with no writer at all reads as its end.
+    // Blocking again for the read: a writer that has the pipe open is waited for; a pipe with
+    // no writer reads as its end.
     fcntl_getfl(&file)
         .and_then(|flags| fcntl_setfl(&file, flags - OFlags::NONBLOCK))
         .map_err(|e| cannot(e.into()))?;
