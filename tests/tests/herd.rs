@@ -18,6 +18,50 @@ use fencelock_integration::target::Kind;
 const SESSIONS: usize = 6;
 const ROUNDS: usize = 15;
 
+/// A one-member etcd cluster of the test's own (no other test's notifications are counted),
+/// and `n` sessions on it in `namespace`.
+async fn etcd_sessions(n: usize, namespace: &str) -> (EtcdCluster, Vec<Session>) {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let mut sessions = Vec::new();
+    for _ in 0..n {
+        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+        sessions.push(
+            Session::builder(b)
+                .namespace(namespace)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    (cluster, sessions)
+}
+
+/// A one-server ZooKeeper ensemble of the test's own, and `n` sessions on it in `namespace`.
+async fn zookeeper_sessions(n: usize, namespace: &str) -> (ZkEnsemble, Vec<Session>) {
+    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..n {
+        let b = fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect()
+            .await
+            .unwrap();
+        sessions.push(
+            Session::builder(b)
+                .namespace(namespace)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    (server, sessions)
+}
+
 /// Every session acquires and releases `load` on `name` `rounds` times, all at once.
 async fn run_load(sessions: &[Session], load: Load, name: &str, rounds: usize) {
     let mut tasks = Vec::new();
@@ -146,16 +190,8 @@ async fn etcd_release_wakes_one_waiter() {
     if !available(Kind::Etcd) {
         return;
     }
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
-    let ep = cluster.endpoint(0);
-    let mut sessions = Vec::new();
-    for _ in 0..SESSIONS {
-        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
-        sessions.push(Session::builder(b).namespace("herd").start().await.unwrap());
-    }
-    check_loads(sessions, &Notifications::Etcd(ep), 1.3).await;
+    let (cluster, sessions) = etcd_sessions(SESSIONS, "herd").await;
+    check_loads(sessions, &Notifications::Etcd(cluster.endpoint(0)), 1.3).await;
 }
 
 /// Two sessions passing a mutex back and forth: each waits on the other's key round after
@@ -168,9 +204,7 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
     if !available(Kind::Etcd) {
         return;
     }
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
+    let (cluster, sessions) = etcd_sessions(2, "keep").await;
     let ep = cluster.endpoint(0);
     let watch_messages = || {
         fencelock_integration::notifications::etcd_counter(
@@ -179,11 +213,6 @@ async fn etcd_waiter_keeps_its_watch_on_a_repeating_predecessor() {
             "grpc_method=\"Watch\"",
         )
     };
-    let mut sessions = Vec::new();
-    for _ in 0..2 {
-        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
-        sessions.push(Session::builder(b).namespace("keep").start().await.unwrap());
-    }
     const PING_PONGS: usize = 100;
     let watchers = || {
         fencelock_integration::notifications::etcd_counter(
@@ -230,18 +259,7 @@ async fn zookeeper_release_wakes_one_waiter() {
     if !available(Kind::ZooKeeper) {
         return;
     }
-    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
-        .await
-        .unwrap();
-    let mut sessions = Vec::new();
-    for _ in 0..SESSIONS {
-        let b = fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
-            .min_ttl(MIN_SESSION_TIMEOUT)
-            .connect()
-            .await
-            .unwrap();
-        sessions.push(Session::builder(b).namespace("herd").start().await.unwrap());
-    }
+    let (server, sessions) = zookeeper_sessions(SESSIONS, "herd").await;
     check_loads(sessions, &Notifications::ZooKeeper(server.port(0)), 1.3).await;
 }
 
@@ -394,22 +412,8 @@ async fn etcd_observers_sleep_through_the_tail() {
     if !available(Kind::Etcd) {
         return;
     }
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
-    let ep = cluster.endpoint(0);
-    let mut sessions = Vec::new();
-    for _ in 0..3 {
-        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
-        sessions.push(
-            Session::builder(b)
-                .namespace("observers")
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
-    check_observers(sessions, &Notifications::Etcd(ep)).await;
+    let (cluster, sessions) = etcd_sessions(3, "observers").await;
+    check_observers(sessions, &Notifications::Etcd(cluster.endpoint(0))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,23 +421,6 @@ async fn zookeeper_observers_sleep_through_the_tail() {
     if !available(Kind::ZooKeeper) {
         return;
     }
-    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
-        .await
-        .unwrap();
-    let mut sessions = Vec::new();
-    for _ in 0..3 {
-        let b = fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
-            .min_ttl(MIN_SESSION_TIMEOUT)
-            .connect()
-            .await
-            .unwrap();
-        sessions.push(
-            Session::builder(b)
-                .namespace("observers")
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
+    let (server, sessions) = zookeeper_sessions(3, "observers").await;
     check_observers(sessions, &Notifications::ZooKeeper(server.port(0))).await;
 }
