@@ -148,15 +148,7 @@ pub(crate) async fn run_under(
     if !shared_group {
         cmd.process_group(0);
     }
-    if crate::signals::sigpipe_ignored_at_start() {
-        // SAFETY: `signal` is async-signal-safe, and the closure touches nothing else.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-                Ok(())
-            });
-        }
-    }
+    crate::signals::keep_sigpipe_ignored(&mut cmd);
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),

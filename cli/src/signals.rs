@@ -9,7 +9,7 @@
 //! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
 //! and another holder ran beside it once the TTL had passed). Those that fencelock was started
 //! with ignored (`nohup`) stay ignored, for its command too, and so does SIGPIPE
-//! ([`sigpipe_ignored_at_start`]).
+//! ([`keep_sigpipe_ignored`]).
 //! SIGTSTP (Ctrl-Z) and SIGTTIN are caught too, so that a command in a process group of its
 //! own stops with fencelock: stopped alone, fencelock would stop heartbeating while the command
 //! ran on, and past the TTL another holder would run beside it ([`is_job_stop`]). SIGTTOU is
@@ -200,12 +200,20 @@ fn ignored_at_start() -> u64 {
         .unwrap_or(0)
 }
 
-/// Whether fencelock was started with SIGPIPE ignored (systemd's `IgnoreSIGPIPE=yes`, its
-/// default for services; a shell's `trap '' PIPE`): its command then starts with it ignored
-/// too, as it would without fencelock. Rust's runtime ignores SIGPIPE for itself before `main`,
-/// and resets it for the processes it starts, so `SigIgn` read later tells nothing of it.
-pub(crate) fn sigpipe_ignored_at_start() -> bool {
-    SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed)
+/// Starts `cmd` with SIGPIPE ignored if fencelock was started so (systemd's
+/// `IgnoreSIGPIPE=yes`, its default for services; a shell's `trap '' PIPE`), as it would start
+/// without fencelock. Rust's runtime ignores SIGPIPE for itself before `main`, and resets it
+/// for the processes it starts, so `SigIgn` read later tells nothing of it.
+pub(crate) fn keep_sigpipe_ignored(cmd: &mut tokio::process::Command) {
+    if SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: `signal` is async-signal-safe, and the closure touches nothing else.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    }
 }
 
 static SIGPIPE_IGNORED_AT_START: std::sync::atomic::AtomicBool =

@@ -50,6 +50,14 @@ impl WatchRef {
     }
 }
 
+/// Cancels watch `id` on its stream, from a task (the caller holds the stream's state).
+pub(super) fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
+    let sender = sender.clone();
+    tokio::spawn(async move {
+        let _ = sender.lock().await.cancel(id).await;
+    });
+}
+
 #[derive(Default)]
 pub(super) struct KeyState {
     /// This key's watch, once created.
@@ -125,6 +133,20 @@ impl State {
         match self.idle.replace(key.to_string()) {
             Some(old) if old != key => self.keys.remove(&old).and_then(|ks| ks.watch),
             _ => None,
+        }
+    }
+}
+
+/// Ends the registrations of `keys` with a temporary error (they re-read and register again).
+pub(super) fn fail_keys<'a>(
+    state: &StdMutex<State>,
+    keys: impl IntoIterator<Item = &'a str>,
+    why: &str,
+) {
+    let mut st = state.lock().unwrap();
+    for key in keys {
+        if let Some(ks) = st.forget(key) {
+            ks.fail(why);
         }
     }
 }

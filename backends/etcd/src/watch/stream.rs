@@ -95,9 +95,8 @@ pub(super) async fn read_loop(
                 let _ = c.send(Ok(()));
             }
             if !ks.needed() {
-                // Every wait that asked for it was given up while it was being created (their
-                // registrations found it still needed by the create): it ends now, not at
-                // the key's next deletion.
+                // Every wait that asked for it was given up while it was being created: it
+                // ends now, not at the key's next deletion.
                 st.forget(&key);
                 ss.ids.remove(&resp.watch_id());
                 cancel_later(&sender, resp.watch_id());
@@ -134,8 +133,8 @@ pub(super) async fn read_loop(
             // watches only the keys it waits on, and at most one more (`State::idle`).
             let rev = kv.mod_revision();
             let Some(ks) = st.keys.get_mut(key) else {
-                // A watch whose key has no state left (its registration went where no runtime
-                // could cancel it): it ends now, not at each later deletion of the key.
+                // A watch whose key has no state left (dropped where no runtime could cancel
+                // it): it ends now, not at each later deletion of the key.
                 if ss.ids.remove(&resp.watch_id()).is_some() {
                     cancel_later(&sender, resp.watch_id());
                 }
@@ -183,14 +182,6 @@ pub(super) async fn read_loop(
         keys.iter().map(String::as_str),
         "watch stream broke",
     );
-}
-
-/// Cancels watch `id` on its stream, from a task (the caller holds the stream's state).
-pub(super) fn cancel_later(sender: &Arc<AsyncMutex<WatchRequestSender>>, id: i64) {
-    let sender = sender.clone();
-    tokio::spawn(async move {
-        let _ = sender.lock().await.cancel(id).await;
-    });
 }
 
 /// Asks `stream` for progress whenever it carries watches and has been quiet for half the
@@ -339,20 +330,6 @@ pub(super) async fn move_watches(inner: &Arc<Inner>, old: &Arc<StdMutex<Stream>>
             keys.iter().map(String::as_str),
             &e.to_string(),
         );
-    }
-}
-
-/// Ends the registrations of `keys` with a temporary error (they re-read and register again).
-pub(super) fn fail_keys<'a>(
-    state: &StdMutex<State>,
-    keys: impl IntoIterator<Item = &'a str>,
-    why: &str,
-) {
-    let mut st = state.lock().unwrap();
-    for key in keys {
-        if let Some(ks) = st.forget(key) {
-            ks.fail(why);
-        }
     }
 }
 
