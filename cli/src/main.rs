@@ -235,8 +235,6 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
             observe::observe(session, ctx.cluster, &name, output, signals).await
         }
         Command::List { prefix } => {
-            // (A third of the TTL, as a request of the session's: a large namespace's listing
-            // may take seconds.)
             let read = answered(
                 ctx,
                 Some(read_patience(ctx)),
