@@ -2,7 +2,8 @@
 //! member that pauses, served when the member resumes) leaves no entry: the session's create
 //! fence makes it fail, or the removal that follows finds and removes what it made. Before,
 //! the entry stayed on the session's live lease, ahead of every later waiter, and nobody
-//! released it.
+//! released it. And a release held up the same way, sent again meanwhile, is ours whichever
+//! copy the member applies first.
 
 use std::time::Duration;
 
@@ -151,4 +152,39 @@ async fn a_deleted_fence_is_put_again() {
     nothing_left(&t.probe).await;
     t.s.close().await.unwrap();
     t.probe.close().await.unwrap();
+}
+
+/// A release held up on a member that pauses is sent again (hedged); when the member resumes,
+/// the copies are applied in any order, and the one whose answer comes first may be one that
+/// found the entry gone, removed by another copy: the release is ours all the same. (It was
+/// taken for someone else's deletion: `NotHeld(EntryDeleted)`, the command's exit 76 for a lock
+/// never lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_twice_to_a_paused_member_is_ours() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.cluster.endpoint(0)).await;
+    let ns = unique_namespace("release_held");
+    let backend = EtcdBackend::connect([proxy.addr()]).await.unwrap();
+    let s = Session::builder(backend)
+        .namespace(&ns)
+        .ttl(TTL)
+        .start()
+        .await
+        .unwrap();
+    for round in 0..8 {
+        let guard = s.mutex("m").unwrap().lock().await.unwrap();
+        proxy.set(Mode::Hold);
+        let release = tokio::spawn(async move { guard.release().await });
+        // Past two hedges (every quarter of the request bound, a third of the TTL).
+        tokio::time::sleep(TTL / 3 / 4 * 2 + Duration::from_millis(200)).await;
+        proxy.set(Mode::Pass);
+        let r = tokio::time::timeout(WITHIN, release)
+            .await
+            .expect("the release ended")
+            .unwrap();
+        assert!(r.is_ok(), "round {round}: {r:?}");
+    }
+    s.close().await.unwrap();
 }

@@ -260,14 +260,16 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
     // only this entry, never one created later under the same key, so a late copy changes
     // nothing. (A release sent to a member that hangs held the lock for the whole request
     // bound, and its retry could meet the same member.) A copy that finds the entry gone
-    // while an earlier one is unanswered most likely lost the race to it: removed by our
-    // own hand, as the core also concludes when a retry after an unanswered try finds it
-    // gone.
+    // while another was sent most likely lost the race to it: removed by our own hand, as
+    // the core also concludes when a retry after an unanswered try finds it gone. (Any
+    // other: copies queued at a member that resumes from a pause are not applied in the
+    // order they were sent, and the first one's "gone" was taken for someone else's
+    // deletion, a command's exit 76 for a lock never lost.)
     let copies = AtomicUsize::new(0);
-    let (copy, resp) = hedged(session.bound, "release", || {
+    let resp = hedged(session.bound, "release", || {
         let (mut kv, txn) = (session.client.kv_client(), txn.clone());
-        let copy = copies.fetch_add(1, Ordering::Relaxed);
-        async move { kv.txn(txn).await.map(|r| (copy, r)) }
+        copies.fetch_add(1, Ordering::Relaxed);
+        async move { kv.txn(txn).await }
     })
     .await?;
     if let Some(namespace) = fence {
@@ -286,7 +288,7 @@ pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool>
             .await?;
         }
     }
-    Ok(resp.succeeded() || copy > 0)
+    Ok(resp.succeeded() || copies.load(Ordering::Relaxed) > 1)
 }
 
 pub(crate) async fn abandon(
