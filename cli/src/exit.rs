@@ -38,7 +38,12 @@ pub(crate) fn of_error(e: &Error) -> u8 {
         Error::Connect {
             temporary: false, ..
         } => CONFIG,
-        Error::Connect { .. } | Error::SessionLost(_) | Error::NotHeld(_) => UNAVAILABLE,
+        // (A waiting entry deleted by someone else, or lost with a server's data: as a lost
+        // session, not an internal failure.)
+        Error::Connect { .. }
+        | Error::SessionLost(_)
+        | Error::NotHeld(_)
+        | Error::EntryVanished { .. } => UNAVAILABLE,
         e if e.is_temporary() => UNAVAILABLE,
         _ => SOFTWARE,
     }
@@ -101,4 +106,17 @@ pub(crate) fn end(status: u8) -> u8 {
         let _ = signal_hook::low_level::raise(sig);
     }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiting entry deleted by someone else is the cluster's doing, as a lost session: 69,
+    /// not 70 (an internal failure).
+    #[test]
+    fn a_vanished_entry_is_not_an_internal_failure() {
+        let e = Error::EntryVanished { key: "k".into() };
+        assert_eq!(of_error(&e), UNAVAILABLE);
+    }
 }
