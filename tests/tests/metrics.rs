@@ -27,6 +27,22 @@ fn counter(snap: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
+/// The longest wait recorded in the series of the wait histogram labelled `label`.
+fn longest_wait(snap: &Snapshot, label: (&str, &str)) -> f64 {
+    snap.iter()
+        .filter(|(k, _)| {
+            k.key().name() == m::WAIT_SECONDS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == label.0 && l.value() == label.1)
+        })
+        .flat_map(|(_, v)| match v {
+            DebugValue::Histogram(h) => h.iter().map(|f| f.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .fold(0.0_f64, f64::max)
+}
+
 fn histogram_count(snap: &Snapshot, name: &str) -> usize {
     snap.iter()
         .filter(|(k, _)| k.key().name() == name)
@@ -159,19 +175,7 @@ async fn every_documented_metric_is_recorded() {
         1
     );
     assert_eq!(counter(&snap, m::ACQUISITIONS, &[("primitive", "read")]), 1);
-    let longest_semaphore_wait = snap
-        .iter()
-        .filter(|(k, _)| {
-            k.key().name() == m::WAIT_SECONDS
-                && k.key()
-                    .labels()
-                    .any(|l| l.key() == "primitive" && l.value() == "semaphore")
-        })
-        .flat_map(|(_, v)| match v {
-            DebugValue::Histogram(h) => h.iter().map(|f| f.into_inner()).collect(),
-            _ => Vec::new(),
-        })
-        .fold(0.0_f64, f64::max);
+    let longest_semaphore_wait = longest_wait(&snap, ("primitive", "semaphore"));
     assert!(
         longest_semaphore_wait >= 0.45,
         "the longest semaphore wait, {longest_semaphore_wait:.3} s, leaves out the gate"
@@ -195,19 +199,7 @@ async fn every_documented_metric_is_recorded() {
         );
     }
     assert_eq!(counter(&snap, m::HANDOFFS, &local), 1, "local/x's wait");
-    let longest_local_wait = snap
-        .iter()
-        .filter(|(k, _)| {
-            k.key().name() == m::WAIT_SECONDS
-                && k.key()
-                    .labels()
-                    .any(|l| l.key() == "name" && l.value() == "local/x")
-        })
-        .flat_map(|(_, v)| match v {
-            DebugValue::Histogram(h) => h.iter().map(|f| f.into_inner()).collect(),
-            _ => Vec::new(),
-        })
-        .fold(0.0_f64, f64::max);
+    let longest_local_wait = longest_wait(&snap, ("name", "local/x"));
     assert!(
         longest_local_wait >= 0.2,
         "the wait in the session's own queue, {longest_local_wait:.3} s, left out"
