@@ -98,6 +98,8 @@ impl Election {
 
     /// Like [`campaign`](Self::campaign), but gives up after `timeout` with
     /// [`Error::Timeout`], leaving no entry.
+    /// A cluster that does not answer ends it as [`Mutex::lock_timeout`](crate::Mutex::lock_timeout)
+    /// says.
     ///
     /// # Cancel safety
     ///

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::acquire::{acquire_all, local_turn, Wait};
+use crate::acquire::{acquire_all, local_turn, unless_silent, Wait};
 use crate::{Error, FencingToken, Guard, LostReason, Mutex, Result, Session};
 
 impl Session {
@@ -114,10 +114,11 @@ impl MultiLock {
     /// The deadline is checked before each lock: once it has passed, no further lock is tried,
     /// so the error comes at most about two round trips after the deadline (the lock in flight,
     /// then the releases, sent together), whatever the size of the set, while the cluster
-    /// answers (unanswered, the releases are retried until the session's local deadline at
-    /// most: a partition can hold the error up to about a TTL). So
-    /// `lock_timeout(Duration::ZERO)` takes a set of one free lock, and times out on a larger
-    /// set: to take a set only if all of it is free now, use [`try_lock`](Self::try_lock).
+    /// answers. A cluster that does not answer ends it half a TTL (at least a second, at most
+    /// ten) past the deadline, with a temporary error; the removals it did not confirm are
+    /// then left to the session's background task. So `lock_timeout(Duration::ZERO)` takes a
+    /// set of one free lock, and times out on a larger set: to take a set only if all of it
+    /// is free now, use [`try_lock`](Self::try_lock).
     /// A timeout too large for the clock waits forever.
     ///
     /// # Cancel safety
@@ -157,8 +158,13 @@ impl MultiLock {
                 Ok(g) => guards.push((name.clone(), g)),
                 Err(e) => {
                     // An entry the cluster refuses to remove stays: that is the answer then,
-                    // since "not acquired" promises none is left.
-                    release_all(&guards).await?;
+                    // since "not acquired" promises none is left. So is a cluster silent past
+                    // the wait (the guards, dropped, leave their removal to the session).
+                    let wait = match deadline {
+                        Some((deadline, after)) => Wait::Until { deadline, after },
+                        None => Wait::Forever,
+                    };
+                    unless_silent(self.session.shared(), wait, release_all(&guards)).await?;
                     return Err(e);
                 }
             }
@@ -184,7 +190,8 @@ impl MultiLock {
             }
         }
         let queues: Vec<_> = self.mutexes.iter().map(|m| m.queue_id().clone()).collect();
-        let Some(tenures) = acquire_all(&self.session, &queues, locals).await? else {
+        let all = acquire_all(&self.session, &queues, locals);
+        let Some(tenures) = unless_silent(shared, Wait::No, all).await? else {
             return Ok(None);
         };
         let guards = self

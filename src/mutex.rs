@@ -181,11 +181,15 @@ impl Mutex {
 
     /// Like [`lock`](Self::lock), but gives up after `timeout` with
     /// [`Error::Timeout`](crate::Error::Timeout). When it returns the timeout error, its queue
-    /// entry has already been removed (confirmed by the cluster: while it does not answer,
-    /// the removal is retried until the session's local deadline at most, so a partition can
-    /// hold the error up to about a TTL); should the cluster refuse the removal (a permanent
-    /// error, a permission withdrawn), that error is returned instead, and the entry goes with
-    /// the session.
+    /// entry has already been removed (confirmed by the cluster); should the cluster refuse
+    /// the removal (a permanent error, a permission withdrawn), that error is returned
+    /// instead, and the entry goes with the session.
+    ///
+    /// A cluster that does not answer (a partition, servers that hang) ends the call half a
+    /// TTL (at least a second, at most ten) past the timeout with a temporary
+    /// [`Error::Backend`](crate::Error::Backend), and [`try_lock`](Self::try_lock) as long
+    /// after its call: whatever the attempt may have created is then removed by the session's
+    /// background task once the cluster answers, or goes with the session.
     ///
     /// The timeout bounds the waiting, not the first request: `lock_timeout(Duration::ZERO)`
     /// grants a free lock, like [`try_lock`](Self::try_lock), and fails with a timeout on a

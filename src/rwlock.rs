@@ -124,6 +124,8 @@ impl RwLock {
 
     /// Like [`read`](Self::read), but gives up after `timeout` with
     /// [`Error::Timeout`](crate::Error::Timeout), leaving no entry.
+    /// A cluster that does not answer ends it as [`Mutex::lock_timeout`](crate::Mutex::lock_timeout)
+    /// says.
     ///
     /// # Cancel safety
     ///
@@ -163,6 +165,8 @@ impl RwLock {
 
     /// Like [`write`](Self::write), but gives up after `timeout` with
     /// [`Error::Timeout`](crate::Error::Timeout), leaving no entry.
+    /// A cluster that does not answer ends it as [`Mutex::lock_timeout`](crate::Mutex::lock_timeout)
+    /// says.
     ///
     /// # Cancel safety
     ///

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::acquire::{acquire, check_value, Request, Rule, Wait};
+use crate::acquire::{acquire, check_value, unless_silent, Request, Rule, Wait};
 use crate::backend::{EntryInfo, EntryKind, QueueId, QueueKind};
 use crate::tenure::{holding_methods, impl_holding, Hold};
 use crate::{Error, Mutex, Result, Session};
@@ -91,7 +91,13 @@ impl Semaphore {
         self.permits
     }
 
+    /// Through the gate, then among the leases; a cluster silent past a bounded `wait` ends it
+    /// as [`Mutex::lock_timeout`] says (the gate's release and the count check included).
     async fn acquire_permit(&self, wait: Wait) -> Result<Option<Permit>> {
+        unless_silent(self.session.shared(), wait, self.permit_through_gate(wait)).await
+    }
+
+    async fn permit_through_gate(&self, wait: Wait) -> Result<Option<Permit>> {
         let value = format!("{PERMITS_TAG}{}", self.permits);
         check_value(self.session.shared(), value.as_bytes())?;
         // The semaphore's wait runs from here, through its gate.
@@ -186,6 +192,8 @@ impl Semaphore {
     /// [`Error::Timeout`], leaving no entry: when it returns the timeout error, its entries (at
     /// the gate and among the leases) have already been removed (confirmed by the cluster;
     /// should the cluster refuse a removal, a permanent error, that error is returned instead).
+    /// A cluster that does not answer ends it (and [`try_acquire`](Self::try_acquire)) as
+    /// [`Mutex::lock_timeout`] says.
     ///
     /// # Cancel safety
     ///

@@ -52,6 +52,27 @@ impl Wait {
         }
     }
 
+    /// When a bounded wait (`No`, `Until`) gives up on a cluster that does not answer: half a
+    /// TTL past its deadline (past the call for `No`), at least a second and at most ten.
+    ///
+    /// Why: the first enqueue, and the removal after a timeout, are not cut off by the wait's
+    /// deadline (`lock_timeout(Duration::ZERO)` grants a free lock), and a request to a cluster
+    /// that hangs is retried until the session's local deadline: `try_lock` and
+    /// `lock_timeout(1s)` held their caller for most of a TTL (48 s at a TTL of a minute),
+    /// hours with a long one. Half a TTL is longer than a request stuck on one silent server
+    /// takes to be retried on another (a third of the TTL on etcd, less on ZooKeeper), so
+    /// with a short TTL a cluster with a healthy quorum still answers within it; with a long
+    /// one, ten seconds of silence is an answer the caller of a bounded wait wants sooner.
+    pub(crate) fn give_up(self, ttl: Duration) -> Option<(Instant, Duration)> {
+        let patience = (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(10));
+        let from = match self {
+            Wait::Forever => return None,
+            Wait::No => Instant::now(),
+            Wait::Until { deadline, .. } => deadline,
+        };
+        from.checked_add(patience).map(|at| (at, patience))
+    }
+
     fn timed_out(self) -> Error {
         let after = match self {
             Wait::Until { after, .. } => after,
@@ -149,9 +170,11 @@ pub(crate) fn value_fits(backend: &str, value: &[u8]) -> Result<()> {
 /// local queue). Returns `None` only for
 /// [`Wait::No`] when the lock is taken.
 ///
-/// The first enqueue request is never cut off by a timeout (it is bounded, like every request,
-/// by the session's local deadline): a timeout bounds the waiting and the retries. So
-/// `lock_timeout(Duration::ZERO)` grants a free lock, exactly like `try_lock`.
+/// The first enqueue request is never cut off by a timeout: a timeout bounds the waiting and
+/// the retries. So `lock_timeout(Duration::ZERO)` grants a free lock, exactly like
+/// `try_lock`. A cluster that does not answer ends a bounded wait at [`Wait::give_up`] (a
+/// temporary error; whatever the attempt may have created is removed by the session's
+/// background task, or goes with the session).
 pub(crate) async fn acquire(
     session: &Session,
     req: Request<'_>,
@@ -161,7 +184,8 @@ pub(crate) async fn acquire(
     use crate::metrics::{acquisition, primitive, Outcome};
     let (started, waited_before) = req.since.unwrap_or_else(|| (Instant::now(), false));
     let mut waited_here = false;
-    let res = acquire_recorded(session, req, local, wait, &mut waited_here).await;
+    let attempt = acquire_recorded(session, req, local, wait, &mut waited_here);
+    let res = unless_silent(session.shared(), wait, attempt).await;
     let waited = waited_before || waited_here;
     let res = res.map(|t| t.map(|t| t.with_waited(waited)));
     let outcome = Outcome::of(&res, waited, started);
@@ -173,6 +197,27 @@ pub(crate) async fn acquire(
         acquisition(primitive(req.queue, req.kind), name, outcome);
     }
     res
+}
+
+/// `attempt`, unless the cluster stays silent past `wait`'s [`give_up`](Wait::give_up):
+/// then the attempt is dropped (its undo handed to the background task) and a temporary error
+/// tells why.
+pub(crate) async fn unless_silent<T>(
+    shared: &Shared,
+    wait: Wait,
+    attempt: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let Some((at, patience)) = wait.give_up(shared.ttl) else {
+        return attempt.await;
+    };
+    timeout_at(at, attempt).await.unwrap_or_else(|_| {
+        Err(Error::backend(
+            shared.backend_name(),
+            "acquire",
+            true,
+            format!("the cluster did not answer within {patience:?} past the wait"),
+        ))
+    })
 }
 
 /// [`acquire`], telling through `waited` whether the grant had to wait for another holder.

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
-use fencelock::{Error, Fence};
+use fencelock::{Error, Fence, SessionState};
 use tokio::time::Instant;
 
 use crate::process::ManagedChild;
@@ -280,6 +280,85 @@ pub async fn cut_off_holder_is_fenced(t: &Target, ttl: Duration) {
     b.close().await.unwrap();
 }
 
+/// Bounded waits end on a cluster that stops answering. On a session with a minute's TTL,
+/// cut off (black-holed) while its `lock_timeout(2s)` is queued, `lock_timeout`, `try_lock`,
+/// a semaphore's `try_acquire` and a multi-lock's `try_lock` each return a temporary error
+/// within their wait plus ten seconds; they used to wait for the session's local deadline
+/// (48 s from its last heartbeat, at least 28 s from the cut). Once the cluster answers again,
+/// the session's background task removes whatever they left.
+pub async fn silent_cluster_ends_bounded_waits(t: &Target) {
+    let ns = unique("silent_bounded");
+    let proxy = Proxy::start(&t.endpoint).await;
+    let a = t
+        .session_at(&proxy.addr(), &ns, Duration::from_secs(60))
+        .await;
+    let b = t.session(&ns, Duration::from_secs(10)).await;
+    let held = b.mutex("m").unwrap().lock().await.unwrap();
+    let (ma, mb) = (a.mutex("m").unwrap(), b.mutex("m").unwrap());
+    let queued = Instant::now();
+    let timed = async {
+        let r = ma.lock_timeout(Duration::from_secs(2)).await;
+        (r.map(|_| true), Instant::now())
+    };
+    let cut = async {
+        while mb.waiters().await.unwrap().is_empty() {
+            assert!(queued.elapsed() < Duration::from_secs(10), "never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.set(Mode::BlackHole);
+        let cut = Instant::now();
+        let free = a.mutex("free").unwrap();
+        let sem = a.semaphore("s", 1).unwrap();
+        let multi = a.multi_lock(["x", "y"]).unwrap();
+        let ended = |r: Result<bool, Error>| (r, Instant::now());
+        let (t, s, m) = tokio::join!(
+            async { ended(free.try_lock().await.map(|g| g.is_some())) },
+            async { ended(sem.try_acquire().await.map(|p| p.is_some())) },
+            async { ended(multi.try_lock().await.map(|g| g.is_some())) },
+        );
+        (
+            cut,
+            [("try_lock", t), ("try_acquire", s), ("multi try_lock", m)],
+        )
+    };
+    let bound = Duration::from_secs(25);
+    let ((timed, timed_at), (cut, tries)) =
+        tokio::time::timeout(bound, async { tokio::join!(timed, cut) })
+            .await
+            .expect("bounded waits ended");
+    let within = |what: &str, r: &Result<_, Error>, at: Instant, limit: Duration| {
+        let e = r.as_ref().expect_err(what);
+        assert!(e.is_temporary(), "{what}: {e}");
+        let after = at.saturating_duration_since(cut);
+        // The wait, ten seconds of silence, two of slack; the session's local deadline came
+        // 28 s after the cut at the earliest.
+        assert!(after < limit, "{what} ended {after:?} after the cut: {e}");
+    };
+    within("lock_timeout", &timed, timed_at, Duration::from_secs(14));
+    for (what, (r, at)) in &tries {
+        within(what, r, *at, Duration::from_secs(12));
+    }
+    proxy.set(Mode::Pass);
+    tokio::time::timeout(Duration::from_secs(20), a.flush())
+        .await
+        .expect("the removals were carried out once the cluster answered");
+    assert!(mb.waiters().await.unwrap().is_empty(), "left in the queue");
+    for name in ["free", "x", "y"] {
+        let holder = b.mutex(name).unwrap().holder().await.unwrap();
+        assert!(holder.is_none(), "{name} left held: {holder:?}");
+    }
+    let (leases, gate) = b.semaphore("s", 1).unwrap().inspect().await.unwrap();
+    assert!(leases.is_empty() && gate.is_empty(), "{leases:?} {gate:?}");
+    assert_eq!(
+        a.state(),
+        SessionState::Live,
+        "the session outlived the silence"
+    );
+    held.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// Generates the fault tests of one backend: `$target` is a future of
 /// `Option<(guard, Target)>` (`None` skips; the guard keeps the server running), `$ttl` the
 /// session TTL, `$holder` the path of the `holder` binary.
@@ -316,6 +395,14 @@ macro_rules! fault_tests {
                 return;
             };
             $crate::faults::cut_off_holder_is_fenced(&t, $ttl).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn silent_cluster_ends_bounded_waits() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::faults::silent_cluster_ends_bounded_waits(&t).await;
         }
     };
 }
