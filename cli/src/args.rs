@@ -102,9 +102,28 @@ impl Cli {
                 true => a.env(None),
                 false => a,
             })
-            .get_matches_from(&args);
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+            .try_get_matches_from(&args)
+            .unwrap_or_else(|e| not_run(e));
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| not_run(e))
     }
+}
+
+/// Ends a command line that runs nothing: its help or version on stdout (exit 0), or its usage
+/// error on stderr (exit 2), as clap's own exit does, except that help that cannot be written
+/// (`--help > /dev/full`) exits 70 with a message, as other output does, where clap's exit
+/// ignored the failure and exited 0. A reader that quit (`--help | head -1`) still ends it
+/// quietly.
+fn not_run(e: clap::Error) -> ! {
+    use std::io::Write as _;
+    let printed = e.print().and_then(|()| std::io::stdout().flush());
+    let code = match printed {
+        Err(w) if !e.use_stderr() && w.kind() != std::io::ErrorKind::BrokenPipe => {
+            let _ = writeln!(std::io::stderr(), "fencelock: cannot write the output: {w}");
+            i32::from(crate::exit::SOFTWARE)
+        }
+        _ => e.exit_code(),
+    };
+    std::process::exit(code)
 }
 
 /// Where the cluster is and how to reach it.

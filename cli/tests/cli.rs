@@ -259,7 +259,7 @@ async fn a_hung_cluster_does_not_hold_a_timed_wait() {
 }
 
 /// Output that cannot be written (a full disk) is an error, said, not a silent success:
-/// `list` and `leader` exited 0 with nothing written. Nobody reading any more
+/// `list`, `leader` and `--help` exited 0 with nothing written. Nobody reading any more
 /// (`| head -1`) still ends quietly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_that_cannot_be_written_fails() {
@@ -269,7 +269,11 @@ async fn output_that_cannot_be_written_fails() {
     let ns = unique_namespace("cli_full");
     let s = t.session(&ns).await;
     let led = s.election("e").unwrap().campaign(b"v").await.unwrap();
-    for args in [&["list"][..], &["leader", "e"][..]] {
+    let runs_nothing = [&["--help"][..], &["lock", "--help"][..], &["--version"][..]];
+    for args in [&["list"][..], &["leader", "e"][..]]
+        .into_iter()
+        .chain(runs_nothing)
+    {
         let full = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/full")
