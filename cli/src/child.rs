@@ -148,7 +148,7 @@ pub(crate) async fn run_under(
     if !shared_group {
         cmd.process_group(0);
     }
-    crate::signals::keep_sigpipe_ignored(&mut cmd);
+    crate::signals::as_without_fencelock(&mut cmd);
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),

@@ -9,7 +9,7 @@
 //! TTL, or, while the command runs, leave the command running without the lock (SIGUSR1 did,
 //! and another holder ran beside it once the TTL had passed). Those that fencelock was started
 //! with ignored (`nohup`) stay ignored, for its command too, and so does SIGPIPE
-//! ([`keep_sigpipe_ignored`]).
+//! ([`as_without_fencelock`]).
 //! SIGTSTP (Ctrl-Z) and SIGTTIN are caught too, so that a command in a process group of its
 //! own stops with fencelock: stopped alone, fencelock would stop heartbeating while the command
 //! ran on, and past the TTL another holder would run beside it ([`is_job_stop`]). SIGTTOU is
@@ -200,19 +200,67 @@ fn ignored_at_start() -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts `cmd` with SIGPIPE ignored if fencelock was started so (systemd's
-/// `IgnoreSIGPIPE=yes`, its default for services; a shell's `trap '' PIPE`), as it would start
-/// without fencelock. Rust's runtime ignores SIGPIPE for itself before `main`, and resets it
-/// for the processes it starts, so `SigIgn` read later tells nothing of it.
-pub(crate) fn keep_sigpipe_ignored(cmd: &mut tokio::process::Command) {
-    if SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed) {
-        // SAFETY: `signal` is async-signal-safe, and the closure touches nothing else.
-        unsafe {
-            cmd.pre_exec(|| {
+/// Starts `cmd` with the signal dispositions it would have been started with without
+/// fencelock:
+/// - SIGPIPE ignored if fencelock was started so (systemd's `IgnoreSIGPIPE=yes`, its default for
+///   services; a shell's `trap '' PIPE`). Rust's runtime ignores SIGPIPE for itself before
+///   `main`, and resets it for the processes it starts, so `SigIgn` read later tells nothing
+///   of it.
+/// - glibc's own signals (32 and 33, below SIGRTMIN) at their default. A process started with
+///   `posix_spawn` (Rust's `Command`, fencelock's own as much as any other's) gets them
+///   ignored: glibc's spawn ignores them in its child, and an ignored signal stays ignored
+///   across `exec`. Programs whose runtime is not glibc's use them as real-time signals, and
+///   glibc refuses to touch them (its `sigaction` fails with `EINVAL`), so no program can
+///   have meant them ignored. A closure before `exec` also makes Rust start the command with
+///   `fork` rather than `posix_spawn`.
+pub(crate) fn as_without_fencelock(cmd: &mut tokio::process::Command) {
+    let keep_sigpipe = SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: `signal` and `syscall` are async-signal-safe, and the closure touches nothing
+    // else.
+    unsafe {
+        cmd.pre_exec(move || {
+            if keep_sigpipe {
                 libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-                Ok(())
-            });
-        }
+            }
+            for sig in 32..libc::SIGRTMIN() {
+                default_disposition(sig);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sets `sig` to its default disposition by the system call itself, which glibc's
+/// `sigaction` refuses for its own signals.
+///
+/// # Safety
+///
+/// Async-signal-safe; changes only the disposition of `sig`.
+unsafe fn default_disposition(sig: i32) {
+    /// The kernel's `struct sigaction` (on x86-64 and arm64 alike), not the C library's.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: libc::sighandler_t,
+        flags: libc::c_ulong,
+        restorer: usize,
+        mask: u64,
+    }
+    let dfl = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    // SAFETY: `dfl` outlives the call; no old action is asked for; the size is the kernel's
+    // signal set's (8 bytes).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &dfl as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        );
     }
 }
 
