@@ -162,8 +162,19 @@ impl ZkSession {
     /// A clone of the current client for one operation, or the reason there is none.
     /// Operations must not keep it across long waits (watches): the session may move to
     /// another client meanwhile, and [`close`](BackendSession::close) must really end it.
+    ///
+    /// A client that is reconnecting fails the operation at once (temporary; the core retries
+    /// it): zookeeper-client keeps a request made meanwhile and sends it once it reconnects,
+    /// and a client replaced by a move may still reconnect, take the session back, and send
+    /// it then. A create sent so, after its retry through the new client had created and
+    /// found the entry, left a second entry of the session in the queue that nobody knew of:
+    /// once the first was released, it held the lock for as long as the session lived.
     pub(crate) fn client(&self) -> Result<zk::Client> {
-        self.links.current().map(|l| l.client.clone())
+        let link = self.links.current()?;
+        match error::state_error("request", link.state.peek_state()) {
+            Some(e) => Err(e),
+            None => Ok(link.client.clone()),
+        }
     }
 
     /// Resolves with an error when the session state breaks an ongoing wait: a disconnect or
