@@ -50,7 +50,16 @@ pub(crate) fn markers(queue: QueueKind) -> &'static [(&'static str, EntryKind)] 
 }
 
 /// The sequence number of an entry called `name` with `marker`, if `name` is one:
-/// `[_c_{uuid}-]{marker}{digits}` (ten digits, nineteen past 2^31).
+/// `[_c_{uuid}-]{marker}{digits}`, in queue order.
+///
+/// The server numbers a parent's children with its child version, a 32-bit signed counter of
+/// the creates and deletes under it, printed with at least ten characters: past 2^31 - 1 it
+/// goes negative (`lock--2147483648`, `lock--000000005`). A hot lock whose parent never empties
+/// gets there (about 12 days at 1,000 acquisitions a second): such names are read as the
+/// counter's unsigned value, so they follow the last positive ones, as they were made (once the
+/// counter comes back to zero, four billion changes later, entries that straddle that moment
+/// are out of order). Before, they were not taken for entries at all: the acquisition that
+/// made one never found it.
 pub(crate) fn sequence_of(name: &str, marker: &str) -> Option<u64> {
     // The digits run to the end of the name and the marker ends where they begin (no marker
     // holds a digit, so that is also its last occurrence). Checked from the end, without a
@@ -58,11 +67,24 @@ pub(crate) fn sequence_of(name: &str, marker: &str) -> Option<u64> {
     // in a letter.
     let at = name.len() - name.bytes().rev().take_while(u8::is_ascii_digit).count();
     let (head, digits) = name.split_at(at);
+    // A minus sign after the marker (which ends in `-` itself): a counter past 2^31 - 1.
+    let (head, negative) = match head.strip_suffix('-') {
+        Some(h) if h.ends_with(marker) => (h, true),
+        _ => (head, false),
+    };
     let prefix = head.strip_suffix(marker)?;
-    if !(prefix.is_empty() || prefix.ends_with('-')) || digits.len() < 10 {
+    if !(prefix.is_empty() || prefix.ends_with('-')) || digits.len() + usize::from(negative) < 10 {
         return None;
     }
-    digits.parse().ok()
+    let value: u64 = digits.parse().ok()?;
+    if negative {
+        let below_zero = i32::try_from(value).ok().map(|v| -v).or_else(|| {
+            // -2^31 itself, whose magnitude is no i32.
+            (value == 1 << 31).then_some(i32::MIN)
+        })?;
+        return (below_zero < 0).then(|| u64::from(below_zero as u32));
+    }
+    Some(value)
 }
 
 /// Whether `name` is the name of a queue entry of any kind.
@@ -275,6 +297,22 @@ mod tests {
         assert_eq!(sequence_of("lock-0000000042x", "lock-"), None);
         assert_eq!(sequence_of("0000000042", "lock-"), None);
         assert_eq!(sequence_of("", "lock-"), None);
+        // Past 2^31 - 1 the server's counter prints negative: after the last positive ones.
+        let last = sequence_of("lock-2147483647", "lock-").unwrap();
+        let wrapped = sequence_of("lock--2147483648", "lock-").unwrap();
+        assert_eq!(wrapped, 1 << 31);
+        assert!(wrapped > last);
+        assert_eq!(sequence_of(&format!("{u}-"), "lock-"), None);
+        assert_eq!(
+            sequence_of("_c_x-lock--000000005", "lock-"),
+            Some((1 << 32) - 5)
+        );
+        assert_eq!(sequence_of("lock--000000001", "lock-"), Some((1 << 32) - 1));
+        assert_eq!(sequence_of("lock--00000001", "lock-"), None, "too short");
+        assert_eq!(sequence_of("lock--0000000000", "lock-"), None, "minus zero");
+        assert_eq!(sequence_of("lock--2147483649", "lock-"), None, "below i32");
+        assert_eq!(sequence_of("lock---000000005", "lock-"), None);
+        assert_eq!(sequence_of("latch--000000005", "lock-"), None);
         assert_eq!(sequence_of("__READ__0000000003", READ), Some(3));
         assert!(!is_entry_name("bench") && !is_entry_name("contended"));
         let sorted = sorted_entries(

@@ -162,12 +162,11 @@ impl ZkSession {
                 Ok((stat, seq)) => {
                     self.backend.parents.remember(parent);
                     let name = format!("{}{seq}", basename(&prefix));
-                    let e = entry(
-                        join(parent, &name),
-                        seq.into_i64() as u64,
-                        req.kind,
-                        stat.czxid,
-                    );
+                    // Read from the name, as listings read it (a counter past 2^31 - 1 is
+                    // negative: see `sequence_of`).
+                    let seq = crate::layout::sequence_of(&name, m)
+                        .unwrap_or_else(|| seq.into_i64() as u64);
+                    let e = entry(join(parent, &name), seq, req.kind, stat.czxid);
                     debug!(key = %e.key, czxid = stat.czxid, "created entry");
                     let listing = listing.await.ok();
                     return Ok(Created { entry: e, listing });
