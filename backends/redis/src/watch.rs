@@ -317,6 +317,13 @@ impl Notifier {
                 let msg = tokio::select! {
                     msg = stream.next() => msg,
                     _ = tick.tick() => {
+                        // The primary moved (Sentinel): this server may still answer pings
+                        // (demoted, or cut off from the others) but no longer hears the
+                        // session's messages. Broken, the waits read again and subscribe
+                        // on the new primary.
+                        if primary.generation() != generation {
+                            break;
+                        }
                         let pong = tokio::time::timeout(pong_within, pinger.ping::<redis::Value>()).await;
                         if matches!(pong, Ok(Ok(_))) {
                             continue;
