@@ -59,10 +59,13 @@ local function drop(path, name)
     local score = redis.call('ZSCORE', q, name)
     after = score and redis.call('ZRANGEBYSCORE', q, '(' .. score, '+inf', 'LIMIT', '0', '1')[1]
   end
+  -- Read before the first write: on a cluster whose slot is moving, a read of a key gone to
+  -- the other node stops the script, and a script stopped after a write leaves it half done
+  -- (the entry deleted and nobody woken; its retry then finds nothing to do).
+  local e = after and live(after)
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
   local note = 'gone'
-  local e = after and live(after)
   if e then
     if was_head then note = 'gone ' .. after .. ' ' .. e[2] end
     redis.call('PUBLISH', C .. ':w:' .. e[1], after .. ' ' .. e[2] .. (was_head and ' head' or ' ahead'))
