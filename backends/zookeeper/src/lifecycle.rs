@@ -283,16 +283,30 @@ pub(crate) async fn keep_alive(session: &ZkSession) -> Result<()> {
     // Unanswered for a while, the server is silent (paused, stalled): the session moves
     // to another server, in a task of its own so that the heartbeat's own timeout cannot
     // cancel the move halfway; the next heartbeat goes through the new client.
-    let answered = tokio::time::timeout(link::silence(session.ttl), link.client.sync("/")).await;
+    //
+    // A reply that comes after the move began still counts (the core's own patience bounds
+    // the wait): the local deadline runs from when this heartbeat was sent, and a slow server
+    // (a leader whose disk stalls, so that every `sync` takes longer than the silence) is not
+    // a silent one. Thrown away, each heartbeat failed and the session was lost at its
+    // deadline, moving from server to server meanwhile.
+    let client = link.client.clone();
+    let mut sync = std::pin::pin!(client.sync("/"));
+    let answered = tokio::time::timeout(link::silence(session.ttl), &mut sync).await;
     match answered {
         Ok(res) => res.map_err(|e| error::map(OP, e)),
         Err(_) => {
             let links = session.links.clone();
-            let mover = tokio::spawn(async move { links.move_off(&link, "silent server").await });
-            match mover.await {
-                Ok(Moved::Ended(reason)) => Err(Error::SessionLost(reason)),
-                _ => Err(error::disconnected(OP)),
+            let mut mover =
+                tokio::spawn(async move { links.move_off(&link, "silent server").await });
+            tokio::select! {
+                biased;
+                Ok(()) = &mut sync => return Ok(()),
+                moved = &mut mover => if let Ok(Moved::Ended(reason)) = moved {
+                    return Err(Error::SessionLost(reason));
+                },
             }
+            // Moved, or no other server took the session: the reply may still come.
+            sync.await.map_err(|_| error::disconnected(OP))
         }
     }
 }
