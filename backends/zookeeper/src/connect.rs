@@ -14,7 +14,7 @@ use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, Result};
 use fencelock_net::{connect_error, probe, Probe};
 use tokio::time::{timeout_at, Instant};
-use tracing::debug;
+use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::config::Resolved;
@@ -122,9 +122,17 @@ impl Resolved {
         if self.sasl.is_some() {
             let users = timeout_at(deadline, client.list_auth_users())
                 .await
-                .map_err(|_| hung("authentication check"))?
-                .map_err(|e| error::map("check authentication", e))?;
-            if !users.iter().any(|u| u.scheme() == "sasl") {
+                .map_err(|_| hung("authentication check"))?;
+            // `whoami` came with ZooKeeper 3.7: an older server cannot say, and is trusted to
+            // enforce SASL (`sessionRequireClientSASLAuth`) as configured.
+            let users = match users {
+                Err(zk::Error::Unimplemented) => {
+                    warn!(server = %self.each[server], "this ZooKeeper server (before 3.7) cannot tell whether SASL authenticated the session; not checked");
+                    None
+                }
+                other => Some(other.map_err(|e| error::map("check authentication", e))?),
+            };
+            if users.is_some_and(|users| !users.iter().any(|u| u.scheme() == "sasl")) {
                 return Err(Error::Unauthenticated {
                     backend: NAME,
                     source: "the ZooKeeper servers accepted the connection without authenticating it by SASL (is SASL configured on them?)".into(),

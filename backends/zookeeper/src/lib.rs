@@ -11,7 +11,11 @@
 //!   `InterProcessMutex` / `LeaderLatch` contend on the same locks): a lock `name` in
 //!   namespace `ns` is the parent node `/ns/name`; each waiter is an ephemeral-sequential child
 //!   `_c_{uuid}-lock-{seq}` (elections: `_c_{uuid}-latch-{seq}`), ordered by the sequence
-//!   suffix. Parents are created as CONTAINER nodes (persistent on servers before 3.5).
+//!   suffix. Parents are created as CONTAINER nodes (persistent on a server that refuses
+//!   them as unimplemented).
+//! - **Servers**: ZooKeeper 3.5 or later (every create is a `create2`, which 3.4 lacks); the
+//!   tests run 3.8. With SASL, whether the session was authenticated is checked from 3.7 on
+//!   (`whoami`); an older server is trusted to require it.
 //! - **Fencing token**: the entry node's `czxid` (returned by the create itself), which grows
 //!   with every new holder; never the sequence suffix, a 32-bit per-parent counter that
 //!   restarts when the parent is re-created.
