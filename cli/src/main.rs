@@ -1,13 +1,12 @@
 //! `fencelock`: run a command under a distributed lock or as a leader, on etcd or ZooKeeper,
 //! with the fencing token in its environment; and look at who holds what. `fencelock --help`.
 
-/// Writes `fencelock: …` on stderr, ignoring a closed stderr (`2>&1 | head`, a restarted
-/// journal): `eprintln!` would panic there, and a panic would leave the command's tree running
-/// and the session open.
+/// Writes `fencelock: …` on stderr, without waiting for it (see `stderr.rs`), ignoring a
+/// closed stderr (`2>&1 | head`, a restarted journal): `eprintln!` would panic there, and a
+/// panic would leave the command's tree running and the session open.
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "fencelock: {}", format_args!($($arg)*));
+        $crate::stderr::say(format_args!($($arg)*));
     }};
 }
 
@@ -19,6 +18,7 @@ mod message;
 mod observe;
 mod show;
 mod signals;
+mod stderr;
 mod terminal;
 mod tree;
 mod url;
@@ -35,6 +35,12 @@ use child::Grant;
 use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {
+    let status = start();
+    stderr::drain(stderr::DRAIN);
+    status
+}
+
+fn start() -> ExitCode {
     let cli = Cli::parsed();
     if let Command::Completions { shell } = cli.command {
         // Written here, not by clap_complete, which panics on a closed stdout.
@@ -74,6 +80,8 @@ fn main() -> ExitCode {
     // once saw `list` still running 10 s after SIGHUP while connecting to a silent server;
     // an unbounded runtime drop is one way that can happen, not a confirmed cause.)
     runtime.shutdown_timeout(Duration::from_secs(1));
+    // Its last lines written before it may end by a signal.
+    stderr::drain(stderr::DRAIN);
     ExitCode::from(exit::end(status))
 }
 

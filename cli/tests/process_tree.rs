@@ -1234,3 +1234,44 @@ fn foreground_group_of(pid: i32) -> Option<i32> {
         .parse()
         .ok()
 }
+
+/// A stderr that blocks (a full pipe nobody reads) does not stop fencelock midway: the
+/// command's leftovers are stopped and the lock released all the same. fencelock stopped at
+/// its message about the leftovers, which then ran on, and the lock stayed held, until the
+/// pipe drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_that_blocks_holds_nothing() {
+    use std::os::fd::{AsFd, OwnedFd};
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_blocked_stderr");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A pipe filled to the brim, its reader kept open and never read.
+    let (reader, writer): (OwnedFd, OwnedFd) = rustix::pipe::pipe().unwrap();
+    let flags = rustix::fs::fcntl_getfl(&writer).unwrap();
+    rustix::fs::fcntl_setfl(&writer, flags | rustix::fs::OFlags::NONBLOCK).unwrap();
+    while rustix::io::write(writer.as_fd(), &[0u8; 4096]).is_ok() {}
+    rustix::fs::fcntl_setfl(&writer, flags).unwrap();
+    let script = format!("{TREE_BACKGROUND} exit 3");
+    let mut cmd = tokio::process::Command::from(command(&t.url, &ns));
+    cmd.args(["lock", "m", "--grace", "1s", "--", "bash", "-c", &script])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(writer))
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let status = tokio::time::timeout(WITHIN, child.wait())
+        .await
+        .expect("fencelock ended, its stderr blocked")
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    let pids = [pid_in(&d.join("bg")).await, pid_in(&d.join("daemon")).await];
+    all_gone("stderr blocked", &pids, d).await;
+    let s = t.session(&ns).await;
+    let g = s.mutex("m").unwrap().try_lock().await.unwrap();
+    assert!(g.is_some(), "released");
+    drop((g, reader));
+    s.close().await.unwrap();
+}
