@@ -28,13 +28,24 @@ fn plain(s: &str) -> String {
 }
 
 /// Whether `c` is a character that shows nothing of itself but changes how text around it
-/// reads: bidirectional overrides and isolates, zero-width spaces and joiners, marks, line and
-/// paragraph separators, soft hyphens, fillers and tag characters.
+/// reads: every format character (Unicode's `Cf`: bidirectional overrides and isolates,
+/// zero-width spaces and joiners, soft hyphens, prepended number signs, tag characters), the
+/// combining grapheme joiner and variation selectors, line and paragraph separators, and
+/// fillers that print as blank.
 fn invisible(c: char) -> bool {
     matches!(c,
-        '\u{00ad}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
-        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}'
-        | '\u{3164}' | '\u{feff}' | '\u{ffa0}' | '\u{e0000}'..='\u{e007f}')
+        // Format characters (Cf), Unicode 15.
+        '\u{00ad}' | '\u{0600}'..='\u{0605}' | '\u{061c}' | '\u{06dd}' | '\u{070f}'
+        | '\u{0890}'..='\u{0891}' | '\u{08e2}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
+        | '\u{feff}' | '\u{fff9}'..='\u{fffb}' | '\u{110bd}' | '\u{110cd}'
+        | '\u{13430}'..='\u{1343f}' | '\u{1bca0}'..='\u{1bca3}' | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0001}' | '\u{e0020}'..='\u{e007f}'
+        // Joiners and selectors that change the character before them.
+        | '\u{034f}' | '\u{fe00}'..='\u{fe0f}' | '\u{e0100}'..='\u{e01ef}'
+        // Line and paragraph separators; blank fillers and invisible vowels.
+        | '\u{2028}' | '\u{2029}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
+        | '\u{2065}' | '\u{3164}' | '\u{ffa0}')
 }
 
 /// An entry's creation time; `null` where it cannot be written as RFC 3339 (before 1970 or
@@ -179,5 +190,23 @@ mod tests {
         // A name that would read as another.
         assert_eq!(plain("jobs/\u{202e}gnp.exe"), "jobs/\\u{202e}gnp.exe");
         assert_eq!(plain("a\u{200b}b"), "a\\u{200b}b");
+        for c in [
+            '\u{034f}',
+            '\u{0600}',
+            '\u{fe0f}',
+            '\u{e0100}',
+            '\u{fffa}',
+            '\u{17b4}',
+        ] {
+            assert_eq!(
+                plain(&format!("a{c}b")),
+                format!("a{}b", c.escape_default())
+            );
+        }
+        assert_eq!(
+            plain("\u{e9}t\u{e9} \u{4e2d}"),
+            "\u{e9}t\u{e9} \u{4e2d}",
+            "visible stays"
+        );
     }
 }
