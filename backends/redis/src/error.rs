@@ -80,8 +80,20 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
 /// `e` in words: redis-rs writes its error kind's debug name into its text ("Password
 /// authentication failed - AuthenticationFailed", "refused to switch database -
 /// Server(ResponseError): DB index is out of range"), which a user read in the CLI's messages.
+///
+/// A server's own error is said as the server said it (`NOPERM this user has no
+/// permissions…`), where redis-rs writes its kind's name (`NoPerm: this user…`).
 fn readable(e: &RedisError) -> String {
     let text = e.to_string();
+    if let Some(code) = e.code() {
+        let named = match e.kind() {
+            ErrorKind::Server(kind) => format!("{kind:?}"),
+            _ => format!("{code:?}"),
+        };
+        if let Some(rest) = text.strip_prefix(&named) {
+            return format!("{code}{}", rest.strip_prefix(':').unwrap_or(rest));
+        }
+    }
     let kind = format!(" - {:?}", e.kind());
     match text.split_once(&kind) {
         Some((words, detail)) => format!("{words}{detail}"),
@@ -112,6 +124,25 @@ mod tests {
             "Password authentication failed",
         ));
         assert_eq!(readable(&auth), "Password authentication failed");
+        for (reply, said) in [
+            (
+                &b"-NOPERM this user has no permissions to run the 'evalsha' command\r\n"[..],
+                "NOPERM this user has no permissions to run the 'evalsha' command",
+            ),
+            (
+                &b"-WRONGPASS invalid username-password pair\r\n"[..],
+                "WRONGPASS invalid username-password pair",
+            ),
+            (
+                &b"-READONLY You can't write against a read only replica.\r\n"[..],
+                "READONLY You can't write against a read only replica.",
+            ),
+        ] {
+            let e = redis::parse_redis_value(reply)
+                .and_then(redis::Value::extract_error)
+                .expect_err("a server's error");
+            assert_eq!(readable(&e), said, "{e}");
+        }
         let db = RedisError::from((
             ErrorKind::Io,
             "Redis server refused to switch database",
