@@ -20,7 +20,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// daemon that called setsid). If the grant is lost, the tree is SIGKILLed at once, without
 /// SIGTERM (the lock may be another's within a round trip), and fencelock exits 76. When the
 /// command exits, whatever it left running gets SIGTERM, then SIGKILL after --grace (at once
-/// if the grant is lost meanwhile), before the lock is released.
+/// if the grant is lost meanwhile), before the lock is released. If fencelock itself is
+/// SIGKILLed, the command is killed with it, but not what the command started.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
 /// SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU, SIGXFSZ, the real-time signals): while connecting or

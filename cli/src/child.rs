@@ -149,6 +149,7 @@ pub(crate) async fn run_under(
         cmd.process_group(0);
     }
     crate::signals::as_without_fencelock(&mut cmd);
+    tree::dies_with_fencelock(&mut cmd);
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),

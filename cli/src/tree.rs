@@ -53,6 +53,29 @@ pub(crate) fn adopt_orphans() {
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
 }
 
+/// Has the kernel SIGKILL the command if fencelock dies first (a SIGKILL, an OOM kill, a
+/// crash): past the TTL another holder would run beside it. Only the command itself: what it
+/// started is adopted by init and runs on, as fencelock no longer exists to stop it. (The
+/// signal comes when the thread that started the command ends: a worker of fencelock's
+/// runtime, which lasts as long as fencelock.)
+pub(crate) fn dies_with_fencelock(cmd: &mut tokio::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: `prctl`, `getppid` and `kill` are async-signal-safe, and the closure touches
+    // nothing else.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // fencelock died between the fork and now: the signal will never come.
+            if libc::getppid() as u32 != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
 /// numbers are another namespace's, and no PID read there may be signalled.
 fn proc_is_ours(me: Pid) -> bool {

@@ -1275,3 +1275,41 @@ async fn a_stderr_that_blocks_holds_nothing() {
     drop((g, reader));
     s.close().await.unwrap();
 }
+
+/// fencelock killed outright (SIGKILL: nothing of it runs to stop anything) takes its command
+/// with it: the kernel kills the command as fencelock dies. It ran on, beside the next holder
+/// once the TTL had passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_fencelock_takes_its_command() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_killed");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "killed",
+        &[
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; while :; do sleep 0.05; done",
+        ],
+    );
+    let pid = pid_in(&d.join("pid")).await;
+    assert!(r.child.signal(Signal::KILL));
+    r.exit(WITHIN).await;
+    let start = Instant::now();
+    while alive(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the command {pid} outlived its fencelock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
