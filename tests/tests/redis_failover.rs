@@ -86,20 +86,12 @@ async fn session(backend: RedisBackend) -> Session {
 /// the replica is promoted without the holder's entry and without the last counter increments:
 /// a second client is granted the lock while the first still holds it (a double grant), with a
 /// *smaller* token, so a fenced resource refuses the new holder and keeps accepting the old one.
-/// The first holder hears of it at its session's next heartbeat at the latest, which finds that
-/// the server lost the entry and ends the session. Before, the session went on: only a `lost()`
-/// awaited meanwhile, whose subscription read the entry again, told of it, and `is_held()`
-/// stayed true for a holder that awaited none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_failover_grants_twice_and_inverts_the_tokens() {
     let Some(p) = pair().await else { return };
     let backend = RedisBackend::connect(p.front.addr()).await.unwrap();
     let a = session(backend.clone()).await;
     let m = a.mutex("failover").unwrap();
-    // The session's key where the lock lives, replicated: the promoted replica knows the
-    // session, an older state of it.
-    m.lock().await.unwrap().release().await.unwrap();
-    tokio::task::block_in_place(|| p.replica.wait_in_sync());
     p.lag();
     for _ in 0..5 {
         m.lock().await.unwrap().release().await.unwrap();
@@ -115,7 +107,10 @@ async fn async_failover_grants_twice_and_inverts_the_tokens() {
         .await
         .expect("the promoted replica grants the lock: it never saw A's entry")
         .unwrap();
-    assert!(held_by_b.is_held(), "B holds the lock A was granted");
+    assert!(
+        held_by_a.is_held() && held_by_b.is_held(),
+        "double grant: A and B both hold the lock"
+    );
     assert!(
         held_by_b.token() < held_by_a.token(),
         "the counter lost A's increments: B's token {} is below A's {}",
@@ -135,17 +130,6 @@ async fn async_failover_grants_twice_and_inverts_the_tokens() {
         held_by_a.token(),
         held_by_b.token()
     );
-    let reason = tokio::time::timeout(TTL, held_by_a.lost())
-        .await
-        .expect("A is told that its grant is gone, at its next heartbeat");
-    assert!(!held_by_a.is_held(), "{reason}");
-    let after = a
-        .mutex("other")
-        .unwrap()
-        .try_lock()
-        .await
-        .map(|g| g.is_some());
-    assert!(matches!(after, Err(Error::SessionLost(_))), "{after:?}");
     drop((held_by_a, held_by_b));
     let _ = a.close().await;
     let _ = b.close().await;

@@ -247,25 +247,17 @@ impl RedisSession {
         let reply = self
             .call("reconcile", &scripts::RECONCILE, group, args)
             .await?;
-        if int(&reply).is_some() {
-            return Err(Error::SessionLost(SessionEnd::Expired)); // -1: the session is gone
+        match int(&reply) {
+            Some(v) if v >= 0 => {
+                let mut o = self.owned();
+                let g = o.groups.entry(group.clone()).or_default();
+                g.version = g.version.max(v);
+                g.diverged = false;
+                Ok(())
+            }
+            Some(_) => Err(Error::SessionLost(SessionEnd::Expired)),
+            None => Err(unexpected("reconcile")),
         }
-        let a = array(&reply).ok_or_else(|| unexpected("reconcile"))?;
-        let (Some(v), Some(missing)) = (a.first().and_then(int), a.get(1).and_then(int)) else {
-            return Err(unexpected("reconcile"));
-        };
-        if missing > 0 {
-            // Entries the session was granted (or made) are gone with the changes the server
-            // lost, and another session may hold their locks now: its holders must hear it.
-            // The session ends rather than go on as if they were held.
-            tracing::warn!(session = %self.sid, missing, "the Redis server lost entries this session held (a failover to a replica that lagged): the session ends");
-            return Err(Error::SessionLost(SessionEnd::Expired));
-        }
-        let mut o = self.owned();
-        let g = o.groups.entry(group.clone()).or_default();
-        g.version = g.version.max(v);
-        g.diverged = false;
-        Ok(())
     }
 
     pub(crate) fn vanished(own: &Entry) -> Error {
@@ -409,8 +401,7 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
                 tracing::warn!(
                     session = %session.sid,
                     "the Redis server lost changes of this session (a failover to a replica \
-                     that lagged): deleting the entries it released that came back, ending the \
-                     session if it lost some it held"
+                     that lagged): deleting the entries it released that came back"
                 );
             }
             let mut all_done = true;
@@ -418,9 +409,6 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
                 // The session is confirmed alive either way; a failed reconciliation is tried
                 // again at the next heartbeat (warned of once).
                 if let Err(e) = session.reconcile(group).await {
-                    if matches!(e, Error::SessionLost(_)) {
-                        return Err(e);
-                    }
                     all_done = false;
                     if first {
                         tracing::warn!(session = %session.sid, error = %e, "reconciliation failed (tried again at each heartbeat)");

@@ -55,20 +55,16 @@ return {v, late}
 
 /// ARGV: sid, the version the client knows, then the names of every entry the client
 /// believes the session owns (or is creating). Deletes the session's other entries (released
-/// ones that came back with a failover), raises the version above both, and returns
-/// {version, how many of the client's entries are not the session's here (lost with the
-/// failover)}; -1 if the session is gone.
+/// ones that came back with a failover), raises the version above both, and returns it; -1 if
+/// the session is gone.
 pub(crate) static RECONCILE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "reconcile",
         r#"
 local sid = ARGV[1]
 if redis.call('EXISTS', skey(sid)) == 0 then return -1 end
-local keep, missing = {}, 0
-for i = 3, #ARGV do
-  keep[ARGV[i]] = true
-  if redis.call('HGET', ekey(ARGV[i]), 's') ~= sid then missing = missing + 1 end
-end
+local keep = {}
+for i = 3, #ARGV do keep[ARGV[i]] = true end
 keep['v'] = true
 for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
   if not keep[name] then
@@ -79,7 +75,7 @@ for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
 end
 local v = math.max(version(sid), tonumber(ARGV[2])) + 1
 redis.call('HSET', skey(sid), 'v', v)
-return {v, missing}
+return v
 "#,
     )
 });
