@@ -171,17 +171,21 @@ impl ZkSession {
     /// once the first was released, it held the lock for as long as the session lived.
     pub(crate) fn client(&self) -> Result<zk::Client> {
         let link = self.links.current()?;
-        match error::state_error("request", link.state.peek_state()) {
-            Some(e) => Err(e),
-            None => Ok(link.client.clone()),
+        match link.state.peek_state() {
+            // Refused credentials are permanent, as the request's own error would say.
+            zk::SessionState::AuthFailed => Err(error::map("request", zk::Error::AuthFailed)),
+            state => match error::state_error("request", state) {
+                Some(e) => Err(e),
+                None => Ok(link.client.clone()),
+            },
         }
     }
 
     /// Resolves with an error when the session state breaks an ongoing wait: a disconnect or
     /// a move to another server *after* this call (temporary: the wait watches again through
     /// the new client), or the end of the session. A connection that is down already when
-    /// this is called does not count: requests sent now wait for the reconnection, and
-    /// watches set then are valid.
+    /// this is called does not count: requests made now fail at once (see
+    /// [`client`](Self::client)) and are retried once it is back.
     pub(crate) fn broken(&self, op: &'static str) -> impl Future<Output = Error> + Send + 'static {
         let mut moved = self.links.subscribe();
         // The state now, not at the first poll: a disconnect in between breaks the wait.
@@ -298,15 +302,26 @@ pub(crate) async fn keep_alive(session: &ZkSession) -> Result<()> {
             let links = session.links.clone();
             let mut mover =
                 tokio::spawn(async move { links.move_off(&link, "silent server").await });
-            tokio::select! {
+            let moved = tokio::select! {
                 biased;
-                Ok(()) = &mut sync => return Ok(()),
-                moved = &mut mover => if let Ok(Moved::Ended(reason)) = moved {
-                    return Err(Error::SessionLost(reason));
+                answer = &mut sync => match answer {
+                    Ok(()) => return Ok(()),
+                    // Failed (the server dropped the connection): the move decides.
+                    Err(_) => mover.await,
                 },
+                moved = &mut mover => match moved {
+                    // No other server took the session: its reply may still come.
+                    Ok(Moved::Failed) => {
+                        return sync.await.map_err(|_| error::disconnected(OP));
+                    }
+                    moved => moved,
+                },
+            };
+            match moved {
+                Ok(Moved::Ended(reason)) => Err(Error::SessionLost(reason)),
+                // Moved: the next heartbeat goes through the new client.
+                _ => Err(error::disconnected(OP)),
             }
-            // Moved, or no other server took the session: the reply may still come.
-            sync.await.map_err(|_| error::disconnected(OP))
         }
     }
 }
