@@ -228,9 +228,13 @@ pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
 if not e[1] or e[1] ~= ARGV[2] then return '0' end
+-- Its session's key read before the first write: a script stopped by a slot moving stops
+-- before it changed anything (see `drop`).
+local owner = redis.call('EXISTS', skey(e[3]))
 drop(e[2], ARGV[1])
 -- Owned (a field of its session's key): the key is there, its version can be raised at once.
-if redis.call('HDEL', skey(e[3]), ARGV[1]) == 0 and not version(e[3]) then return '1\n-1\n0' end
+if owner == 0 then return '1\n-1\n0' end
+redis.call('HDEL', skey(e[3]), ARGV[1])
 local v = redis.call('HINCRBY', skey(e[3]), 'v', '1')
 return '1\n' .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1' or '\n0')
 "#,

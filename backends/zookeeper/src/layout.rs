@@ -59,7 +59,9 @@ pub(crate) fn markers(queue: QueueKind) -> &'static [(&'static str, EntryKind)] 
 /// counter's unsigned value, so they follow the last positive ones, as they were made (once the
 /// counter comes back to zero, four billion changes later, entries that straddle that moment
 /// are out of order). Before, they were not taken for entries at all: the acquisition that
-/// made one never found it.
+/// made one never found it. (Curator sorts the names as text, which puts such names first:
+/// in a queue shared with Curator clients the two disagree on the order while names of both
+/// signs are in it; fencing by `czxid` still refuses the older holder's writes.)
 pub(crate) fn sequence_of(name: &str, marker: &str) -> Option<u64> {
     // The digits run to the end of the name and the marker ends where they begin (no marker
     // holds a digit, so that is also its last occurrence). Checked from the end, without a
