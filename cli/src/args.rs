@@ -207,6 +207,18 @@ pub(crate) struct ClusterArgs {
         global = true
     )]
     pub(crate) sentinel_password: Option<String>,
+
+    /// Redis: every grant and heartbeat waits until this many replicas acknowledged it
+    /// (`WAIT`), so that a failover to one of them keeps every grant and fencing token (no lock
+    /// is granted while fewer answer). Without it, a failover, or a restart without
+    /// persistence, can grant a lock twice and hand out a token again, or a lower one.
+    #[arg(
+        long,
+        env = "FENCELOCK_WAIT_FOR_REPLICAS",
+        value_parser = clap::value_parser!(u16).range(1..=1000),
+        global = true
+    )]
+    pub(crate) wait_for_replicas: Option<u16>,
 }
 
 /// Without the secrets: the URL's user info and the passwords (a failed assertion or a
@@ -230,6 +242,7 @@ impl std::fmt::Debug for ClusterArgs {
             .field("user", &self.user)
             .field("password", &hidden(&self.password))
             .field("sentinel_password", &hidden(&self.sentinel_password))
+            .field("wait_for_replicas", &self.wait_for_replicas)
             .finish()
     }
 }

@@ -68,6 +68,12 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             ));
         }
     }
+    if args.wait_for_replicas.is_some() && !is_redis {
+        return Err(Error::invalid_config(
+            "--wait-for-replicas",
+            "only with a Redis URL (etcd and ZooKeeper replicate every grant)",
+        ));
+    }
     if args.sentinel_password.is_some() && !matches!(parsed.url, Url::RedisSentinel { .. }) {
         return Err(Error::invalid_config(
             "--sentinel-password",
@@ -241,6 +247,11 @@ async fn redis(
             .timeout(args.connect_timeout);
     if let Some(tls) = tls {
         config = config.tls(tls);
+    }
+    if let Some(n) = args.wait_for_replicas {
+        // Under the request timeout, and under a third of the TTL (heartbeats wait too).
+        let wait = (args.ttl / 4).min(args.connect_timeout / 2);
+        config = config.wait_for_replicas(usize::from(n), wait);
     }
     if let Some(password) = &args.sentinel_password {
         config = config.sentinel_credentials("", password.as_str());

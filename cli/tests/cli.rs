@@ -911,3 +911,46 @@ async fn an_empty_namespace_variable_counts_as_unset() {
     let (code, out) = key_of(&[], &empty).await;
     assert_eq!(code, 0, "{out}");
 }
+
+/// `--wait-for-replicas`: with a replica that follows, a lock is granted and its command run;
+/// with the replica paused (nothing acknowledges), no session starts (69), rather than a grant
+/// that a failover could lose. Given for etcd, it is a configuration error (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_needs_acknowledgements() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let (primary, replica) = tokio::task::block_in_place(|| {
+        let primary = RedisServer::start(Durability::None);
+        let replica = RedisServer::replica_of(&primary);
+        replica.wait_in_sync();
+        (primary, replica)
+    });
+    let ns = unique_namespace("cli_replicas");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |label: &str| {
+        let mut cmd = command(&primary.url(), &ns);
+        cmd.args(["--wait-for-replicas", "1", "--connect-timeout", "2s"])
+            .args(["lock", "m", "--", "sh", "-c", "echo ran > ran"]);
+        Run::spawn(cmd, dir.path(), label)
+    };
+    let mut r = run("acknowledged");
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    assert!(dir.path().join("ran").exists());
+    std::fs::remove_file(dir.path().join("ran")).unwrap();
+    tokio::task::block_in_place(|| replica.pause());
+    let mut r = run("unacknowledged");
+    let code = r.code(WITHIN).await;
+    tokio::task::block_in_place(|| replica.resume());
+    assert_eq!(code, 69, "{}", r.output());
+    assert!(r.output().contains("replicas"), "{}", r.output());
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let mut cmd = command(&t.url, &ns);
+    cmd.args(["--wait-for-replicas", "1", "list"]);
+    let mut r = Run::spawn(cmd, dir.path(), "etcd");
+    assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
+}
