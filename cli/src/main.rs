@@ -125,7 +125,13 @@ async fn run(cli: Cli) -> u8 {
             exit::of_error(&e)
         }
     };
-    // Ends the session on the cluster: whatever it still holds goes at once.
+    // Ends the session on the cluster: whatever it still holds goes at once. A cluster just
+    // found silent (or a session lost) gets a second, not another connect timeout: the
+    // bounds of --try and --timeout count it.
+    let bound = match code {
+        exit::UNAVAILABLE => bound.min(Duration::from_secs(1)),
+        _ => bound,
+    };
     match tokio::time::timeout(bound, session.close()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => say!("closing the session: {}", message::describe(&e)),
