@@ -231,7 +231,8 @@ async fn sentinel_failover_command_keeps_sessions_and_locks() {
     follows(Failover::Command).await;
 }
 
-/// Every wrong setting, typed and bounded: a master name no sentinel monitors (permanent),
+/// Every wrong setting, typed and bounded: a master name no sentinel monitors (permanent), a
+/// Redis server named as a sentinel (permanent),
 /// no sentinel listening (temporary), every sentinel hung (temporary, after the timeout), a
 /// master name only a minority says it does not know, the others silent (temporary); and one
 /// hung sentinel of three does not hold up the others' answer.
@@ -252,6 +253,16 @@ async fn sentinel_settings_fail_typed_and_bounded() {
     match r {
         Err(Error::InvalidConfig(_)) => {}
         other => panic!("unknown master: {other:?}"),
+    }
+    assert!(took < timeout, "{took:?}");
+
+    // A Redis server named as a sentinel: a setting to fix, said at once (it was a temporary
+    // error after the whole timeout).
+    let server = g.server(g.primary_index()).addr();
+    let (r, took) = connect(format!("redis+sentinel://{server}/{MASTER}")).await;
+    match r {
+        Err(Error::InvalidConfig(e)) => assert!(e.to_string().contains("not a sentinel"), "{e}"),
+        other => panic!("a server named as a sentinel: {other:?}"),
     }
     assert!(took < timeout, "{took:?}");
 

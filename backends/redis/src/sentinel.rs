@@ -166,6 +166,11 @@ impl Sentinels {
                             *cached = Some(con);
                             Ok(at)
                         }
+                        Ok(Err(e)) if not_a_sentinel(&e) => Err(Error::invalid_config(
+                            addr.as_str(),
+                            "not a sentinel (it does not know the SENTINEL command): a \
+                             redis+sentinel:// URL names sentinels, not Redis servers",
+                        )),
                         Ok(Err(e)) => Err(map("ask the sentinel", e)),
                         Err(_) => Err(Error::backend(
                             NAME,
@@ -256,8 +261,14 @@ impl Sentinels {
 fn refused(e: &Error) -> bool {
     matches!(
         e,
-        Error::Unauthenticated { .. } | Error::PermissionDenied { .. }
+        Error::Unauthenticated { .. } | Error::PermissionDenied { .. } | Error::InvalidConfig(_)
     )
+}
+
+/// Whether `e` says that the server asked does not know the `SENTINEL` command: a Redis server
+/// (or a cluster node) named as a sentinel.
+fn not_a_sentinel(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("unknown command"))
 }
 
 #[cfg(test)]
