@@ -16,6 +16,7 @@ mod cluster;
 mod exit;
 mod message;
 mod observe;
+mod parse;
 mod show;
 mod signals;
 mod stderr;
