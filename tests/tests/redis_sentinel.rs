@@ -416,8 +416,8 @@ async fn sentinel_over_tls_as_an_acl_user() {
 }
 
 /// Sentinels that ask for a password of their own: found with `sentinel_credentials`; without
-/// them, or with a wrong one, the connect fails with `Unauthenticated` (the password never
-/// shown); `sentinel_credentials` without a Sentinel URL is refused.
+/// them, or with a wrong one, the connect fails with `Unauthenticated`, saying it is the
+/// sentinel's (the password never shown); `sentinel_credentials` without a Sentinel URL is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_with_a_password() {
     if !redis::available() {
@@ -450,6 +450,12 @@ async fn sentinel_with_a_password() {
             .unwrap_err();
         assert!(matches!(e, Error::Unauthenticated { .. }), "{e:?}");
         assert!(!format!("{e} {e:?}").contains("not-the-pw"));
+        // Which password: the sentinel's, not the servers'.
+        let why = std::error::Error::source(&e).map(ToString::to_string);
+        assert!(
+            why.as_deref().unwrap_or_default().contains("sentinel"),
+            "{e:?}"
+        );
     }
     let e = RedisConfig::new(g.server(0).url())
         .sentinel_credentials("", "x")

@@ -171,7 +171,18 @@ impl Sentinels {
                             "not a sentinel (it does not know the SENTINEL command): a \
                              redis+sentinel:// URL names sentinels, not Redis servers",
                         )),
-                        Ok(Err(e)) => Err(map("ask the sentinel", e)),
+                        // Which password was refused: the sentinel's own, not the servers'.
+                        Ok(Err(e)) => Err(match map("ask the sentinel", e) {
+                            Error::Unauthenticated { backend, source } => Error::Unauthenticated {
+                                backend,
+                                source: format!(
+                                    "the sentinel at {addr} (its own password, not the \
+                                         servers'): {source}"
+                                )
+                                .into(),
+                            },
+                            other => other,
+                        }),
                         Err(_) => Err(Error::backend(
                             NAME,
                             "ask the sentinel",
