@@ -115,7 +115,7 @@ impl MultiLock {
     /// so the error comes at most about two round trips after the deadline (the lock in flight,
     /// then the releases, sent together), whatever the size of the set, while the cluster
     /// answers. A cluster that does not answer ends it half a TTL (at least a second, at most
-    /// thirty) past the deadline, with a temporary error; the removals it did not confirm are
+    /// twenty) past the deadline, with a temporary error; the removals it did not confirm are
     /// then left to the session's background task. So `lock_timeout(Duration::ZERO)` takes a
     /// set of one free lock, and times out on a larger set: to take a set only if all of it
     /// is free now, use [`try_lock`](Self::try_lock).

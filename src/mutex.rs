@@ -186,7 +186,7 @@ impl Mutex {
     /// instead, and the entry goes with the session.
     ///
     /// A cluster that does not answer (a partition, servers that hang) ends the call half a
-    /// TTL (at least a second, at most thirty) past the timeout with a temporary
+    /// TTL (at least a second, at most twenty) past the timeout with a temporary
     /// [`Error::Backend`](crate::Error::Backend), and [`try_lock`](Self::try_lock) as long
     /// after its call: whatever the attempt may have created is then removed by the session's
     /// background task once the cluster answers, or goes with the session.

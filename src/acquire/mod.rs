@@ -53,19 +53,19 @@ impl Wait {
     }
 
     /// When a bounded wait (`No`, `Until`) gives up on a cluster that does not answer: half a
-    /// TTL past its deadline (past the call for `No`), at least a second and at most thirty.
+    /// TTL past its deadline (past the call for `No`), at least a second and at most twenty.
     ///
     /// Why: the first enqueue, and the removal after a timeout, are not cut off by the wait's
     /// deadline (`lock_timeout(Duration::ZERO)` grants a free lock), and a request to a cluster
     /// that hangs is retried until the session's local deadline: `try_lock` and
     /// `lock_timeout(1s)` held their caller for most of a TTL, hours with a long one. Half a
-    /// TTL is longer than a request stuck on one silent server takes to be retried on another
-    /// (a third of the TTL on etcd, ten seconds at most; a move is found needed within about
-    /// 0.37 of it on ZooKeeper), so a cluster with a healthy quorum still answers within it,
-    /// up to TTLs of a minute and more; with a longer one, thirty seconds of silence is an
-    /// answer the caller of a bounded wait wants sooner.
+    /// TTL, twenty seconds at most, is longer than a request stuck on one silent server takes
+    /// to be retried on another: a third of the TTL on etcd, ten seconds at most; on ZooKeeper
+    /// a move is found needed within 0.37 of the TTL, 15 s at the 40 s its servers grant at
+    /// most by default. So a cluster with a healthy quorum still answers within it; past it,
+    /// silence is an answer the caller of a bounded wait wants.
     pub(crate) fn give_up(self, ttl: Duration) -> Option<(Instant, Duration)> {
-        let patience = (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+        let patience = (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(20));
         let from = match self {
             Wait::Forever => return None,
             Wait::No => Instant::now(),

@@ -283,8 +283,8 @@ pub async fn cut_off_holder_is_fenced(t: &Target, ttl: Duration) {
 /// Bounded waits end on a cluster that stops answering. On a session with a TTL of two minutes
 /// (ZooKeeper's servers here grant one), cut off (black-holed) while its `lock_timeout(2s)` is
 /// queued, `lock_timeout`, `try_lock`, a semaphore's `try_acquire` and a multi-lock's
-/// `try_lock` each return a temporary error within their wait plus thirty seconds (half a
-/// TTL, at most thirty); they used to wait for the session's local deadline (96 s from its
+/// `try_lock` each return a temporary error within their wait plus twenty seconds (half a
+/// TTL, at most twenty); they used to wait for the session's local deadline (96 s from its
 /// last heartbeat, at least 56 s from the cut; on ZooKeeper, 48 and 28). Once the cluster
 /// answers again, the session's background task removes whatever they left.
 pub async fn silent_cluster_ends_bounded_waits(t: &Target) {
@@ -295,7 +295,7 @@ pub async fn silent_cluster_ends_bounded_waits(t: &Target) {
         .await;
     let b = t.session(&ns, Duration::from_secs(10)).await;
     let held = b.mutex("m").unwrap().lock().await.unwrap();
-    let patience = (a.ttl() / 2).min(Duration::from_secs(30));
+    let patience = (a.ttl() / 2).min(Duration::from_secs(20));
     let (ma, mb) = (a.mutex("m").unwrap(), b.mutex("m").unwrap());
     let queued = Instant::now();
     let timed = async {
@@ -323,7 +323,7 @@ pub async fn silent_cluster_ends_bounded_waits(t: &Target) {
             [("try_lock", t), ("try_acquire", s), ("multi try_lock", m)],
         )
     };
-    let bound = Duration::from_secs(50);
+    let bound = Duration::from_secs(40);
     let ((timed, timed_at), (cut, tries)) =
         tokio::time::timeout(bound, async { tokio::join!(timed, cut) })
             .await
