@@ -145,8 +145,11 @@ pub(crate) struct ClusterArgs {
 
     /// Redis: every grant and heartbeat waits until this many replicas acknowledged it
     /// (`WAIT`), so that a failover to one of them keeps every grant and fencing token (no lock
-    /// is granted while fewer answer). Without it, a failover, or a restart without
-    /// persistence, can grant a lock twice and hand out a token again, or a lower one.
+    /// is granted while fewer answer). Give the number of replicas Sentinel may promote: with
+    /// fewer, a `SENTINEL FAILOVER` can promote one that did not acknowledge, while the old
+    /// primary goes on granting with the others' acknowledgement. Without it, a failover, or a
+    /// restart without persistence, can grant a lock twice and hand out a token again, or a
+    /// lower one.
     #[arg(
         long,
         env = "FENCELOCK_WAIT_FOR_REPLICAS",

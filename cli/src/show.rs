@@ -30,8 +30,8 @@ fn plain(s: &str) -> String {
 /// Whether `c` is a character that shows nothing of itself but changes how text around it
 /// reads: every format character (Unicode's `Cf`: bidirectional overrides and isolates,
 /// zero-width spaces and joiners, soft hyphens, prepended number signs, tag characters), the
-/// combining grapheme joiner and variation selectors, line and paragraph separators, and
-/// fillers that print as blank.
+/// combining grapheme joiner and variation selectors, line and paragraph separators, fillers
+/// that print as blank, and spaces other than the ASCII one.
 fn invisible(c: char) -> bool {
     matches!(c,
         // Format characters (Cf), Unicode 15.
@@ -45,7 +45,10 @@ fn invisible(c: char) -> bool {
         | '\u{034f}' | '\u{fe00}'..='\u{fe0f}' | '\u{e0100}'..='\u{e01ef}'
         // Line and paragraph separators; blank fillers and invisible vowels.
         | '\u{2028}' | '\u{2029}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
-        | '\u{2065}' | '\u{3164}' | '\u{ffa0}')
+        | '\u{2065}' | '\u{3164}' | '\u{ffa0}' | '\u{2800}'
+        // Spaces other than the ASCII one, which read as it (a name would read as another).
+        | '\u{00a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{202f}' | '\u{205f}'
+        | '\u{3000}')
 }
 
 /// An entry's creation time; `null` where it cannot be written as RFC 3339 (before 1970 or
