@@ -149,7 +149,7 @@ pub(crate) struct ClusterArgs {
     /// fewer, a `SENTINEL FAILOVER` can promote one that did not acknowledge, while the old
     /// primary goes on granting with the others' acknowledgement. Without it, a failover, or a
     /// restart without persistence, can grant a lock twice and hand out a token again, or a
-    /// lower one.
+    /// lower one. (For lock and elect: list, leader and observe create nothing.)
     #[arg(
         long,
         env = "FENCELOCK_WAIT_FOR_REPLICAS",
@@ -157,6 +157,12 @@ pub(crate) struct ClusterArgs {
         global = true
     )]
     pub(crate) wait_for_replicas: Option<u16>,
+
+    /// Whether the subcommand only reads (`list`, `leader`, `observe`): it creates nothing, so
+    /// `--wait-for-replicas` does not apply, and it must work while replicas are short, when
+    /// someone wants to look. (Set from the subcommand, not an option.)
+    #[arg(skip)]
+    pub(crate) reads_only: bool,
 }
 
 /// Without the secrets: the URL's user info and the passwords (a failed assertion or a

@@ -248,7 +248,7 @@ async fn redis(
     if let Some(tls) = tls {
         config = config.tls(tls);
     }
-    if let Some(n) = args.wait_for_replicas {
+    if let Some(n) = args.wait_for_replicas.filter(|_| !args.reads_only) {
         // Under the request timeout, and under a third of the TTL (heartbeats wait too).
         let wait = (args.ttl / 4).min(args.connect_timeout / 2);
         config = config.wait_for_replicas(usize::from(n), wait);

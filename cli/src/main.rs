@@ -91,7 +91,7 @@ fn start() -> ExitCode {
 /// ends fencelock: whatever it queued is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
 /// it (see `child::run_under`). While releasing and closing they are held back: both are
 /// bounded, and they are what hands the lock to the next holder at once.
-async fn run(cli: Cli) -> u8 {
+async fn run(mut cli: Cli) -> u8 {
     message::remember_secrets(&cli.cluster);
     let mut signals = match Signals::catch() {
         Ok(s) => s,
@@ -103,6 +103,7 @@ async fn run(cli: Cli) -> u8 {
     // Releasing and closing wait at most this long for the cluster (past it, the TTL removes
     // what is left).
     let bound = cli.cluster.connect_timeout.max(Duration::from_secs(1));
+    cli.cluster.reads_only = !matches!(cli.command, Command::Lock { .. } | Command::Elect { .. });
     let session = match signals.until(cluster::session(&cli.cluster)).await {
         Stopped::Signal(sig) => return status_of(sig),
         Stopped::Done(Ok(s)) => s,

@@ -919,7 +919,8 @@ async fn an_empty_namespace_variable_counts_as_unset() {
 
 /// `--wait-for-replicas`: with a replica that follows, a lock is granted and its command run;
 /// with the replica paused (nothing acknowledges), no session starts (69), rather than a grant
-/// that a failover could lose. Given for etcd, it is a configuration error (78).
+/// that a failover could lose, while `list` still works (it creates nothing). Given for etcd,
+/// it is a configuration error (78).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_needs_acknowledgements() {
     use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
@@ -947,11 +948,23 @@ async fn wait_for_replicas_needs_acknowledgements() {
     tokio::task::block_in_place(|| replica.pause());
     let mut r = run("unacknowledged");
     let code = r.code(WITHIN).await;
-    tokio::task::block_in_place(|| replica.resume());
     // (The message: fewer replicas acknowledged, or, on a loaded machine, no session within
     // the connect timeout.)
     assert_eq!(code, 69, "{}", r.output());
     assert!(!dir.path().join("ran").exists(), "the command ran");
+    // Looking needs no acknowledgement: `list` works while the replicas are short.
+    let mut cmd = command(&primary.url(), &ns);
+    cmd.args([
+        "--wait-for-replicas",
+        "1",
+        "--connect-timeout",
+        "2s",
+        "list",
+    ]);
+    let mut r = Run::spawn(cmd, dir.path(), "list");
+    let listed = r.code(WITHIN).await;
+    tokio::task::block_in_place(|| replica.resume());
+    assert_eq!(listed, 0, "{}", r.output());
     let Some(t) = Target::etcd().await else {
         return;
     };
