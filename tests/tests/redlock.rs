@@ -240,8 +240,8 @@ async fn a_release_without_a_majority_is_an_error_not_expired() {
     assert!(lock.try_lock("r", TTL).await.unwrap().is_none());
 }
 
-/// A cancel storm: 200 `try_lock` calls dropped at every point leave no key behind — the lock
-/// is free at once, not after the 30 s TTL of the keys they may have set.
+/// A cancel storm: `try_lock` calls dropped at every point (until 50 were cut off) leave no key
+/// behind — the lock is free at once, not after the 30 s TTL of the keys they may have set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_attempts_leave_no_key() {
     let Some(servers) = five().await else { return };
@@ -260,8 +260,11 @@ async fn cancelled_attempts_leave_no_key() {
     times.remove(0);
     times.sort();
     let whole = times[times.len() / 2];
-    let mut cut = 0;
-    for i in 0..200u32 {
+    // Until 50 were cut off (a machine that speeds up after the median was taken cuts fewer
+    // per round: 42 of 200 in one CI run), 2,000 attempts at most.
+    let (mut cut, mut i) = (0, 0u32);
+    while cut < 50 && i < 2_000 {
+        i += 1;
         let attempt = lock.try_lock("storm", ttl);
         match tokio::time::timeout(whole * (i % 80) / 80, attempt).await {
             Ok(Ok(Some(g))) => {
