@@ -5,9 +5,10 @@
 //! its own, so that no other test's notifications are counted. And observers of an election
 //! are woken by its head alone, not by candidates joining and leaving behind it.
 
+use std::future::Future;
 use std::time::Duration;
 
-use fencelock::Session;
+use fencelock::{IntoBackend, Session};
 use fencelock_integration::load::{our_op, Load};
 use fencelock_integration::notifications::Notifications;
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
@@ -18,16 +19,15 @@ use fencelock_integration::target::Kind;
 const SESSIONS: usize = 6;
 const ROUNDS: usize = 15;
 
-/// A one-member etcd cluster of the test's own (no other test's notifications are counted),
-/// and `n` sessions on it in `namespace`.
-async fn etcd_sessions(n: usize, namespace: &str) -> (EtcdCluster, Vec<Session>) {
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
-    let ep = cluster.endpoint(0);
+/// `n` sessions in `namespace`, each on a backend of its own from `connect`.
+async fn start_sessions<B: IntoBackend, F: Future<Output = B>>(
+    n: usize,
+    namespace: &str,
+    mut connect: impl FnMut() -> F,
+) -> Vec<Session> {
     let mut sessions = Vec::new();
     for _ in 0..n {
-        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+        let b = connect().await;
         sessions.push(
             Session::builder(b)
                 .namespace(namespace)
@@ -36,6 +36,20 @@ async fn etcd_sessions(n: usize, namespace: &str) -> (EtcdCluster, Vec<Session>)
                 .unwrap(),
         );
     }
+    sessions
+}
+
+/// A one-member etcd cluster of the test's own (no other test's notifications are counted),
+/// and `n` sessions on it in `namespace`.
+async fn etcd_sessions(n: usize, namespace: &str) -> (EtcdCluster, Vec<Session>) {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let sessions = start_sessions(n, namespace, || {
+        etcd_harness::connect(std::slice::from_ref(&ep))
+    })
+    .await;
     (cluster, sessions)
 }
 
@@ -44,21 +58,14 @@ async fn zookeeper_sessions(n: usize, namespace: &str) -> (ZkEnsemble, Vec<Sessi
     let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
         .await
         .unwrap();
-    let mut sessions = Vec::new();
-    for _ in 0..n {
-        let b = fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
+    let sessions = start_sessions(n, namespace, || async {
+        fencelock_zookeeper::ZooKeeperBackend::builder(server.connect_string())
             .min_ttl(MIN_SESSION_TIMEOUT)
             .connect()
             .await
-            .unwrap();
-        sessions.push(
-            Session::builder(b)
-                .namespace(namespace)
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
+            .unwrap()
+    })
+    .await;
     (server, sessions)
 }
 
@@ -304,11 +311,7 @@ async fn redis_release_wakes_one_waiter() {
     {
         let mut per = Vec::new();
         for n in [2, SESSIONS] {
-            let mut sessions = Vec::new();
-            for _ in 0..n {
-                let b = server.backend().await;
-                sessions.push(Session::builder(b).namespace("herd").start().await.unwrap());
-            }
+            let sessions = start_sessions(n, "herd", || server.backend()).await;
             let name = format!("herd-{i}-{n}");
             let (before, subscribed_before) = (calls(), subscribes());
             // Subscribers per channel a release publishes to, sampled while the workload runs:
