@@ -36,6 +36,7 @@ use child::Grant;
 use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {
+    signals::unblock_all();
     let status = start();
     stderr::drain(stderr::DRAIN);
     status

@@ -157,6 +157,22 @@ impl Signals {
     }
 }
 
+/// Unblocks every signal in the calling thread, and so in every thread it starts afterwards:
+/// to be called first thing. A process may be started with signals blocked (a parent's mask is
+/// inherited across `exec`, and some supervisors leak theirs): with SIGTERM blocked, fencelock
+/// never saw it, and neither passed it on nor ended. The command starts with none blocked
+/// either way (Rust's `Command` clears the mask in the child), so fencelock now runs as its
+/// command does.
+pub(crate) fn unblock_all() {
+    // SAFETY: `none` is initialised by `sigemptyset` before it is read; only the calling
+    // thread's mask changes.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}
+
 /// Whether `sig` is a job-control stop that fencelock catches: SIGTSTP (Ctrl-Z, `kill -TSTP`)
 /// and SIGTTIN (a read of the terminal from a background group: a process of fencelock's own
 /// group, such as the other side of a pipeline, or `kill -TTIN %1`). Stopped by them alone,

@@ -1323,3 +1323,45 @@ async fn a_killed_fencelock_takes_its_command() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Started with SIGTERM blocked (a parent's mask passes across `exec`), fencelock still acts
+/// on it: the command gets it and fencelock ends as it did (it used to run on, deaf to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_sigterm_still_ends_fencelock() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_blocked");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    cmd.args([
+        "lock",
+        "m",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; while :; do sleep 0.05; done",
+    ]);
+    // SAFETY: `sigemptyset`, `sigaddset` and `sigprocmask` are async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut r = Run::spawn(cmd, d, "blocked");
+    let pid = pid_in(&d.join("pid")).await;
+    assert!(r.child.signal(Signal::TERM));
+    assert_eq!(
+        r.code(WITHIN).await,
+        128 + Signal::TERM.as_raw(),
+        "{}",
+        r.output()
+    );
+    assert!(!alive(pid), "the command {pid} outlived its fencelock");
+}
