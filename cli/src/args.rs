@@ -35,7 +35,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// ssh -t), they are ignored: nothing could continue it. A shell's background job (fencelock
 /// … &): fg hands the terminal to the command, and a Ctrl-Z there stops the job. While
 /// releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP
-/// under nohup) stays ignored, by the command too.
+/// under nohup) stays ignored, by the command too; one it was started with blocked is
+/// unblocked, for both.
 ///
 /// Exit status: the command's own (if a signal N ended it, fencelock ends by N too: 128 + N in
 /// a shell; a signal that dumps a core, such as SIGQUIT or SIGSEGV, gives 128 + N without
