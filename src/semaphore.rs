@@ -46,8 +46,8 @@ impl Session {
 /// On ZooKeeper this is Apache Curator's `InterProcessSemaphoreV2` layout and algorithm
 /// (`{name}/locks/_c_{uuid}-lock-{seq}` and `{name}/leases/_c_{uuid}-lease-{seq}`), so Curator
 /// and fencelock clients share permits. Participants must agree on `n`: a fencelock acquirer
-/// that finds a fencelock permit declaring another count fails with
-/// [`Error::InvalidConfig`] (Curator's permits declare none).
+/// that finds a fencelock permit declaring another count when it reaches the gate's head
+/// fails at once with [`Error::InvalidConfig`] (Curator's permits declare none).
 ///
 /// ```
 /// # #[tokio::main] async fn main() -> fencelock::Result<()> {
@@ -121,6 +121,14 @@ impl Semaphore {
         let Some(gate) = at_gate? else {
             return Ok(None);
         };
+        // Participants must agree on the count.
+        if let Err(e) = self.check_count().await {
+            // Released and confirmed, as below (a refusal is returned before it).
+            return match gate.release().await.err().filter(Error::leaves_entry) {
+                Some(refused) => Err(refused),
+                None => Err(e),
+            };
+        }
         let req = Request {
             queue: &self.leases,
             kind: EntryKind::Shared,
@@ -145,26 +153,32 @@ impl Semaphore {
         let Some(tenure) = tenure? else {
             return Ok(None);
         };
-        let permit = Permit {
+        Ok(Some(Permit {
             hold: Hold::new(tenure),
-        };
-        // Participants must agree on the count.
-        let others = self.session.shared();
-        let leases = others.retry(|| others.remote.inspect(&self.leases)).await?;
-        if let Some(other) = leases
+        }))
+    }
+
+    /// Refuses to take a permit beside one that declares another count. Checked at the head of
+    /// the gate, before this acquirer waits among the leases: only the gate's head creates
+    /// leases, so none can appear meanwhile. (Checked after the grant, an acquirer that
+    /// declared fewer permits than were held waited at the gate's head for every holder to go,
+    /// and everyone else waited behind it.)
+    async fn check_count(&self) -> Result<()> {
+        let shared = self.session.shared();
+        let leases = shared.retry(|| shared.remote.inspect(&self.leases)).await?;
+        match leases
             .iter()
             .find_map(|l| declared(&l.value).filter(|&n| n != self.permits))
         {
-            let _ = permit.release().await;
-            return Err(Error::invalid_config(
+            None => Ok(()),
+            Some(other) => Err(Error::invalid_config(
                 format!("{} permits", self.permits),
                 format!(
                     "participants of semaphore {:?} disagree on the number of permits: another holds a permit of {other}",
                     self.name
                 ),
-            ));
+            )),
         }
-        Ok(Some(permit))
     }
 
     /// Waits for a permit.

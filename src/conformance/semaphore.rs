@@ -104,8 +104,26 @@ pub async fn semaphore_disagreement_is_an_error(f: &dyn Factory) {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
     assert!(!e.is_temporary());
+    // Fewer permits than are held: refused at once too, not left waiting at the gate's head
+    // for every holder to go (with everyone else queued behind it).
+    let fewer = b.semaphore("s", 1).unwrap();
+    let e = bounded(WAIT, "try_acquire", fewer.try_acquire())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+    let e = bounded(WAIT, "acquire", fewer.acquire()).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
     b.flush().await;
     assert_eq!(a.list_entries().await.unwrap(), vec![p.key().to_string()]);
+    let q = bounded(
+        WAIT,
+        "try_acquire",
+        b.semaphore("s", 2).unwrap().try_acquire(),
+    )
+    .await
+    .unwrap()
+    .expect("a permit was free");
+    q.release().await.unwrap();
     p.release().await.unwrap();
     a.close().await.unwrap();
     b.close().await.unwrap();
