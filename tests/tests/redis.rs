@@ -96,6 +96,10 @@ async fn unreachable_and_bad_settings() {
         "redis://127.0.0.1:0",
         "127.0.0.1:0",
         "redis://u:p@127.0.0.1:0/1",
+        // A user without a password: redis-rs would log in as the default user, silently.
+        "redis://app@127.0.0.1:1",
+        "redis+sentinel://app@127.0.0.1:1/primary",
+        "redis+cluster://app@127.0.0.1:1",
     ] {
         let r = RedisBackend::connect(bad).await;
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{bad}: {r:?}");

@@ -291,9 +291,18 @@ impl RedisConfig {
     }
 
     /// A client of the server at `url`, with the TLS settings; port 0 refused (nothing can be
-    /// reached there: a connect would fail as if the server were down, a temporary error).
+    /// reached there: a connect would fail as if the server were down, a temporary error), and
+    /// a user without a password (redis-rs logs in only with a password: the connection would
+    /// run as the default user, with its permissions, and nothing would say so).
     fn client(&self, url: &str) -> Result<redis::Client> {
         let client = self.client_unchecked(url)?;
+        let settings = client.get_connection_info().redis_settings();
+        if settings.username().is_some() && settings.password().is_none() {
+            return Err(Error::invalid_config(
+                redact(&self.url),
+                "a user name without a password (it would log in as the default user)",
+            ));
+        }
         match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => Err(
                 Error::invalid_config(redact(&self.url), "port 0: expected the server's port"),
