@@ -33,6 +33,11 @@ impl Session {
                 "a multi-lock needs at least one name",
             ));
         }
+        // The names first: a bad name is the error to report, however many there are.
+        let mutexes = names
+            .iter()
+            .map(|n| self.mutex(n))
+            .collect::<Result<Vec<_>>>()?;
         let max = self.shared().backend.max_multi_lock();
         if names.len() > max {
             return Err(Error::invalid_config(
@@ -43,10 +48,6 @@ impl Session {
                 ),
             ));
         }
-        let mutexes = names
-            .iter()
-            .map(|n| self.mutex(n))
-            .collect::<Result<Vec<_>>>()?;
         Ok(MultiLock {
             session: self.clone(),
             names,

@@ -117,6 +117,9 @@ pub async fn every_primitive_takes_every_valid_name(f: &dyn Factory) {
     refused("rwlock", s.rwlock(&over).err());
     refused("semaphore", s.semaphore(&over, 1).err());
     refused("multi_lock", s.multi_lock([over.as_str(), "other"]).err());
+    // Among more names than one atomic request takes, the bad name is what is reported.
+    let many = (0..1_000).map(|i| format!("n{i}")).chain([over.clone()]);
+    refused("multi_lock of many", s.multi_lock(many).err());
     s.flush().await;
     assert!(s.list_entries().await.unwrap().is_empty(), "nothing left");
     s.close().await.unwrap();

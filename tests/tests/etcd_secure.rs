@@ -106,6 +106,13 @@ async fn mutual_tls() {
     )
     .await;
     expect_permanent(
+        "a TLS server name that is no DNS name",
+        "InvalidConfig",
+        Duration::from_millis(100),
+        connect(EtcdConfig::new([&https]).tls(pki.client_tls().with_server_name("not a name"))),
+    )
+    .await;
+    expect_permanent(
         "https:// endpoint without TLS settings",
         "InvalidConfig",
         Duration::from_millis(100),

@@ -146,6 +146,16 @@ impl EtcdConfig {
                 return Err(Error::invalid_config("", "the etcd user name is empty"));
             }
         }
+        // Refused here, as ZooKeeper and Redis do, rather than at connect time as a server
+        // certificate not trusted.
+        if let Some(name) = self.tls.as_ref().and_then(|t| t.server_name()) {
+            if rustls::pki_types::ServerName::try_from(name.to_string()).is_err() {
+                return Err(Error::invalid_config(
+                    name,
+                    "the TLS server name is not a DNS name or an IP address",
+                ));
+            }
+        }
         self.endpoints
             .iter()
             .map(|ep| {
@@ -184,8 +194,9 @@ impl EtcdConfig {
                 // One member named twice (`a:2379`, `http://a:2379`) is one member: counted
                 // twice, the client would take it for two when it moves requests off one that
                 // stops answering.
+                // (Host names are case-insensitive: `A:2379` is `a:2379`.)
                 let mut seen = std::collections::HashSet::new();
-                uris.retain(|u| seen.insert(u.clone()));
+                uris.retain(|u| seen.insert(u.to_ascii_lowercase()));
                 uris
             })
     }
@@ -210,7 +221,7 @@ mod tests {
     fn validation() {
         let ok = EtcdConfig::new(["a:1", "http://b:2"]).validate().unwrap();
         assert_eq!(ok, ["http://a:1", "http://b:2"]);
-        let twice = EtcdConfig::new(["a:1", "http://a:1", "b:2", "a:1"])
+        let twice = EtcdConfig::new(["a:1", "http://a:1", "b:2", "a:1", "A:1"])
             .validate()
             .unwrap();
         assert_eq!(twice, ["http://a:1", "http://b:2"]);

@@ -284,9 +284,11 @@ impl ZooKeeperConfig {
                         "a chroot must start with '/' and not end with '/'".into(),
                     ));
                 }
-                fencelock::validate_namespace(root)?;
+                // A chroot is a setting (InvalidConfig, whatever is wrong with it), not a name.
+                let setting = |e: Error| invalid(root, e.to_string());
+                fencelock::validate_namespace(root).map_err(setting)?;
                 // From the server's own root: a chroot inside /zookeeper is refused too.
-                check_zk_path(root, root, false)?;
+                check_zk_path(root, root, false).map_err(setting)?;
                 Some(root.to_string())
             }
         };

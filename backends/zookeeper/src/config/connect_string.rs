@@ -3,7 +3,10 @@
 /// Splits `host:port,...[/chroot]` into the servers and the chroot, as the client parses it:
 /// the chroot follows the first '/' of the last server (after its optional scheme).
 pub(super) fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
-    let last_start = connect_string.rfind(',').map_or(0, |i| i + 1);
+    let after_comma = connect_string.rfind(',').map_or(0, |i| i + 1);
+    // Spaces after the comma are the servers' (`a:1, tcp://b:2`), as for every server.
+    let last_start = after_comma + connect_string[after_comma..].len()
+        - connect_string[after_comma..].trim_start().len();
     let last = &connect_string[last_start..];
     let scheme = ["tcp://", "tcp+tls://"]
         .iter()
@@ -28,5 +31,10 @@ mod tests {
         assert_eq!(split_chroot("a:1,b:2/x/y"), ("a:1,b:2", Some("/x/y")));
         assert_eq!(split_chroot("tcp://a:1/x"), ("tcp://a:1", Some("/x")));
         assert_eq!(split_chroot("a:1,tcp://b:2"), ("a:1,tcp://b:2", None));
+        assert_eq!(split_chroot("a:1, tcp://b:2"), ("a:1, tcp://b:2", None));
+        assert_eq!(
+            split_chroot("a:1,  tcp://b:2/x"),
+            ("a:1,  tcp://b:2", Some("/x"))
+        );
     }
 }

@@ -85,12 +85,15 @@ fn resolve_rules() {
     // A server named twice is one server (a session moved off it must not come back to it).
     let r = ZooKeeperConfig::new("a:1,A:1,b,b:2181").resolve().unwrap();
     assert_eq!(r.servers, "tcp://a:1,tcp://b:2181");
-    // ZooKeeper's own tree is no chroot.
+    // ZooKeeper's own tree is no chroot, nor is a path ZooKeeper refuses: settings refused
+    // as such, not as names.
     for c in [
         ZooKeeperConfig::new("a:1").chroot("/zookeeper/quota"),
         ZooKeeperConfig::new("a:1/zookeeper"),
+        ZooKeeperConfig::new("a:1").chroot("/a//b"),
+        ZooKeeperConfig::new("a:1").chroot("/a/."),
     ] {
-        assert!(matches!(c.resolve(), Err(Error::InvalidName(_))));
+        assert!(matches!(c.resolve(), Err(Error::InvalidConfig(_))));
     }
     // `user:password` given as the digest user: the password is not shown.
     let e = ZooKeeperConfig::new("a:1")
