@@ -68,33 +68,28 @@ impl Drop for KeepAlive {
 impl EtcdSession {
     /// Opens the keep-alive stream on an endpoint of the rotation, through a client on that
     /// endpoint alone (see [`Rotation::stream_endpoint`]): etcd-client sends a first keep-alive
-    /// and waits for its reply, here at most [`keep_alive_bound`]. Unanswered (the member
-    /// hangs), the endpoint is taken out of the rotation, so that the retry goes elsewhere.
+    /// and waits for its reply ([`suspecting`](Self::suspecting) the member past
+    /// [`keep_alive_bound`]).
     async fn open_keep_alive(&self) -> Result<KeepAlive> {
         let seed = (self.lease as u64).wrapping_add(self.turn.load(Ordering::Relaxed));
         let endpoint = self.rotation.stream_endpoint(seed).await;
-        let opened = tokio::time::timeout(keep_alive_bound(self.ttl), async {
-            let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
-            match leases.keep_alive(self.lease).await {
-                Ok(opened) => Ok(opened),
-                Err(e) => {
-                    // Refused (a member killed or restarting): out as a silent one is, or
-                    // the retry picks the same endpoint until the monitor notices.
-                    if unreachable(&e) {
-                        self.rotation.take_out(&self.client, &endpoint).await;
+        let opened = self
+            .suspecting(&endpoint, async {
+                let mut leases = self.rotation.stream_client(&endpoint).await?.lease_client();
+                match leases.keep_alive(self.lease).await {
+                    Ok(opened) => Ok(opened),
+                    Err(e) => {
+                        // Refused (a member killed or restarting): out as a silent one is, or
+                        // the retry picks the same endpoint until the monitor notices.
+                        if unreachable(&e) {
+                            self.rotation.take_out(&self.client, &endpoint).await;
+                        }
+                        Err(map("keep-alive", e))
                     }
-                    Err(map("keep-alive", e))
                 }
-            }
-        })
-        .await;
-        let (keeper, mut stream) = match opened {
-            Ok(opened) => opened?,
-            Err(_) => {
-                self.rotation.take_out(&self.client, &endpoint).await;
-                return Err(temporary("keep-alive", "the new stream was not answered"));
-            }
-        };
+            })
+            .await;
+        let (keeper, mut stream) = opened?;
         let (tx, replies) = mpsc::unbounded_channel();
         let retired = Arc::new(AtomicBool::new(false));
         let (events, gone) = (self.events_tx.clone(), retired.clone());
@@ -119,30 +114,21 @@ impl EtcdSession {
         })
     }
 
-    /// One keep-alive on `ka` and its reply, within [`keep_alive_bound`]. Unanswered, or
-    /// broken with its connection, the stream's endpoint is taken out of the rotation (its
-    /// member hangs or died, or the leader it forwards to hangs), so that the retry, which the
-    /// heartbeat makes at once, opens a stream on a member that answers; the caller drops the
-    /// stream.
+    /// One keep-alive on `ka` and its reply ([`suspecting`](Self::suspecting) the member past
+    /// [`keep_alive_bound`]). Broken with its connection, the stream's endpoint is taken out
+    /// of the rotation (its member died), so that the retry, which the heartbeat makes at
+    /// once, opens a stream on a member that answers; the caller drops the stream.
     async fn beat(&self, ka: &mut KeepAlive) -> Result<()> {
-        let reply = tokio::time::timeout(keep_alive_bound(self.ttl), async {
-            ka.keeper
-                .keep_alive()
-                .await
-                .map_err(|e| map("keep-alive", e))?;
-            Ok(ka.replies.recv().await)
-        })
-        .await;
-        let reply = match reply {
-            Ok(reply) => reply?,
-            Err(_) => {
-                self.rotation.take_out(&self.client, &ka.endpoint).await;
-                return Err(temporary(
-                    "keep-alive",
-                    "no reply within a sixth of the TTL",
-                ));
-            }
-        };
+        let endpoint = ka.endpoint.clone();
+        let reply = self
+            .suspecting(&endpoint, async {
+                ka.keeper
+                    .keep_alive()
+                    .await
+                    .map_err(|e| map("keep-alive", e))?;
+                Ok(ka.replies.recv().await)
+            })
+            .await?;
         match reply {
             Some(Ok(Some(resp))) if resp.ttl() > 0 => Ok(()),
             Some(Ok(Some(_))) => Err(Error::SessionLost(SessionEnd::Expired)),
@@ -158,6 +144,30 @@ impl EtcdSession {
     }
 }
 
+impl EtcdSession {
+    /// Awaits `reply`, a keep-alive's answer from `endpoint`. Unanswered within
+    /// [`keep_alive_bound`], the member is suspected (it hangs, or the leader it forwards to
+    /// does): it is taken out of the rotation, so that the copies [`keep_alive`] sends beside
+    /// this one, and the streams opened after it, go to other members. The wait goes on all
+    /// the same: a slow member's late answer counts (the heartbeat bounds the whole call). A
+    /// keep-alive given up at that bound was lost on every link slower than a sixth of the
+    /// TTL, and with it the session, at its local deadline.
+    async fn suspecting<T>(
+        &self,
+        endpoint: &str,
+        reply: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(reply);
+        match tokio::time::timeout(keep_alive_bound(self.ttl), &mut reply).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.rotation.take_out(&self.client, endpoint).await;
+                reply.await
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for EtcdSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdSession")
@@ -168,15 +178,15 @@ impl std::fmt::Debug for EtcdSession {
 }
 
 /// How often the session sends a heartbeat, and how long one waits for its reply (as does a
-/// new keep-alive stream for its first): a sixth of the TTL.
+/// new keep-alive stream for its first) before its member is suspected: a sixth of the TTL.
 ///
 /// Shorter than [`request_bound`] because of the local deadline: at the default safety margin
 /// it is 1 s after a confirmed heartbeat's send at the shortest TTL (2 s). A heartbeat sent to a
-/// member that hangs is given up a sixth of the TTL after its send, at most a third of the TTL
-/// after the last confirmed one, and retried at once on a stream opened on another member:
-/// a third of the TTL is left for that retry. (A heartbeat every third of the TTL, waiting a
-/// third, would run into the deadline before any retry.) A keep-alive is one message on an
-/// open stream: sending it twice as often costs next to nothing.
+/// member that hangs has copies on streams on other members beside it from a quarter of this
+/// on ([`keep_alive_hedge`]), and its member is taken out of the rotation at this bound; the
+/// heartbeat gives the whole call a third of the TTL. (A heartbeat every third of the TTL,
+/// waiting a third, would run into the deadline before any retry.) A keep-alive is one message
+/// on an open stream: sending it twice as often costs next to nothing.
 pub(crate) fn keep_alive_bound(ttl: Duration) -> Duration {
     ttl / 6
 }
@@ -316,8 +326,8 @@ pub(crate) async fn keep_alive(session: &EtcdSession) -> Result<()> {
     // Hedged: every [`keep_alive_hedge`] without a reply, the same keep-alive goes on a new
     // stream on the next member beside those in flight; the first reply wins and its stream
     // is kept (the others are dropped, which closes them). Copies go on until the heartbeat
-    // gives up on this call (a third of the TTL); each try is bounded by a sixth, so the call
-    // ends within half the TTL whatever happens.
+    // gives up on this call (a third of the TTL), which bounds every try: a slow member's
+    // late answer counts until then (see `suspecting`).
     let every = keep_alive_hedge(session.ttl);
     let last_copy = Instant::now() + 2 * keep_alive_bound(session.ttl);
     let mut next = Instant::now() + every;
