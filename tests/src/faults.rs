@@ -362,6 +362,27 @@ pub async fn silent_cluster_ends_bounded_waits(t: &Target) {
     b.close().await.unwrap();
 }
 
+/// A slow link is no silent one: with every round trip 2.4 s long (a fifth of the TTL, 1.2 s
+/// each way), a session keeps its lock. (ZooKeeper threw each heartbeat away at a sixth of the
+/// TTL, etcd each keep-alive: no heartbeat was ever confirmed, and the session was lost at its
+/// local deadline.) A link of that latency at full bandwidth: through one that delays each
+/// chunk in turn (`Mode::Delay`), the keep-alives etcd sends on other streams beside one
+/// unanswered queue behind each other, and the link then carries less than one a second.
+pub async fn slow_link_keeps_the_session(t: &Target) {
+    let proxy = Proxy::start(&t.endpoint).await;
+    let ttl = Duration::from_secs(12);
+    let s = t.session_at(&proxy.addr(), &unique("slow_link"), ttl).await;
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    proxy.set(Mode::Latency(Duration::from_millis(1200)));
+    // A TTL of slowness (the fault's length, not a synchronisation): the local deadline of a
+    // session whose heartbeats all fail comes within it.
+    tokio::time::sleep(ttl).await;
+    assert!(g.is_held(), "lost: {:?}", s.state());
+    proxy.set(Mode::Pass);
+    g.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
 /// Generates the fault tests of one backend: `$target` is a future of
 /// `Option<(guard, Target)>` (`None` skips; the guard keeps the server running), `$ttl` the
 /// session TTL, `$holder` the path of the `holder` binary.
@@ -406,6 +427,14 @@ macro_rules! fault_tests {
                 return;
             };
             $crate::faults::silent_cluster_ends_bounded_waits(&t).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn slow_link_keeps_the_session() {
+            let Some((_guard, t)) = $target.await else {
+                return;
+            };
+            $crate::faults::slow_link_keeps_the_session(&t).await;
         }
     };
 }

@@ -15,8 +15,12 @@ use tokio::sync::watch;
 pub enum Mode {
     /// Forward everything.
     Pass,
-    /// Forward everything after this delay per chunk.
+    /// Forward everything after this delay per chunk, one chunk after the other (a link of
+    /// next to no bandwidth: traffic queues behind each chunk's delay).
     Delay(Duration),
+    /// Forward everything this long after it was read, reading on meanwhile: a link of this
+    /// one-way latency and full bandwidth (a slow link, not a narrow one).
+    Latency(Duration),
     /// Keep connections open but forward nothing (a partition without resets).
     BlackHole,
     /// Forward the client's traffic but nothing back (a one-way partition: requests arrive,
@@ -171,6 +175,24 @@ async fn pipe(
         {
             return;
         }
+        if let Mode::Latency(d) = current {
+            let filter = |data: &[u8], frames: &mut H2Frames| {
+                let mut out = Vec::with_capacity(data.len());
+                frames.pass(data, false, &mut out);
+                out
+            };
+            let pass = |data: &[u8]| {
+                if replies {
+                    data.to_vec()
+                } else {
+                    filter(data, &mut frames)
+                }
+            };
+            if !with_latency(&mut from, &mut to, &mut mode, d, &mut buf, pass).await {
+                return;
+            }
+            continue;
+        }
         if client_gone {
             // What was kept is delivered: the server gets time to serve it before it sees the
             // connection end (which would cancel it).
@@ -221,6 +243,46 @@ async fn pipe(
             return;
         }
     }
+}
+
+/// Forwards `from` to `to` with the one-way latency `d` ([`Mode::Latency`]) until the mode
+/// changes (returns true, what was read delivered) or either side ends (false, once what was
+/// read is delivered). `pass` makes what is read into what is sent.
+async fn with_latency(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    mode: &mut watch::Receiver<Mode>,
+    d: Duration,
+    buf: &mut [u8],
+    mut pass: impl FnMut(&[u8]) -> Vec<u8>,
+) -> bool {
+    use tokio::time::{sleep_until, Instant};
+    let mut due: std::collections::VecDeque<(Instant, Vec<u8>)> = Default::default();
+    let ended = loop {
+        let next = due.front().map(|(at, _)| *at);
+        tokio::select! {
+            r = from.read(buf) => match r {
+                Ok(0) | Err(_) => break true,
+                Ok(n) => due.push_back((Instant::now() + d, pass(&buf[..n]))),
+            },
+            () = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                let (_, data) = due.pop_front().expect("a chunk is due");
+                if to.write_all(&data).await.is_err() {
+                    return false;
+                }
+            }
+            _ = mode.changed() => break false,
+        }
+    };
+    for (at, data) in due {
+        if ended {
+            sleep_until(at).await;
+        }
+        if to.write_all(&data).await.is_err() {
+            return false;
+        }
+    }
+    !ended
 }
 
 /// A client's HTTP/2 byte stream, split into its frames as it passes (after the 24-byte
