@@ -3,7 +3,8 @@
 //! fence makes it fail, or the removal that follows finds and removes what it made. Before,
 //! the entry stayed on the session's live lease, ahead of every later waiter, and nobody
 //! released it. And a release held up the same way, sent again meanwhile, is ours whichever
-//! copy the member applies first.
+//! copy the member applies first; a `proclaim` held up so does not bring its value back over a
+//! later one's.
 
 use std::time::Duration;
 
@@ -187,4 +188,58 @@ async fn a_release_sent_twice_to_a_paused_member_is_ours() {
         assert!(r.is_ok(), "round {round}: {r:?}");
     }
     s.close().await.unwrap();
+}
+
+/// A `proclaim` held up on the paused way (granted by its retry, which went the other), then a
+/// later one: the first one's try, served when the member resumes, does not bring its value
+/// back. It did: the leader's value went back to the older one until the next `proclaim`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_proclaim_does_not_bring_an_older_value_back() {
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let member = f.cluster.endpoint(0);
+    let (paused, _open) = (Proxy::start(&member).await, Proxy::start(&member).await);
+    let ns = unique_namespace("late_proclaim");
+    let start = |backend: EtcdBackend| Session::builder(backend).namespace(&ns).ttl(TTL).start();
+    let backend = EtcdBackend::connect([paused.addr(), _open.addr()])
+        .await
+        .unwrap();
+    let s = start(backend).await.unwrap();
+    let probe = start(EtcdBackend::connect([member]).await.unwrap())
+        .await
+        .unwrap();
+    let leadership = std::sync::Arc::new(s.election("e").unwrap().campaign("v0").await.unwrap());
+    let quick = Duration::from_millis(300);
+    for round in 0..40 {
+        paused.set(Mode::Hold);
+        let (l, old) = (leadership.clone(), format!("old-{round}"));
+        let mut first = tokio::spawn(async move { l.proclaim(old).await });
+        let held = tokio::time::timeout(quick, &mut first).await.is_err();
+        if held {
+            let done = tokio::time::timeout(WITHIN, first).await;
+            done.expect("the retry past the paused way")
+                .unwrap()
+                .unwrap();
+            // The later one must go the open way: a try of its own held too, served after
+            // the first one's, would hide what that one does.
+            let new = format!("new-{round}");
+            if let Ok(r) = tokio::time::timeout(quick, leadership.proclaim(&new)).await {
+                r.unwrap();
+                paused.set(Mode::Pass);
+                // What the paused way kept is served first thing (bounded, not awaited: no
+                // event tells that a request was applied).
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let leader = probe.election("e").unwrap().leader().await.unwrap();
+                let value = leader.expect("a leader").value;
+                assert_eq!(String::from_utf8_lossy(&value), new, "round {round}");
+                s.close().await.unwrap();
+                return;
+            }
+        }
+        // Whatever went the paused way meanwhile is served, before the next try.
+        paused.set(Mode::Pass);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no proclaim went the paused way with the next one going the other");
 }

@@ -324,9 +324,43 @@ pub(crate) async fn abandon(
     Ok(())
 }
 
+/// Rewrites the entry's value, guarded by its mod revision as read just before as well as by
+/// its create revision: a try of an earlier call held up on a member (one that paused, or a
+/// link that delivered late) and applied after a later call's write fails, instead of bringing
+/// the older value back (a leader's address, say) until the next `proclaim`. The value found
+/// rewritten between the read and the write (by such a late try) is read and written again;
+/// `false` once the entry is gone or another.
 pub(crate) async fn set_value(session: &EtcdSession, entry: &Entry, value: &[u8]) -> Result<bool> {
-    let txn = Txn::new()
-        .when([same(entry)])
-        .and_then([session.put(&entry.key, value)]);
-    Ok(session.txn("proclaim", txn).await?.succeeded())
+    // Late tries are few (those of the calls before, each retried within its bound).
+    const TRIES: usize = 3;
+    let key = entry.key.as_str();
+    let mut found = session
+        .read_txn(
+            "proclaim",
+            Txn::new().and_then([TxnOp::get(key, Some(keys_only()))]),
+        )
+        .await
+        .map(|resp| gets(&resp).concat())?;
+    for _ in 0..TRIES {
+        let Some(kv) = found
+            .first()
+            .filter(|kv| kv.create_revision() == entry.order as i64)
+        else {
+            return Ok(false);
+        };
+        let unchanged = Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision());
+        let txn = Txn::new()
+            .when([same(entry), unchanged])
+            .and_then([session.put(key, value)])
+            .or_else([TxnOp::get(key, Some(keys_only()))]);
+        let resp = session.txn("proclaim", txn).await?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        found = gets(&resp).concat();
+    }
+    Err(temporary(
+        "proclaim",
+        "the value kept changing under the write",
+    ))
 }
