@@ -113,22 +113,11 @@ impl Semaphore {
         };
         // Ended at the gate: the semaphore's outcome (the gate records none of its own).
         if !matches!(at_gate, Ok(Some(_))) {
-            let shared = self.session.shared();
-            let name = shared.metrics_names.then_some(self.leases.name.as_str());
-            let outcome = crate::metrics::Outcome::of(&at_gate, false, started);
-            crate::metrics::acquisition("semaphore", name, outcome);
+            self.record(&at_gate, started);
         }
         let Some(gate) = at_gate? else {
             return Ok(None);
         };
-        // Participants must agree on the count.
-        if let Err(e) = self.check_count().await {
-            // Released and confirmed, as below (a refusal is returned before it).
-            return match gate.release().await.err().filter(Error::leaves_entry) {
-                Some(refused) => Err(refused),
-                None => Err(e),
-            };
-        }
         let req = Request {
             queue: &self.leases,
             kind: EntryKind::Shared,
@@ -137,7 +126,16 @@ impl Semaphore {
             recorded: true,
             since: Some((started, gate.waited())),
         };
-        let tenure = acquire(&self.session, req, None, wait).await;
+        // Participants must agree on the count (a refusal is recorded here: the lease's
+        // acquisition, which records the others, does not start).
+        let tenure = match self.check_count().await {
+            Ok(()) => acquire(&self.session, req, None, wait).await,
+            Err(e) => {
+                let refused = Err(e);
+                self.record(&refused, started);
+                refused
+            }
+        };
         // The next acquirer through the gate, whatever the outcome: released and confirmed
         // before this returns, so that a timeout (or `None`) leaves no gate entry behind, as
         // `Mutex::lock_timeout` promises for its own entry. (If this future is dropped here
@@ -156,6 +154,14 @@ impl Semaphore {
         Ok(Some(Permit {
             hold: Hold::new(tenure),
         }))
+    }
+
+    /// Records how an acquisition that ended before its lease's acquisition did ended.
+    fn record<T>(&self, res: &Result<Option<T>>, started: tokio::time::Instant) {
+        let shared = self.session.shared();
+        let name = shared.metrics_names.then_some(self.leases.name.as_str());
+        let outcome = crate::metrics::Outcome::of(res, false, started);
+        crate::metrics::acquisition("semaphore", name, outcome);
     }
 
     /// Refuses to take a permit beside one that declares another count. Checked at the head of

@@ -171,8 +171,10 @@ impl SessionBuilder {
         if clock.passed(sent.after(ttl / 3)) {
             // A slow open: confirm the session now rather than hand out one whose deadline is
             // near (or past).
+            // As patient as a heartbeat (a third of the TTL): an answer later than that would
+            // hand out a session whose deadline is near all the same.
             let again = clock.now();
-            let patience = deadline.mono.max(again.mono + (ttl - margin));
+            let patience = again.mono + ttl / 3;
             match timeout_at(patience, remote.keep_alive()).await {
                 Ok(Ok(())) => deadline = again.after(ttl - margin),
                 Ok(Err(e)) => {
@@ -183,7 +185,7 @@ impl SessionBuilder {
                     let _ = remote.close().await;
                     return Err(Error::Timeout {
                         op: "first heartbeat",
-                        after: ttl - margin,
+                        after: ttl / 3,
                     });
                 }
             }

@@ -175,29 +175,18 @@ async fn pipe(
         {
             return;
         }
-        if let Mode::Latency(d) = current {
-            let filter = |data: &[u8], frames: &mut H2Frames| {
-                let mut out = Vec::with_capacity(data.len());
-                frames.pass(data, false, &mut out);
-                out
-            };
-            let pass = |data: &[u8]| {
-                if replies {
-                    data.to_vec()
-                } else {
-                    filter(data, &mut frames)
-                }
-            };
-            if !with_latency(&mut from, &mut to, &mut mode, d, &mut buf, pass).await {
-                return;
-            }
-            continue;
-        }
         if client_gone {
             // What was kept is delivered: the server gets time to serve it before it sees the
             // connection end (which would cancel it).
             tokio::time::sleep(Duration::from_secs(3)).await;
             return;
+        }
+        if let Mode::Latency(d) = current {
+            let pass = |data: &[u8]| frames.forward(data, replies, false);
+            if !with_latency(&mut from, &mut to, &mut mode, d, &mut buf, pass).await {
+                return;
+            }
+            continue;
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
@@ -210,12 +199,7 @@ async fn pipe(
             },
             _ = mode.changed() => continue,
         };
-        let mut data = buf[..n].to_vec();
-        if !replies {
-            let mut out = Vec::with_capacity(n);
-            frames.pass(&data, current == Mode::Hold, &mut out);
-            data = out;
-        }
+        let data = frames.forward(&buf[..n], replies, current == Mode::Hold);
         if let Mode::Delay(d) = current {
             tokio::time::sleep(d).await;
         }
@@ -312,6 +296,17 @@ impl Default for H2Frames {
 }
 
 impl H2Frames {
+    /// What of `data`, read from one side, goes to the other: replies as they are, the
+    /// client's bytes through [`pass`](Self::pass) (`filter` while held).
+    fn forward(&mut self, data: &[u8], replies: bool, filter: bool) -> Vec<u8> {
+        if replies {
+            return data.to_vec();
+        }
+        let mut out = Vec::with_capacity(data.len());
+        self.pass(data, filter, &mut out);
+        out
+    }
+
     /// Appends `data` to `out`, less (if `filter`) the frames that would cancel or end what
     /// came before them: RST_STREAM, PING (a burst of them is taken for abuse) and GOAWAY.
     fn pass(&mut self, mut data: &[u8], filter: bool, out: &mut Vec<u8>) {

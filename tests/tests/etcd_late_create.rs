@@ -199,10 +199,10 @@ async fn a_late_proclaim_does_not_bring_an_older_value_back() {
         return;
     };
     let member = f.cluster.endpoint(0);
-    let (paused, _open) = (Proxy::start(&member).await, Proxy::start(&member).await);
+    let (paused, open) = (Proxy::start(&member).await, Proxy::start(&member).await);
     let ns = unique_namespace("late_proclaim");
     let start = |backend: EtcdBackend| Session::builder(backend).namespace(&ns).ttl(TTL).start();
-    let backend = EtcdBackend::connect([paused.addr(), _open.addr()])
+    let backend = EtcdBackend::connect([paused.addr(), open.addr()])
         .await
         .unwrap();
     let s = start(backend).await.unwrap();
@@ -234,6 +234,7 @@ async fn a_late_proclaim_does_not_bring_an_older_value_back() {
                 let value = leader.expect("a leader").value;
                 assert_eq!(String::from_utf8_lossy(&value), new, "round {round}");
                 s.close().await.unwrap();
+                probe.close().await.unwrap();
                 return;
             }
         }

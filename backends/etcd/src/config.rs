@@ -194,9 +194,16 @@ impl EtcdConfig {
                 // One member named twice (`a:2379`, `http://a:2379`) is one member: counted
                 // twice, the client would take it for two when it moves requests off one that
                 // stops answering.
-                // (Host names are case-insensitive: `A:2379` is `a:2379`.)
+                // (Host names are case-insensitive, `A:2379` is `a:2379`; a path is not, but
+                // a trailing '/' names nothing.)
+                let member = |u: &str| {
+                    let (scheme, rest) = u.split_once("://").unwrap_or(("", u));
+                    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                    let path = path.trim_end_matches('/');
+                    format!("{scheme}://{}{path}", host.to_ascii_lowercase())
+                };
                 let mut seen = std::collections::HashSet::new();
-                uris.retain(|u| seen.insert(u.to_ascii_lowercase()));
+                uris.retain(|u| seen.insert(member(u)));
                 uris
             })
     }
@@ -221,7 +228,7 @@ mod tests {
     fn validation() {
         let ok = EtcdConfig::new(["a:1", "http://b:2"]).validate().unwrap();
         assert_eq!(ok, ["http://a:1", "http://b:2"]);
-        let twice = EtcdConfig::new(["a:1", "http://a:1", "b:2", "a:1", "A:1"])
+        let twice = EtcdConfig::new(["a:1", "http://a:1", "b:2", "a:1", "A:1", "a:1/"])
             .validate()
             .unwrap();
         assert_eq!(twice, ["http://a:1", "http://b:2"]);

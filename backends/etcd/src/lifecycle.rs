@@ -142,14 +142,12 @@ impl EtcdSession {
             Some(Ok(None)) | None => Err(temporary("keep-alive", "keep-alive stream ended")),
         }
     }
-}
 
-impl EtcdSession {
     /// Awaits `reply`, a keep-alive's answer from `endpoint`. Unanswered within
     /// [`keep_alive_bound`], the member is suspected (it hangs, or the leader it forwards to
     /// does): it is taken out of the rotation, so that the copies [`keep_alive`] sends beside
     /// this one, and the streams opened after it, go to other members. The wait goes on all
-    /// the same: a slow member's late answer counts (the heartbeat bounds the whole call). A
+    /// the same: a slow member's late answer counts ([`keep_alive`] bounds the whole call). A
     /// keep-alive given up at that bound was lost on every link slower than a sixth of the
     /// TTL, and with it the session, at its local deadline.
     async fn suspecting<T>(
@@ -161,7 +159,12 @@ impl EtcdSession {
         match tokio::time::timeout(keep_alive_bound(self.ttl), &mut reply).await {
             Ok(answer) => answer,
             Err(_) => {
-                self.rotation.take_out(&self.client, endpoint).await;
+                // A task of its own, not awaited here: `reply` may hold (or be queued for) the
+                // rotation's lock, which `take_out` takes, and is not polled while this waits;
+                // and an answer that comes meanwhile is not kept waiting for the change.
+                let (rotation, client) = (self.rotation.clone(), self.client.clone());
+                let endpoint = endpoint.to_string();
+                tokio::spawn(async move { rotation.take_out(&client, &endpoint).await });
                 reply.await
             }
         }
@@ -314,8 +317,8 @@ pub(crate) async fn keep_alive(session: &EtcdSession) -> Result<()> {
     use tokio::time::{sleep_until, Instant};
     let mut slot = session.keeper.lock().await;
     // Taken out while in flight: if this future is cancelled, or the reply does not come
-    // in time, the stream is dropped with it, so a late reply can never confirm a later
-    // heartbeat.
+    // before the call ends, the stream is dropped with it, so a late reply can never confirm
+    // a later heartbeat.
     let try_on = |ka: Option<KeepAlive>| async move {
         match ka {
             // Opening the stream sends a keep-alive and waits for its reply.
@@ -327,9 +330,11 @@ pub(crate) async fn keep_alive(session: &EtcdSession) -> Result<()> {
     // stream on the next member beside those in flight; the first reply wins and its stream
     // is kept (the others are dropped, which closes them). Copies go on until the heartbeat
     // gives up on this call (a third of the TTL), which bounds every try: a slow member's
-    // late answer counts until then (see `suspecting`).
+    // late answer counts until then (see `suspecting`). The call ends by itself at half the
+    // TTL (for a caller without a bound of its own).
     let every = keep_alive_hedge(session.ttl);
     let last_copy = Instant::now() + 2 * keep_alive_bound(session.ttl);
+    let give_up = Instant::now() + 3 * keep_alive_bound(session.ttl);
     let mut next = Instant::now() + every;
     let mut tries = FuturesUnordered::new();
     tries.push(try_on(slot.take()));
@@ -353,6 +358,9 @@ pub(crate) async fn keep_alive(session: &EtcdSession) -> Result<()> {
                 session.turn.fetch_add(1, Ordering::Relaxed);
                 tries.push(try_on(None));
                 next += every;
+            }
+            () = sleep_until(give_up) => {
+                return Err(temporary("keep-alive", "no reply within half the TTL"));
             }
         }
     }

@@ -285,7 +285,10 @@ impl ZooKeeperConfig {
                     ));
                 }
                 // A chroot is a setting (InvalidConfig, whatever is wrong with it), not a name.
-                let setting = |e: Error| invalid(root, e.to_string());
+                let setting = |e: Error| match e {
+                    Error::InvalidName(why) => invalid(root, format!("a chroot: {}", why.reason)),
+                    other => other,
+                };
                 fencelock::validate_namespace(root).map_err(setting)?;
                 // From the server's own root: a chroot inside /zookeeper is refused too.
                 check_zk_path(root, root, false).map_err(setting)?;

@@ -5,8 +5,7 @@
 pub(super) fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
     let after_comma = connect_string.rfind(',').map_or(0, |i| i + 1);
     // Spaces after the comma are the servers' (`a:1, tcp://b:2`), as for every server.
-    let last_start = after_comma + connect_string[after_comma..].len()
-        - connect_string[after_comma..].trim_start().len();
+    let last_start = connect_string.len() - connect_string[after_comma..].trim_start().len();
     let last = &connect_string[last_start..];
     let scheme = ["tcp://", "tcp+tls://"]
         .iter()
