@@ -98,6 +98,7 @@ async fn unreachable_and_bad_settings() {
         "redis://u:p@127.0.0.1:0/1",
         // A user without a password: redis-rs would log in as the default user, silently.
         "redis://app@127.0.0.1:1",
+        "redis://app:@127.0.0.1:1",
         "redis+sentinel://app@127.0.0.1:1/primary",
         "redis+cluster://app@127.0.0.1:1",
     ] {
@@ -614,6 +615,65 @@ async fn one_session_many_waits_each_granted_by_its_release() {
             assert!(!w.is_finished(), "m{j} granted by m{i}'s release");
         }
         got.release().await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A held entry deleted outside fencelock's scripts (an operator's `DEL`, an eviction under a
+/// `maxmemory` policy), which publishes nothing, or taken out of its queue (the queue's key
+/// deleted): `lost()` fires all the same, within a few seconds at a TTL of 3 s, and the next
+/// waiter is granted with a greater token. It never fired: the `fencelock` command ran on
+/// beside the next holder until its end (black-box round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_deleted_behind_our_back_is_lost() {
+    use fencelock::LostReason;
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("deleted_outside");
+    let start = || async {
+        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+            .namespace(&ns)
+            .ttl(Duration::from_secs(3))
+            .start()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (start().await, start().await);
+    for what in ["entry", "queue"] {
+        let g = a.mutex(what).unwrap().lock().await.unwrap();
+        let lost = tokio::spawn(g.lost());
+        // Deleted once the wait listens (subscribed to the entry's channel, then read it).
+        let channel = format!("fencelock:c:{}", g.key());
+        let listening = || server.cli(&["PUBSUB", "NUMSUB", &channel]).unwrap();
+        let since = std::time::Instant::now();
+        while listening().lines().nth(1).map(str::trim) != Some("1") {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let entry = format!("fencelock:e:{}", g.key());
+        let key = match what {
+            "entry" => entry,
+            _ => format!(
+                "fencelock:q:{}",
+                server.cli(&["HGET", &entry, "q"]).unwrap().trim()
+            ),
+        };
+        assert_eq!(server.cli(&["DEL", &key]).unwrap().trim(), "1", "{key}");
+        let reason = tokio::time::timeout(Duration::from_secs(10), lost)
+            .await
+            .unwrap_or_else(|_| panic!("{what} deleted: lost() did not fire"))
+            .unwrap();
+        assert_eq!(reason, LostReason::EntryDeleted, "{what}");
+        assert!(!g.is_held(), "{what}");
+        let next = b.mutex(what).unwrap().try_lock().await.unwrap();
+        assert!(next.expect("free").token() > g.token(), "{what}");
     }
     a.close().await.unwrap();
     b.close().await.unwrap();

@@ -188,11 +188,23 @@ async fn server_tls_and_acl_users() {
         "rediss:// to a plaintext server",
         "InvalidConfig",
         BOUND,
-        connect(RedisConfig::new(format!("rediss://{}", plain.addr())).tls(ca_only)),
+        connect(RedisConfig::new(format!("rediss://{}", plain.addr())).tls(ca_only.clone())),
     )
     .await;
     assert!(!e.is_temporary());
     assert!(matches!(e, Error::InvalidConfig(_)));
+    // With a timeout shorter than the TLS handshake's probe (2 s): the plaintext answer to a
+    // PING, asked beside the handshake, tells at once (it was a temporary "no answer").
+    expect_permanent(
+        "rediss:// to a plaintext server, a 1 s timeout",
+        "InvalidConfig",
+        Duration::from_millis(1500),
+        RedisConfig::new(format!("rediss://{}", plain.addr()))
+            .tls(ca_only)
+            .timeout(Duration::from_secs(1))
+            .connect(),
+    )
+    .await;
     // The same with the system's trust store (a bare rediss:// URL, no CA to probe the
     // handshake with): the server's plaintext answer to a PING tells (it was a temporary
     // "no answer" once the timeout passed).

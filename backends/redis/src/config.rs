@@ -297,7 +297,8 @@ impl RedisConfig {
     fn client(&self, url: &str) -> Result<redis::Client> {
         let client = self.client_unchecked(url)?;
         let settings = client.get_connection_info().redis_settings();
-        if settings.username().is_some() && settings.password().is_none() {
+        // (An empty password is none: redis-rs sends no `AUTH` for it either.)
+        if settings.username().is_some() && settings.password().is_none_or(str::is_empty) {
             return Err(Error::invalid_config(
                 redact(&self.url),
                 "a user name without a password (it would log in as the default user)",

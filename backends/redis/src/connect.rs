@@ -215,18 +215,41 @@ pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) 
         },
         _ => return None,
     };
-    let found = probe(host, port, tls, within).await;
     // A TLS greeting that a plaintext Redis takes for the start of a command is never
     // answered (the probe times out), as nothing is by a hung server: only a plaintext server
-    // answers a PING.
-    let found = match found {
-        Probe::NotTls(_) | Probe::TimedOut => {
-            if !answers_plaintext(host, port, within / 2).await {
+    // answers a PING. Both asked at once: a plaintext answer settles it without waiting for
+    // the handshake to time out (which took longer than a short connect timeout).
+    let plaintext =
+        || Probe::NotTls("it answers in plaintext: use redis:// without TLS settings".into());
+    let mut handshake = std::pin::pin!(probe(host, port, tls, within));
+    let mut ping = std::pin::pin!(answers_plaintext(host, port, within / 2));
+    // The ping's answer once it came (a completed future is not awaited again); `None` from
+    // the loop: the ping was answered first.
+    let mut pinged = None;
+    let handshake_found = loop {
+        tokio::select! {
+            found = &mut handshake => break Some(found),
+            answered = &mut ping, if pinged.is_none() => {
+                if answered {
+                    break None;
+                }
+                pinged = Some(false);
+            }
+        }
+    };
+    let found = match handshake_found {
+        None => plaintext(),
+        Some(Probe::NotTls(_) | Probe::TimedOut) => {
+            let answered = match pinged {
+                Some(answered) => answered,
+                None => ping.await,
+            };
+            if !answered {
                 return None;
             }
-            Probe::NotTls("it answers in plaintext: use redis://".into())
+            plaintext()
         }
-        other => other,
+        Some(other) => other,
     };
     found.is_permanent().then(|| {
         connect_error(

@@ -315,13 +315,26 @@ pub(crate) async fn still_ahead(
     }
 }
 
+/// Waits for `own` to go: woken by the scripts that delete entries (on its channel), and
+/// reading it again every [`OWN_CHECK`] at most, since a deletion outside them publishes
+/// nothing: a `DEL` by an operator, an eviction under a `maxmemory` policy, a queue's key
+/// deleted. (Without the reads, such a loss went unnoticed until the entry's release: the
+/// `fencelock` command ran on beside the next holder.)
 pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result<()> {
     let reg = session.notifier.register(chan_entry(&own.key)).await?;
+    let every = (session.ttl / 3).clamp(OWN_CHECK_MIN, OWN_CHECK);
     while session.read_own(own, false).await?.is_some() {
-        reg.notified().await?;
+        if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
+            notified?;
+        }
     }
     Ok(())
 }
+
+/// The longest time between two reads of an entry whose loss is awaited.
+const OWN_CHECK: Duration = Duration::from_secs(5);
+/// The shortest.
+const OWN_CHECK_MIN: Duration = Duration::from_millis(500);
 
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.

@@ -185,6 +185,9 @@ pub(crate) static READ_OWN: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local e = live(ARGV[1])
 if not e or e[2] ~= ARGV[2] then return {0} end
+-- Out of its queue (the queue's key deleted or evicted), an entry holds nothing: the next
+-- acquirer finds the queue empty.
+if e[4] and not redis.call('ZSCORE', qkey(e[4]), ARGV[1]) then return {0} end
 if ARGV[3] ~= '1' then return {1} end
 return {1, redis.call('HGET', ekey(ARGV[1]), 'v')}
 "#,
