@@ -13,7 +13,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 ///
 /// The command gets FENCELOCK_TOKEN (the grant's fencing token: pass it with every write to the
 /// protected resource, which refuses tokens lower than one it has seen), FENCELOCK_KEY (the
-/// lock's key or node) and FENCELOCK_NAME; never the credentials (FENCELOCK_PASSWORD is removed,
+/// lock's key or node), FENCELOCK_NAME and FENCELOCK_ENDPOINTS (the cluster the lock is on,
+/// --endpoints or the variable); never the credentials (FENCELOCK_PASSWORD is removed,
 /// FENCELOCK_ENDPOINTS loses its user info).
 ///
 /// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a

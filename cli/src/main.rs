@@ -113,7 +113,7 @@ async fn run(mut cli: Cli) -> u8 {
             return exit::of_session_start(&e);
         }
     };
-    let env = url::command_env();
+    let env = url::command_env(cli.cluster.endpoints.as_deref());
     let ctx = Ctx {
         session: &session,
         cluster: &cli.cluster,

@@ -241,21 +241,19 @@ pub(crate) fn credentials(
     }
 }
 
-/// What the command's environment must not inherit from fencelock's: the password, and the
-/// credentials a `FENCELOCK_ENDPOINTS` URL may carry (the command gets the URL without them).
-pub(crate) fn command_env() -> Vec<(String, Option<String>)> {
-    let mut env = vec![
+/// What the command's environment gets from fencelock's: `FENCELOCK_ENDPOINTS` is `used`, the
+/// cluster fencelock holds the lock on (`--endpoints` or the variable), without the
+/// credentials it may carry (an inherited variable named another cluster when `--endpoints`
+/// was given); the passwords go.
+pub(crate) fn command_env(used: Option<&str>) -> Vec<(String, Option<String>)> {
+    vec![
         ("FENCELOCK_PASSWORD".to_string(), None),
         ("FENCELOCK_SENTINEL_PASSWORD".to_string(), None),
-    ];
-    if let Some(url) = std::env::var_os("FENCELOCK_ENDPOINTS") {
-        let url = url.to_string_lossy();
-        let clean = without_user_info(&url);
-        if clean != url {
-            env.push(("FENCELOCK_ENDPOINTS".to_string(), Some(clean)));
-        }
-    }
-    env
+        (
+            "FENCELOCK_ENDPOINTS".to_string(),
+            used.map(without_user_info),
+        ),
+    ]
 }
 
 /// `url` without the user info before its hosts (up to the last `@` before the path, the rule

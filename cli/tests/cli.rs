@@ -973,3 +973,35 @@ async fn wait_for_replicas_needs_acknowledgements() {
     let mut r = Run::spawn(cmd, dir.path(), "etcd");
     assert_eq!(r.code(WITHIN).await, 78, "{}", r.output());
 }
+
+/// The command is told the cluster its lock is on: `--endpoints`' over an inherited
+/// `FENCELOCK_ENDPOINTS` that names another (it was told that other one), and the variable's
+/// when it is the one used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_is_told_the_cluster_used() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_told");
+    let dir = tempfile::tempdir().unwrap();
+    let echo = [
+        "lock",
+        "m",
+        "--",
+        "sh",
+        "-c",
+        "echo env=[$FENCELOCK_ENDPOINTS]",
+    ];
+    let mut cmd = command("etcd://127.0.0.1:1", &ns);
+    cmd.args(["-e", &t.url]).args(echo);
+    let mut r = Run::spawn(cmd, dir.path(), "flag");
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+    assert!(
+        r.output().contains(&format!("env=[{}]", t.url)),
+        "{}",
+        r.output()
+    );
+    let (code, out) = run(&t.url, &ns, dir.path(), &echo).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("env=[{}]", t.url)), "{out}");
+}
