@@ -20,6 +20,7 @@ mod parse;
 mod show;
 mod signals;
 mod stderr;
+mod stdio;
 mod terminal;
 mod tree;
 mod url;
@@ -160,6 +161,10 @@ struct Ctx<'a> {
 /// when nobody reads any more (`fencelock list | head -1`), 70 when the write failed (a full
 /// disk: said, where it went unnoticed and a script found an empty file and status 0).
 fn print(line: &str) -> std::ops::ControlFlow<u8> {
+    if stdio::stdout_closed() {
+        say!("cannot write the output: the standard output is closed");
+        return std::ops::ControlFlow::Break(exit::SOFTWARE);
+    }
     let mut out = std::io::stdout().lock();
     match writeln!(out, "{line}").and_then(|()| out.flush()) {
         Ok(()) => std::ops::ControlFlow::Continue(()),

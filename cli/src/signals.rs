@@ -229,7 +229,11 @@ fn ignored_at_start() -> u64 {
 ///   glibc refuses to touch them (its `sigaction` fails with `EINVAL`), so no program can
 ///   have meant them ignored. A closure before `exec` also makes Rust start the command with
 ///   `fork` rather than `posix_spawn`.
+///
+/// (And with the standard streams closed that fencelock was started with closed:
+/// [`crate::stdio::as_at_start`].)
 pub(crate) fn as_without_fencelock(cmd: &mut tokio::process::Command) {
+    crate::stdio::as_at_start(cmd);
     let keep_sigpipe = SIGPIPE_IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed);
     // SAFETY: `signal` and `syscall` are async-signal-safe, and the closure touches nothing
     // else.

@@ -1005,3 +1005,37 @@ async fn the_command_is_told_the_cluster_used() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains(&format!("env=[{}]", t.url)), "{out}");
 }
+
+/// Started with its standard output closed (`>&-`), `list` cannot write what it reads (70),
+/// and the command finds its output closed, as it would without fencelock: both went to
+/// `/dev/null`, which Rust's runtime opens there, and ended 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_stays_closed() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_closed_out");
+    let dir = tempfile::tempdir().unwrap();
+    // Something to list.
+    let s = t.session(&ns).await;
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    for (label, args, expected) in [
+        ("list", &["list", ""][..], 70),
+        ("echo", &["lock", "m", "--", "/bin/echo", "hi"][..], 1),
+    ] {
+        let mut cmd = command(&t.url, &ns);
+        cmd.args(args);
+        // SAFETY: `close` is async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::close(1);
+                Ok(())
+            });
+        }
+        let mut r = Run::spawn(cmd, dir.path(), label);
+        assert_eq!(r.code(WITHIN).await, expected, "{label}: {}", r.output());
+    }
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+}
