@@ -181,7 +181,12 @@ impl Resolved {
                 }
                 Ok(Err(e)) if retry_connect(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(error::map("connect", e)),
-                Err(_) => format!("{}: no session within {share:?}", self.each[server]),
+                Err(_) => format!(
+                    "{}: no session within {:?}",
+                    self.each[server],
+                    // Whole milliseconds (a share of the time left is not a round figure).
+                    Duration::from_millis(share.as_millis().try_into().unwrap_or(u64::MAX))
+                ),
             };
             if Instant::now() >= deadline {
                 break;
@@ -247,8 +252,7 @@ impl Resolved {
     ) -> Result<()> {
         let connector = self.connector(session_timeout, false)?.with_session(info);
         let mut last = None;
-        // The session's last server last: it may be the silent one that cost the session.
-        // Twice round: a server sometimes drops the first attach right after the session's
+        // From the server after `last_server` (see `Links::close_on_cluster`). Twice round: a server sometimes drops the first attach right after the session's
         // previous client left it (the next one is taken).
         let n = self.each.len();
         for i in 1..=2 * n {

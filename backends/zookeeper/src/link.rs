@@ -20,7 +20,7 @@
 //! that says the session expired is believed only when the cluster confirms it: the session
 //! is declared lost when an attach is refused as expired (or by the core's local deadline).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -110,6 +110,8 @@ pub(crate) struct Links {
     moving: AsyncMutex<()>,
     /// The server of the latest link.
     last_server: AtomicUsize,
+    /// Whether the latest link was connected when the session ended here.
+    ended_connected: AtomicBool,
 }
 
 impl Links {
@@ -130,6 +132,7 @@ impl Links {
             moved: watch::Sender::new(0),
             moving: AsyncMutex::new(()),
             last_server: AtomicUsize::new(server),
+            ended_connected: AtomicBool::new(false),
         })
     }
 
@@ -156,7 +159,14 @@ impl Links {
     pub(crate) fn end(&self, reason: SessionEnd) -> Option<Arc<Link>> {
         let mut slot = self.slot.write().unwrap();
         let link = match std::mem::replace(&mut *slot, Slot::Gone(reason)) {
-            Slot::Open(link) => Some(link),
+            Slot::Open(link) => {
+                let connected = matches!(
+                    link.state.peek_state(),
+                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                );
+                self.ended_connected.store(connected, Ordering::SeqCst);
+                Some(link)
+            }
             Slot::Gone(r) => {
                 *slot = Slot::Gone(r);
                 None
@@ -169,14 +179,23 @@ impl Links {
         link
     }
 
-    /// Closes the session on the cluster, trying its last server first.
+    /// Closes the session on the cluster: through its last server first if it was connected
+    /// there when the session ended here, last otherwise (it may be the silent server that
+    /// cost the session). Tried last while connected, a hung server listed before it cost
+    /// every close that server's share of the bound (seconds on every `fencelock` exit).
     pub(crate) async fn close_on_cluster(&self) -> Result<()> {
         let config = &self.backend.config;
+        let n = config.each.len().max(1);
         let last = self.last_server.load(Ordering::SeqCst);
+        // `close_session` starts with the server after the one it is given.
+        let last = match self.ended_connected.load(Ordering::SeqCst) {
+            true => (last + n - 1) % n,
+            false => last,
+        };
         // Every server gets its try within one close's bound: with a server's share of the
         // TTL alone (6 s at a TTL of 30 s), a silent first server would take the whole bound on
         // every try, and the close would never reach a server that answers.
-        let n = u32::try_from(config.each.len().max(1)).unwrap_or(u32::MAX);
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
         let per_try = attach_bound(self.ttl)
             .max(Duration::from_secs(1))
             .min(crate::lifecycle::CLOSE_WAIT / n)
