@@ -221,7 +221,20 @@ pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) 
     // the handshake to time out (which took longer than a short connect timeout).
     let plaintext =
         || Probe::NotTls("it answers in plaintext: use redis:// without TLS settings".into());
+    let verdict = |found: Probe| {
+        found.is_permanent().then(|| {
+            connect_error(
+                NAME,
+                &redact(&config.url),
+                &[(format!("{host}:{port}"), found)],
+            )
+        })
+    };
     let mut handshake = std::pin::pin!(probe(host, port, tls, within));
+    if tls.is_none() {
+        // Set up for plaintext: a plaintext answer is what is expected.
+        return verdict(handshake.await);
+    }
     let mut ping = std::pin::pin!(answers_plaintext(host, port, within / 2));
     // The ping's answer once it came (a completed future is not awaited again); `None` from
     // the loop: the ping was answered first.
@@ -251,13 +264,7 @@ pub(crate) async fn wrong_setting(config: &RedisConfig, client: &redis::Client) 
         }
         Some(other) => other,
     };
-    found.is_permanent().then(|| {
-        connect_error(
-            NAME,
-            &redact(&config.url),
-            &[(format!("{host}:{port}"), found)],
-        )
-    })
+    verdict(found)
 }
 
 /// Whether the server at `host:port` answers a plaintext `PING` within `within` as Redis does:
