@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,7 +13,7 @@ use crate::backend::{BackendSession, Entry, QueueId};
 use crate::race::{race, First};
 use crate::retry::{Backoff, Retry};
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared, Undo};
-use crate::{Error, FencingToken, Result, Session, SessionEnd};
+use crate::{Error, FencingToken, Result, Session};
 
 mod ended;
 mod hold;
@@ -27,14 +27,14 @@ pub(crate) struct Tenure {
     pub(crate) queue: QueueId,
     pub(crate) entry: Entry,
     granted_at: Instant,
-    local: StdMutex<Option<LocalSlot>>,
     released: AtomicBool,
     /// The entry's removal is done, or handed to the background task: the drop has nothing
     /// left to do.
     settled: AtomicBool,
     /// Shares held (see [`Hold`]).
     holds: AtomicUsize,
-    /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`).
+    /// Why the tenure ended, once known here (released, or its deletion seen by a `lost()`),
+    /// and its local slot.
     ended: Arc<Ended>,
     /// Whether its hold is recorded in the metrics (not a semaphore's gate).
     recorded: bool,
@@ -54,11 +54,10 @@ impl Tenure {
             queue,
             entry,
             granted_at: Instant::now(),
-            local: StdMutex::new(local),
             released: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             holds: AtomicUsize::new(0),
-            ended: Arc::default(),
+            ended: Arc::new(Ended::keeping(local)),
             recorded: true,
             waited: false,
         }
@@ -108,14 +107,14 @@ impl Tenure {
         let session_lost = shared.lost();
         let weak = Arc::downgrade(shared);
         let remote = shared.remote.clone();
-        let entry = self.entry.clone();
+        let (entry, queue) = (self.entry.clone(), self.queue.clone());
         async move {
             let here = ended.wait();
             let known = race(here, session_lost);
             match race(known, own_entry_gone(remote, entry, weak.clone())).await {
                 First::Left(First::Left(r)) => r,
                 First::Left(First::Right(end)) => LostReason::Session(end),
-                First::Right(()) => ended_by_deletion(&ended, weak.upgrade().and_then(|s| s.end())),
+                First::Right(()) => ended_by_deletion(&ended, weak.upgrade().as_ref(), &queue),
             }
         }
     }
@@ -124,7 +123,7 @@ impl Tenure {
     /// now, as a `lost()` would have ended it, and `is_held()` says so. The reason it ended
     /// with.
     pub(crate) fn found_deleted(&self) -> LostReason {
-        ended_by_deletion(&self.ended, self.session.shared().end())
+        ended_by_deletion(&self.ended, Some(self.session.shared()), &self.queue)
     }
 
     /// Fails unless the entry is still held.
@@ -196,8 +195,7 @@ impl Tenure {
     fn drop_local(&self) {
         self.settled.store(true, Ordering::SeqCst);
         self.record_end();
-        let local = self.local.lock().unwrap().take();
-        drop(local);
+        drop(self.ended.take_local());
         self.session.shared().local.trim(&self.queue);
     }
 }
@@ -205,10 +203,19 @@ impl Tenure {
 /// Ends a tenure whose entry was found deleted: for the session's reason if it has one (a
 /// session that is closing or expiring deletes its entries too), for the deletion otherwise.
 /// The reason the tenure ended with (an earlier one, if it had ended already).
-fn ended_by_deletion(ended: &Ended, session_end: Option<SessionEnd>) -> LostReason {
+///
+/// Its local slot goes at once: nothing of it is left on the cluster to wait for, and the
+/// session's next acquisition of the queue (a campaign again, while the lost leadership is
+/// still alive) waited behind the slot until the leadership was dropped, or for ever.
+fn ended_by_deletion(ended: &Ended, shared: Option<&Arc<Shared>>, queue: &QueueId) -> LostReason {
+    let session_end = shared.and_then(|s| s.end());
     let reason = session_end.map_or(LostReason::EntryDeleted, LostReason::Session);
     if ended.first(reason) {
         crate::metrics::grant_lost(reason);
+    }
+    drop(ended.take_local());
+    if let Some(shared) = shared {
+        shared.local.trim(queue);
     }
     ended.get().unwrap_or(reason)
 }
@@ -267,7 +274,7 @@ impl Tenure {
             self.ended.first(LostReason::Released);
         }
         self.record_end();
-        let local = self.local.lock().unwrap().take();
+        let local = self.ended.take_local();
         // Never blocks, needs no runtime: the background task deletes the entry, then lets
         // the next local waiter go (if the primitive has a local queue).
         self.session.shared().hand_off(Cleanup::Undo {

@@ -134,6 +134,7 @@ macro_rules! conformance_tests {
             dropped_guard_releases,
             close_frees_everything,
             entry_deleted_fires_lost,
+            requeue_after_entry_deleted,
             a_suspend_past_the_deadline_loses_every_lock,
             dropped_loss_watches_leave_no_task,
             waiter_fails_when_session_lost,

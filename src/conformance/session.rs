@@ -93,6 +93,45 @@ pub async fn entry_deleted_fires_lost(f: &dyn Factory) {
     b.close().await.unwrap();
 }
 
+/// A leadership and a lock whose entries were deleted from outside, still alive (not yet
+/// dropped), do not hold up the session's next campaign or lock of the same name: it used to
+/// wait behind the lost one's place in the session's local queue, for as long as that was
+/// kept (`leader = election.campaign(..).await?` keeps the old one while the new one waits).
+/// The new grants' tokens are greater.
+pub async fn requeue_after_entry_deleted(f: &dyn Factory) {
+    let ns = unique_namespace("requeue_deleted");
+    let a = open(f, &ns, TTL).await;
+    let election = a.election("e").unwrap();
+    let old = election.campaign(b"old").await.unwrap();
+    f.delete_as_admin(old.key()).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost fires", old.lost()).await,
+        LostReason::EntryDeleted
+    );
+    let new = bounded(WAIT, "campaign again", election.campaign(b"new"))
+        .await
+        .unwrap();
+    assert!(new.epoch() > old.epoch());
+    let m = a.mutex("m").unwrap();
+    let held = m.lock().await.unwrap();
+    f.delete_as_admin(held.key()).await.unwrap();
+    assert_eq!(
+        bounded(WAIT, "lost fires", held.lost()).await,
+        LostReason::EntryDeleted
+    );
+    let again = bounded(WAIT, "try_lock", m.try_lock())
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(again.token() > held.token());
+    drop((old, held));
+    new.resign().await.unwrap();
+    again.release().await.unwrap();
+    a.flush().await;
+    assert!(a.list_entries().await.unwrap().is_empty(), "nothing left");
+    a.close().await.unwrap();
+}
+
 /// Given-up `lost()` and `revoke_requested()` futures leave no task behind: 500 of each,
 /// dropped after 1 ms on one held guard, leave the runtime's live task count where it was
 /// (the ZooKeeper backend once kept a task, and a server watch, per dropped future until the

@@ -4,18 +4,36 @@ use std::sync::Mutex as StdMutex;
 
 use tokio::sync::Notify;
 
-use crate::session::LostReason;
+use crate::session::{LocalSlot, LostReason};
 
 /// Why a tenure ended, once known, and a wake-up for those awaiting it: the first reason
 /// recorded stands. One per held lock, so kept small: a `tokio::sync::watch` channel would do
 /// the same but costs ~340 bytes (its eight notifiers), a third of a held lock's memory.
+///
+/// It also keeps the tenure's slot in its session's local queue (what keeps the session's
+/// other acquirers of the same queue waiting): shared with the `lost()` futures, which free it
+/// as soon as they see the entry deleted.
 #[derive(Default)]
 pub(super) struct Ended {
     reason: StdMutex<Option<LostReason>>,
     notify: Notify,
+    local: StdMutex<Option<LocalSlot>>,
 }
 
 impl Ended {
+    /// An end signal keeping `local`.
+    pub(super) fn keeping(local: Option<LocalSlot>) -> Self {
+        Ended {
+            local: StdMutex::new(local),
+            ..Ended::default()
+        }
+    }
+
+    /// The local slot, taken (`None` once taken).
+    pub(super) fn take_local(&self) -> Option<LocalSlot> {
+        self.local.lock().unwrap().take()
+    }
+
     pub(super) fn get(&self) -> Option<LostReason> {
         *self.reason.lock().unwrap()
     }
