@@ -48,8 +48,9 @@ pub(crate) async fn observe(
                     }
                 };
                 if replaced {
-                    // Lost: its close only ends it here.
-                    let _ = current.close().await;
+                    // Its close only ends it here if it is lost; bounded all the same (one
+                    // given up after a TTL of temporary errors may still be live).
+                    let _ = tokio::time::timeout(args.connect_timeout, current.close()).await;
                 }
                 current = next;
                 replaced = true;
