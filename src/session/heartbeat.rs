@@ -183,8 +183,16 @@ pub(crate) async fn run(
                             // and the deadline branch declares it next. Lost is terminal:
                             // never extended, never "resumed".
                             let extended = sent.after(ttl - margin);
-                            if !shared.clock.passed(deadline_at.min(extended)) {
-                                *shared.deadline.lock().unwrap() = extended;
+                            // Checked and moved under the deadline's lock, which `state()`
+                            // reads it under too: no reader sees the old deadline passed
+                            // and then the new one ahead (lost, then live again).
+                            let mut deadline = shared.deadline.lock().unwrap();
+                            let live = !shared.clock.passed(deadline_at.min(extended));
+                            if live {
+                                *deadline = extended;
+                            }
+                            drop(deadline);
+                            if live {
                                 shared.set_state(SessionState::Live);
                             }
                             retry.succeeded();

@@ -101,7 +101,9 @@ impl Shared {
         let state = *self.state.borrow();
         match state {
             SessionState::Lost(_) => state,
-            _ if self.clock.passed(self.deadline_stamp()) => {
+            // Under the deadline's lock (see the heartbeat's move of it): a deadline found
+            // passed here is never moved afterwards.
+            _ if self.clock.passed(*self.deadline.lock().unwrap()) => {
                 SessionState::Lost(SessionEnd::LocalDeadline)
             }
             _ => state,
