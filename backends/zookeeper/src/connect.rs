@@ -241,22 +241,22 @@ impl Resolved {
 
     /// Closes the session `info` on the cluster: a client attached to it for that alone (not
     /// detached) is dropped, which sends CloseSession, and its end awaited; each server is
-    /// given `per_try` to take the session, the session's last one last. A temporary error if
-    /// none took the close.
+    /// given `per_try` to take the session, in turn from `first` (see
+    /// `Links::close_on_cluster`). A temporary error if none took the close.
     pub(crate) async fn close_session(
         &self,
         session_timeout: Duration,
         info: zk::SessionInfo,
-        last_server: usize,
+        first: usize,
         per_try: Duration,
     ) -> Result<()> {
         let connector = self.connector(session_timeout, false)?.with_session(info);
         let mut last = None;
-        // From the server after `last_server` (see `Links::close_on_cluster`). Twice round: a server sometimes drops the first attach right after the session's
+        // Twice round: a server sometimes drops the first attach right after the session's
         // previous client left it (the next one is taken).
         let n = self.each.len();
-        for i in 1..=2 * n {
-            let server = (last_server + i) % n;
+        for i in 0..2 * n {
+            let server = (first + i) % n;
             let attempt = connector.clone().connect(&self.each[server]);
             let attempt = match tokio::time::timeout(per_try, attempt).await {
                 Ok(attempt) => attempt,

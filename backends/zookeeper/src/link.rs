@@ -187,10 +187,9 @@ impl Links {
         let config = &self.backend.config;
         let n = config.each.len().max(1);
         let last = self.last_server.load(Ordering::SeqCst);
-        // `close_session` starts with the server after the one it is given.
-        let last = match self.ended_connected.load(Ordering::SeqCst) {
-            true => (last + n - 1) % n,
-            false => last,
+        let first = match self.ended_connected.load(Ordering::SeqCst) {
+            true => last,
+            false => (last + 1) % n,
         };
         // Every server gets its try within one close's bound: with a server's share of the
         // TTL alone (6 s at a TTL of 30 s), a silent first server would take the whole bound on
@@ -201,7 +200,7 @@ impl Links {
             .min(crate::lifecycle::CLOSE_WAIT / n)
             .max(Duration::from_millis(500));
         config
-            .close_session(self.requested, self.info.clone(), last, per_try)
+            .close_session(self.requested, self.info.clone(), first, per_try)
             .await
     }
 
