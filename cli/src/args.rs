@@ -22,7 +22,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// SIGTERM (the lock may be another's within a round trip), and fencelock exits 76. When the
 /// command exits, whatever it left running gets SIGTERM, then SIGKILL after --grace (at once
 /// if the grant is lost meanwhile), before the lock is released. If fencelock itself is
-/// SIGKILLed, the command is killed with it, but not what the command started.
+/// killed outright (SIGKILL, the OOM killer), its keeper (the command's parent, $PPID) SIGKILLs
+/// the whole tree.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
 /// SIGIO, SIGPWR, SIGSTKFLT, SIGXCPU, SIGXFSZ, the real-time signals): while connecting or

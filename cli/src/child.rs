@@ -145,11 +145,8 @@ pub(crate) async fn run_under(
         .env("FENCELOCK_KEY", grant.key())
         .env("FENCELOCK_NAME", name)
         .kill_on_drop(true);
-    if !shared_group {
-        cmd.process_group(0);
-    }
     crate::signals::as_without_fencelock(&mut cmd);
-    tree::dies_with_fencelock(&mut cmd);
+    let keeper = crate::keeper::between(&mut cmd, !shared_group);
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),
@@ -183,7 +180,7 @@ pub(crate) async fn run_under(
     let Some(tree) = child
         .id()
         .and_then(|p| Pid::from_raw(p as i32))
-        .map(|pid| Tree::new(pid, !shared_group))
+        .map(|pid| Tree::new(pid, keeper.group(pid, !shared_group)))
     else {
         say!("the command has no process id");
         let _ = grant.release(release_within).await;

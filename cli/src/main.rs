@@ -14,6 +14,7 @@ mod args;
 mod child;
 mod cluster;
 mod exit;
+mod keeper;
 mod message;
 mod observe;
 mod parse;
@@ -38,6 +39,12 @@ use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {
     signals::unblock_all();
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == keeper::ARG) {
+        let status = keeper::run(&args.collect::<Vec<_>>());
+        stderr::drain(stderr::DRAIN);
+        return ExitCode::from(status);
+    }
     let status = start();
     stderr::drain(stderr::DRAIN);
     status

@@ -19,6 +19,10 @@
 //!   `terminal.rs`): `fg` hands the terminal to the command's group, and a Ctrl-Z there stops
 //!   fencelock too.
 //!
+//! The process fencelock starts is the command's keeper (`keeper.rs`), which starts the command
+//! below it and stands for it: fencelock waits for the keeper, and the keeper, the tree's
+//! subreaper while it lives, kills the tree if fencelock dies without doing so.
+//!
 //! fencelock waits until none of the tree is left before it releases the grant or exits. What
 //! escapes: a process that another service starts on the command's behalf (`systemd-run`,
 //! `at`, a D-Bus activation) is not a descendant and is not stopped.
@@ -55,9 +59,10 @@ pub(crate) fn adopt_orphans() {
 
 /// Has the kernel SIGKILL the command if fencelock dies first (a SIGKILL, an OOM kill, a
 /// crash): past the TTL another holder would run beside it. Only the command itself: what it
-/// started is adopted by init and runs on, as fencelock no longer exists to stop it. (The
-/// signal comes when the thread that started the command ends: a worker of fencelock's
-/// runtime, which lasts as long as fencelock.)
+/// started is adopted by init and runs on, as fencelock no longer exists to stop it. For
+/// where no keeper can be started (`keeper.rs`), which takes the whole tree. (The signal
+/// comes when the thread that started the command ends: a worker of fencelock's runtime,
+/// which lasts as long as fencelock.)
 pub(crate) fn dies_with_fencelock(cmd: &mut tokio::process::Command) {
     let parent = std::process::id();
     // SAFETY: `prctl`, `getppid` and `kill` are async-signal-safe, and the closure touches
@@ -78,7 +83,7 @@ pub(crate) fn dies_with_fencelock(cmd: &mut tokio::process::Command) {
 
 /// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
 /// numbers are another namespace's, and no PID read there may be signalled.
-fn proc_is_ours(me: Pid) -> bool {
+pub(crate) fn proc_is_ours(me: Pid) -> bool {
     // `NSpid` lists our PID in each namespace from `/proc`'s down to ours: one field when they
     // are the same. (Without it, an old kernel: `/proc/self` must name our PID, which a PID
     // that happens to be the same number in both namespaces would also pass.)
@@ -108,7 +113,8 @@ pub(crate) fn own() -> Option<Proc> {
 /// The tree of one spawned command.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tree {
-    /// The command's PID (Tokio waits for it: never reaped here).
+    /// The PID fencelock started, and Tokio waits for (never reaped here): the keeper, which
+    /// stands for the command (`keeper.rs`), or the command itself without one.
     command: Pid,
     /// The command's process group: its own (the command leads it), or `None` when it shares
     /// fencelock's.
@@ -116,13 +122,10 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
-    /// The tree of the command `command`, the leader of its own process group if `own_group`,
-    /// else in fencelock's.
-    pub(crate) fn new(command: Pid, own_group: bool) -> Tree {
-        Tree {
-            command,
-            group: own_group.then_some(command),
-        }
+    /// The tree of the command `command` (the process fencelock started and waits for: the
+    /// keeper, see `keeper.rs`), in the process group `group` of its own, or in fencelock's.
+    pub(crate) fn new(command: Pid, group: Option<Pid>) -> Tree {
+        Tree { command, group }
     }
 
     /// Whether nothing of the tree is left: no live process in it, and no child of fencelock

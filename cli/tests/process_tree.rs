@@ -31,6 +31,15 @@ async fn tree_pids(dir: &Path) -> Vec<i32> {
     pids
 }
 
+/// fencelock's PID, from the `$PPID` its command wrote in `path`: the command's parent is
+/// fencelock's keeper, whose parent is fencelock.
+async fn fencelock_in(path: &Path) -> i32 {
+    let keeper = pid_in(path).await;
+    let stat = std::fs::read_to_string(format!("/proc/{keeper}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 /// Asserts that none of `pids` runs any more and that `out` stopped growing.
 async fn all_gone(label: &str, pids: &[i32], dir: &Path) {
     for &pid in pids {
@@ -468,7 +477,7 @@ async fn a_hangup_of_its_terminal_reaches_the_command() {
     );
     let command = pid_in(&d.join("pid")).await;
     // Outside our process tree once `script` is killed: killed here if the test fails.
-    let _left = KillOnDrop(vec![pid_in(&d.join("fencelock")).await, command]);
+    let _left = KillOnDrop(vec![fencelock_in(&d.join("fencelock")).await, command]);
     let s = t.session(&ns).await;
     assert_eq!(s.list_entries().await.unwrap().len(), 1, "{}", r.output());
     assert!(r.child.signal(Signal::KILL));
@@ -865,7 +874,7 @@ impl Shell {
             "$FL lock m -- sh cmd.sh\n"
         });
         let command = pid_in(&self.dir.join("pid")).await;
-        let fencelock = pid_in(&self.dir.join("fencelock")).await;
+        let fencelock = fencelock_in(&self.dir.join("fencelock")).await;
         (fencelock, command, KillOnDrop(vec![fencelock, command]))
     }
 
@@ -946,7 +955,7 @@ async fn a_tstp_is_ignored_where_nothing_could_continue_it() {
         "orphan_tstp",
     );
     let command = pid_in(&d.join("pid")).await;
-    let fencelock = pid_in(&d.join("fencelock")).await;
+    let fencelock = fencelock_in(&d.join("fencelock")).await;
     let _left = KillOnDrop(vec![fencelock, command]);
     file_contains(&d.join("out"), "x").await;
     signal(fencelock, Signal::TSTP);
@@ -1286,11 +1295,13 @@ async fn a_stderr_that_blocks_holds_nothing() {
     s.close().await.unwrap();
 }
 
-/// fencelock killed outright (SIGKILL: nothing of it runs to stop anything) takes its command
-/// with it: the kernel kills the command as fencelock dies. It ran on, beside the next holder
-/// once the TTL had passed.
+/// fencelock killed outright (SIGKILL: nothing of it runs to stop anything) takes its
+/// command's whole tree with it: its keeper kills what is below it, a background job, a
+/// daemon that called `setsid`, a pipeline. Only the command itself was killed before (by the
+/// kernel's parent-death signal); what it started ran on, beside the next holder once the TTL
+/// had passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_fencelock_takes_its_command() {
+async fn a_killed_fencelock_takes_its_command_tree() {
     let Some(t) = Target::etcd().await else {
         return;
     };
@@ -1302,26 +1313,26 @@ async fn a_killed_fencelock_takes_its_command() {
         &ns,
         d,
         "killed",
-        &[
-            "lock",
-            "m",
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > pid; while :; do sleep 0.05; done",
-        ],
+        &["lock", "m", "--", "bash", "-c", TREE],
     );
-    let pid = pid_in(&d.join("pid")).await;
+    let pids = tree_pids(d).await;
+    let _left = KillOnDrop(pids.clone());
+    file_contains(&d.join("out"), "\n").await;
     assert!(r.child.signal(Signal::KILL));
     r.exit(WITHIN).await;
     let start = Instant::now();
-    while alive(pid) {
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() {
+            break;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "the command {pid} outlived its fencelock"
+            "{left:?} of the tree {pids:?} outlived fencelock"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    all_gone("killed", &pids, d).await;
 }
 
 /// Started with SIGTERM blocked (a parent's mask passes across `exec`), fencelock still acts
