@@ -146,7 +146,7 @@ pub(crate) async fn run_under(
         .env("FENCELOCK_NAME", name)
         .kill_on_drop(true);
     crate::signals::as_without_fencelock(&mut cmd);
-    let keeper = crate::keeper::between(&mut cmd, !shared_group);
+    let mut keeper = crate::keeper::between(&mut cmd, !shared_group);
     for (var, value) in env {
         match value {
             Some(v) => cmd.env(var, v),
@@ -180,7 +180,7 @@ pub(crate) async fn run_under(
     let Some(tree) = child
         .id()
         .and_then(|p| Pid::from_raw(p as i32))
-        .map(|pid| Tree::new(pid, keeper.group(pid, !shared_group)))
+        .map(|pid| keeper.tree(pid, !shared_group))
     else {
         say!("the command has no process id");
         let _ = grant.release(release_within).await;
@@ -259,9 +259,7 @@ pub(crate) async fn run_under(
             _ = tick.tick() => {
                 // Reaping reads /proc: once a second is enough for zombies.
                 ticks += 1;
-                if ticks.is_multiple_of(10) {
-                    tree.reap();
-                }
+                tree.tend(ticks.is_multiple_of(10));
                 if job && grant.is_held() {
                     relay_job_control(&tree, &grant).await;
                 }

@@ -29,10 +29,11 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use rustix::process::{
-    getpid, kill_process, waitid, waitpid, Pid, Signal, WaitId, WaitIdOptions, WaitOptions,
+    getpid, kill_process, wait, waitid, Pid, Signal, WaitId, WaitIdOptions, WaitOptions,
 };
 
-use crate::{exit, tree};
+use crate::exit;
+use crate::tree::{self, Tree};
 
 /// The argument that starts fencelock's binary as the keeper, followed by the pipe's file
 /// descriptor and the command's PID. Not for users: refused unless both are what fencelock
@@ -51,33 +52,32 @@ const MISUSE: u8 = 2;
 pub(crate) struct Keeper {
     /// Both ends (fencelock holds the read end too: harmless, it never reads), `None` where
     /// the command runs without a keeper.
-    pipe: Option<(OwnedFd, OwnedFd)>,
+    _pipe: Option<(OwnedFd, OwnedFd)>,
+    /// Where the keeper writes the command's PID before its `exec`: both ends (read once
+    /// `spawn` returned, which waited for that `exec`).
+    report: Option<(OwnedFd, OwnedFd)>,
 }
 
 impl Keeper {
-    /// The command's own process group if `own_group` (the command leads it, the keeper is in
-    /// it), given the PID fencelock `spawned` (the keeper's, or without one the command's).
-    pub(crate) fn group(&self, spawned: Pid, own_group: bool) -> Option<Pid> {
-        if !own_group {
-            return None;
-        }
-        if self.pipe.is_none() {
-            return Some(spawned);
-        }
-        // The keeper joined the command's group before its `exec`, which `spawn` waited for.
-        // (By `libc`: a group led from outside fencelock's PID namespace reads as 0, which
-        // rustix's `Pid` cannot hold.)
-        // SAFETY: `getpgid` only reads.
-        let (theirs, ours) = unsafe {
-            (
-                libc::getpgid(spawned.as_raw_nonzero().get()),
-                libc::getpgid(0),
-            )
+    /// The tree of the process fencelock `spawned` (the keeper, or without one the command),
+    /// the command the leader of a process group of its own if `own_group`.
+    pub(crate) fn tree(&mut self, spawned: Pid, own_group: bool) -> Tree {
+        let Some((report, ours)) = self.report.take() else {
+            return Tree::new(spawned, own_group.then_some(spawned), None);
         };
-        match Pid::from_raw(theirs) {
-            Some(group) if theirs != ours => Some(group),
-            _ => Some(spawned),
-        }
+        // Our write end closed first: a keeper that wrote nothing (it failed before) reads as
+        // an end of file, not as a wait for ever.
+        drop(ours);
+        let mut pid = [0u8; 4];
+        let read = rustix::io::read(&report, &mut pid);
+        let command = match read {
+            Ok(4) => {
+                Pid::from_raw(i32::from_ne_bytes(pid)).filter(|p| p.as_raw_nonzero().get() > 0)
+            }
+            _ => None,
+        };
+        // The command leads its group (the keeper joined it), which is named by its PID.
+        Tree::new(spawned, if own_group { command } else { None }, command)
     }
 }
 
@@ -88,24 +88,37 @@ impl Keeper {
 /// the command's tree is gone.
 pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Keeper {
     let exe = c"/proc/self/exe";
-    let pipe = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
-    let (Ok(_), Ok((read, write))) = (std::fs::metadata("/proc/self/exe"), pipe) else {
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+    let (Ok(_), Ok((read, write)), Ok((report, reported))) =
+        (std::fs::metadata("/proc/self/exe"), pipe(), pipe())
+    else {
         if own_group {
             cmd.process_group(0);
         }
         tree::dies_with_fencelock(cmd);
-        return Keeper { pipe: None };
+        return Keeper {
+            _pipe: None,
+            report: None,
+        };
     };
     let fd = read.as_raw_fd();
+    let reported_fd = reported.as_raw_fd();
+    let rt = libc::SIGRTMIN()..=libc::SIGRTMAX();
     let arg = CString::new(ARG).expect("no NUL");
     let fd_arg = CString::new(fd.to_string()).expect("no NUL");
     // SAFETY: the closure calls only async-signal-safe functions (`getpid`, `fork`,
-    // `setpgid`, `prctl`, `getppid`, `kill`, `fcntl`, `execve`, `write`, `_exit`), and
+    // `sigaction`, `setpgid`, `prctl`, `getppid`, `kill`, `fcntl`, `execve`, `write`, `_exit`), and
     // allocates nothing: every string is made beforehand, the PID written into a buffer on
     // the stack.
     unsafe {
         cmd.pre_exec(move || {
             let keeper = libc::getpid();
+            // The subreaper from before the command exists (it is kept across `exec`, not
+            // passed to a child): what the command starts and leaves in its first moments is
+            // the keeper's too (a daemon started at once went to fencelock, and outlived it).
+            if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
             match libc::fork() {
                 -1 => Err(std::io::Error::last_os_error()),
                 0 => {
@@ -123,13 +136,22 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
                     Ok(())
                 }
                 command => {
-                    // The keeper, in the command's group: what the group is sent, it is too
-                    // (its stops stand for the command's); fencelock finds the group by it.
+                    ignore_passed_on_signals(rt.clone());
+                    // The keeper: in the command's group if it has its own (a SIGKILL to the
+                    // group takes both, and fencelock stops the rest), else in fencelock's
+                    // with the command. (A group of its own would be a parent in another
+                    // group of the session for the command: fencelock's group would no longer
+                    // be orphaned where nothing can continue it, `ssh -t host fencelock …`,
+                    // and a Ctrl-Z there would stop it for good.)
                     if own_group {
                         libc::setpgid(command, command);
                         if libc::setpgid(0, command) == -1 {
                             not_started(command);
                         }
+                    }
+                    let pid = command.to_ne_bytes();
+                    if libc::write(reported_fd, pid.as_ptr().cast(), pid.len()) != 4 {
+                        not_started(command);
                     }
                     // The read end passes across `exec`, the write end does not.
                     libc::fcntl(fd, libc::F_SETFD, 0);
@@ -150,7 +172,8 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
         });
     }
     Keeper {
-        pipe: Some((read, write)),
+        _pipe: Some((read, write)),
+        report: Some((report, reported)),
     }
 }
 
@@ -187,7 +210,7 @@ fn decimal(n: libc::pid_t, buf: &mut [u8; 16]) {
 /// The keeper's whole life (`fencelock --internal-keeper FD PID`): returns the exit status
 /// only where it does not end by the command's signal.
 pub(crate) fn run(args: &[OsString]) -> u8 {
-    let parse = |a: Option<&OsString>| a?.to_str()?.parse::<i32>().ok();
+    let parse = |a: Option<&OsString>| a?.to_str()?.parse::<i32>().ok().filter(|n| *n > 0);
     let (Some(fd), Some(command)) = (parse(args.first()), parse(args.get(1))) else {
         say!("{ARG} is for fencelock's own use");
         return MISUSE;
@@ -207,7 +230,9 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
     }
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
     hold_nothing_but(fd);
-    ignore_passed_on_signals();
+    // Done before the `exec` already; again for a keeper started otherwise.
+    // SAFETY: async-signal-safe, and so safe anywhere.
+    unsafe { ignore_passed_on_signals(libc::SIGRTMIN()..=libc::SIGRTMAX()) };
     let Some(children) = child_events() else {
         return exit::SOFTWARE;
     };
@@ -252,7 +277,8 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
 /// ending by its signal if it was killed by one); stops the keeper while it is stopped.
 fn mirror(command: Pid) -> Option<u8> {
     loop {
-        let (pid, status) = match waitpid(None, WaitOptions::UNTRACED | WaitOptions::NOHANG) {
+        // `wait`: any child (rustix's `waitpid(None, …)` is any child of our process group).
+        let (pid, status) = match wait(WaitOptions::UNTRACED | WaitOptions::NOHANG) {
             Ok(Some(reported)) => reported,
             Ok(None) => return None,
             Err(rustix::io::Errno::INTR) => continue,
@@ -264,10 +290,18 @@ fn mirror(command: Pid) -> Option<u8> {
         }
         if let Some(sig) = status.stopping_signal() {
             // Stopped still (a SIGCONT may have come since): the keeper stops with it, by
-            // the same signal, so that fencelock reads it as the command's stop.
+            // the same signal, so that fencelock reads it as the command's stop. (Should it
+            // stay stopped while the command runs again, fencelock continues it.)
             if stopped(command) {
-                // SAFETY: raising a stop signal, whose disposition is the default.
-                unsafe { libc::raise(sig) };
+                // SAFETY: the stop signal's default action for the time of `raise` (which
+                // returns once the keeper is continued), then ignored again.
+                unsafe {
+                    libc::signal(sig, libc::SIG_DFL);
+                    libc::raise(sig);
+                    if sig != libc::SIGSTOP {
+                        libc::signal(sig, libc::SIG_IGN);
+                    }
+                }
             }
             continue;
         }
@@ -283,13 +317,13 @@ fn mirror(command: Pid) -> Option<u8> {
 
 /// Ends the keeper by `sig`, as the command ended, without a core dump of its own.
 fn end_by(sig: i32) {
-    let _ = rustix::process::setrlimit(
-        rustix::process::Resource::Core,
-        rustix::process::Rlimit {
-            current: Some(0),
-            maximum: None,
-        },
-    );
+    // Not dumpable: the kernel writes no core of it (a `core` file beside the command's would
+    // replace the command's own), and no core limit of 0 either, which a hard limit the
+    // keeper may not raise could refuse.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let mut limit = rustix::process::getrlimit(rustix::process::Resource::Core);
+    limit.current = Some(0);
+    let _ = rustix::process::setrlimit(rustix::process::Resource::Core, limit);
     // SAFETY: `signal` with SIG_DFL installs no handler; `sigprocmask` only unblocks.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
@@ -318,11 +352,19 @@ fn stopped(pid: Pid) -> bool {
 
 /// SIGKILLs the command, then every child of the keeper until none is left (the command's
 /// orphans are re-parented to the keeper, the subreaper, as their parents die), bounded by
-/// [`KILL_FOR`]. Without a `/proc` of the keeper's PID namespace only the command is known.
+/// [`KILL_FOR`]. Without a `/proc` of the keeper's PID namespace only the command and its
+/// group are known.
 fn kill_tree(command: Pid) {
     let _ = kill_process(command, Signal::KILL);
     let me = getpid();
     let listed = tree::proc_is_ours(me);
+    if !listed {
+        // Only the command's group is known: the keeper in it goes too (its work is done).
+        // SAFETY: `getpgid` only reads.
+        if unsafe { libc::getpgid(0) } == command.as_raw_nonzero().get() {
+            let _ = rustix::process::kill_process_group(command, Signal::KILL);
+        }
+    }
     let until = Instant::now() + KILL_FOR;
     loop {
         if listed {
@@ -396,29 +438,35 @@ fn hold_nothing_but(keep: RawFd) {
     }
 }
 
-/// Ignores every signal fencelock may pass on to the tree (the command gets its own copy);
-/// leaves at their defaults those that stop or continue it (its stops stand for the
-/// command's), SIGCHLD, and the signals of a fault of its own.
-fn ignore_passed_on_signals() {
-    const KEEP: [i32; 13] = [
-        libc::SIGKILL,
-        libc::SIGSTOP,
-        libc::SIGCONT,
-        libc::SIGTSTP,
-        libc::SIGTTIN,
-        libc::SIGTTOU,
-        libc::SIGCHLD,
-        libc::SIGSEGV,
-        libc::SIGBUS,
-        libc::SIGILL,
-        libc::SIGFPE,
-        libc::SIGTRAP,
-        libc::SIGABRT,
-    ];
-    for sig in (1..32).chain(libc::SIGRTMIN()..=libc::SIGRTMAX()) {
-        if !KEEP.contains(&sig) {
-            // SAFETY: SIG_IGN installs no handler.
-            unsafe { libc::signal(sig, libc::SIG_IGN) };
+/// Ignores every signal fencelock may pass on to the tree (the command gets its own copy),
+/// the job-control stops too: the keeper stops only as the command does ([`mirror`]), not
+/// when a Ctrl-Z reaches the group of a command that does not stop for it (a shell, an
+/// editor). Leaves at their defaults SIGCONT and SIGCHLD (which a parent may have left
+/// ignored: its children would then be reaped unseen).
+///
+/// Called in the child before the keeper's `exec` (an ignored signal stays ignored across it),
+/// before it joins the command's group: a signal sent to the group while the keeper's binary
+/// started would have ended it by its default action, and the command with it. `rt` is the
+/// range of real-time signals (`SIGRTMIN()..=SIGRTMAX()`, read beforehand).
+///
+/// # Safety
+///
+/// Async-signal-safe: `sigaction` alone.
+unsafe fn ignore_passed_on_signals(rt: std::ops::RangeInclusive<i32>) {
+    // The fault signals are ignored too (a `kill -ABRT 0` of the command's ended the keeper,
+    // with a core file): a fault of the keeper's own still ends it, as the kernel restores
+    // their default action to deliver them.
+    const KEEP: [i32; 4] = [libc::SIGKILL, libc::SIGSTOP, libc::SIGCONT, libc::SIGCHLD];
+    for sig in (1..32).chain(rt) {
+        // SAFETY: a zeroed `sigaction` is valid; SIG_IGN and SIG_DFL install no handler.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = if KEEP.contains(&sig) {
+                libc::SIG_DFL
+            } else {
+                libc::SIG_IGN
+            };
+            libc::sigaction(sig, &action, std::ptr::null_mut());
         }
     }
 }

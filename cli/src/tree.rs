@@ -119,13 +119,19 @@ pub(crate) struct Tree {
     /// The command's process group: its own (the command leads it), or `None` when it shares
     /// fencelock's.
     group: Option<Pid>,
+    /// The command, when `command` is its keeper.
+    below: Option<Pid>,
 }
 
 impl Tree {
     /// The tree of the command `command` (the process fencelock started and waits for: the
     /// keeper, see `keeper.rs`), in the process group `group` of its own, or in fencelock's.
-    pub(crate) fn new(command: Pid, group: Option<Pid>) -> Tree {
-        Tree { command, group }
+    pub(crate) fn new(command: Pid, group: Option<Pid>, below: Option<Pid>) -> Tree {
+        Tree {
+            command,
+            group,
+            below,
+        }
     }
 
     /// Whether nothing of the tree is left: no live process in it, and no child of fencelock
@@ -204,8 +210,12 @@ impl Tree {
         );
         let (running, reaped) = (matches!(command, Ok(None)), command.is_err());
         let Some(group) = self.group else {
+            // The keeper's command too: the keeper ignores what it is sent.
             return if running {
-                vec![(self.command, false)]
+                std::iter::once(self.command)
+                    .chain(self.below)
+                    .map(|p| (p, false))
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -305,9 +315,33 @@ impl Tree {
         }
     }
 
-    /// Reaps the orphans that exited (they would linger as zombies until the command ends).
-    pub(crate) fn reap(&self) {
-        let _ = self.live();
+    /// Called every tick while the command runs: reaps the orphans that exited if `reap`
+    /// (they would linger as zombies until the command ends; it reads `/proc`), and continues
+    /// the keeper if it is stopped while the command is not. The keeper stops when the command
+    /// stops, to stand for it; a SIGCONT sent to the command alone (a debugger's, a `kill
+    /// -CONT` of its PID), or one that reached the keeper just before it stopped, would leave
+    /// it stopped for good while the command ran on and ended, and fencelock, waiting for the
+    /// keeper, would hold the lock for ever.
+    pub(crate) fn tend(&self, reap: bool) {
+        if reap {
+            let _ = self.live();
+        }
+        let Some(command) = self.below else {
+            return;
+        };
+        if !proc_is_ours(getpid()) {
+            return;
+        }
+        let state = |pid: Pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()));
+            stat.ok()
+                .and_then(|s| parse_stat(pid.as_raw_nonzero().get(), &s))
+        };
+        let keeper_stopped = state(self.command).is_some_and(|p| p.stopped);
+        // A command gone (or a zombie the stopped keeper has to reap) runs no more either.
+        if keeper_stopped && state(command).is_none_or(|p| !p.stopped) {
+            let _ = kill_process(self.command, Signal::CONT);
+        }
     }
 
     /// Stops the whole tree: SIGTERM (with SIGCONT, so that a stopped process gets it), then

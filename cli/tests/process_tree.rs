@@ -1335,6 +1335,96 @@ async fn a_killed_fencelock_takes_its_command_tree() {
     all_gone("killed", &pids, d).await;
 }
 
+/// The command stopped, then continued by a SIGCONT to it alone (a debugger's, a `kill -CONT`
+/// of its PID): its keeper, stopped with it to stand for it, would stay stopped, and
+/// fencelock, waiting for the keeper, held the lock for ever after the command had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_continued_alone_still_ends_fencelock() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_cont_alone");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The command waits on it until the test writes a line.
+    let go = d.join("go");
+    rustix::fs::mkfifoat(rustix::fs::CWD, &go, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "cont_alone",
+        &[
+            "lock",
+            "m",
+            "--",
+            "sh",
+            "-c",
+            "echo $PPID > keeper; echo $$ > pid; read line < go; exit 7",
+        ],
+    );
+    let command = pid_in(&d.join("pid")).await;
+    let keeper = pid_in(&d.join("keeper")).await;
+    let stopped = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            matches!(
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().as_bytes()[0]),
+                Some(b'T')
+            )
+        })
+    };
+    signal(command, Signal::STOP);
+    let start = Instant::now();
+    while !stopped(keeper) {
+        assert!(
+            start.elapsed() < WITHIN,
+            "the keeper never stood for the stop"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(command, Signal::CONT);
+    std::fs::write(&go, "go\n").unwrap();
+    let status = r.exit(WITHIN).await;
+    assert_eq!(shell_status(status), 7, "{}", r.output());
+    let s = t.session(&ns).await;
+    assert!(s.list_entries().await.unwrap().is_empty(), "released");
+    s.close().await.unwrap();
+}
+
+/// A command that signals its own process group (`kill 0`), where its keeper is too, at once
+/// as it starts: the keeper ignores it all, the fault and job-control signals too, from before
+/// it runs (a SIGABRT ended the keeper, and the command with it; a SIGHUP sent while the
+/// keeper's binary started did; a SIGTSTP stopped the keeper, and fencelock waited for it for
+/// ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_signalling_its_group_keeps_its_keeper() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_kill_0");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = "for s in HUP USR1 ABRT TSTP TTIN; do trap \"echo $s >> got\" $s; done; \
+                  for s in HUP USR1 ABRT TSTP TTIN; do kill -s $s 0; done; sleep 0.2; exit 5";
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "kill_0",
+        &["lock", "m", "--", "bash", "-c", script],
+    );
+    assert_eq!(r.code(WITHIN).await, 5, "{}", r.output());
+    let got = std::fs::read_to_string(d.join("got")).unwrap_or_default();
+    for s in ["HUP", "USR1", "ABRT", "TSTP", "TTIN"] {
+        assert!(
+            got.contains(s),
+            "the command's trap for {s} never ran: {got:?}"
+        );
+    }
+    assert!(!d.join("core").exists(), "a core file was left");
+}
+
 /// Started with SIGTERM blocked (a parent's mask passes across `exec`), fencelock still acts
 /// on it: the command gets it and fencelock ends as it did (it used to run on, deaf to it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
