@@ -106,8 +106,18 @@ fn replication(g: &SentinelGroup) -> String {
 /// granted after the release with a larger token, and new sessions open there.
 async fn follows(how: Failover) {
     let Some(g) = group(how).await else { return };
-    let backend = replicated(&g.url()).await;
     let ttl = FAILOVER_TTL;
+    let backend = match how {
+        // Requests to a hung primary wait as long as the heartbeat's patience allows (a third
+        // of the TTL), not the default 5 s, whose timeouts would have the sentinels asked.
+        Failover::Pause => RedisConfig::new(g.url())
+            .timeout(ttl)
+            .wait_for_replicas(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
+        _ => replicated(&g.url()).await,
+    };
     let (a, b) = (
         session_with(&backend, ttl).await,
         session_with(&backend, ttl).await,
@@ -130,7 +140,7 @@ async fn follows(how: Failover) {
     let old = tokio::task::block_in_place(|| g.primary_index());
     assert!(has_session(&g, old, &a));
 
-    if how == Failover::Kill {
+    if how != Failover::Command {
         // Killed half a second before a heartbeat is due, so that it meets the dead primary
         // (the session is seen Suspended below, however long the TTL): a heartbeat's reply
         // moves the deadline, and the next is sent a period (a third of the TTL) after it.
@@ -148,6 +158,7 @@ async fn follows(how: Failover) {
         Failover::Kill => {
             g.server(old).kill();
         }
+        Failover::Pause => g.server(old).pause(),
         Failover::Command => g.command_failover(),
     });
     let took = tokio::task::block_in_place(|| g.wait_failed_over(old));
@@ -190,7 +201,11 @@ async fn follows(how: Failover) {
     collector.abort();
     let seen = seen.lock().unwrap().clone();
     println!("{how:?}: the holder's session went {seen:?}");
-    if how == Failover::Kill {
+    if how == Failover::Pause {
+        // Back, it is demoted by the sentinels; the session stays on the new primary.
+        tokio::task::block_in_place(|| g.server(old).resume());
+    }
+    if how != Failover::Command {
         // Its heartbeats failed while the primary was down, and then succeeded again.
         let suspended = seen.iter().position(|s| *s == SessionState::Suspended);
         assert!(suspended.is_some(), "never Suspended: {seen:?}");
@@ -224,6 +239,15 @@ async fn follows(how: Failover) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_killed_primary_keeps_sessions_and_locks() {
     follows(Failover::Kill).await;
+}
+
+/// A primary that hangs (paused, as a suspended host) rather than dies: its heartbeats are
+/// never refused, only unanswered. The session was lost: each heartbeat waited out its
+/// patience on the hung primary, and its retry went there again, while the sentinels had
+/// named another primary seconds before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_paused_primary_keeps_sessions_and_locks() {
+    follows(Failover::Pause).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,6 +337,26 @@ async fn sentinel_settings_fail_typed_and_bounded() {
         other => panic!("a minority knows no such master: {other:?}"),
     }
     assert!(took < timeout * 2 + Duration::from_secs(1), "{took:?}");
+
+    // TLS settings against plaintext sentinels: a setting to fix, said without waiting out the
+    // timeout (the first sentinel was probed only once every one had timed out).
+    let pki = fencelock_integration::pki::TestPki::generate();
+    let start = Instant::now();
+    let e = RedisConfig::new(format!(
+        "rediss+sentinel://127.0.0.1:{},127.0.0.1:{}/{MASTER}",
+        ports[0], ports[1]
+    ))
+    .tls(fencelock_redis::TlsConfig::from_ca_file(pki.ca()).unwrap())
+    .timeout(Duration::from_secs(20))
+    .connect()
+    .await
+    .unwrap_err();
+    assert!(!e.is_temporary(), "{e:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 
     // The password never shows, and TLS settings go with rediss+sentinel only.
     let e = RedisConfig::new(format!(

@@ -115,73 +115,103 @@ async fn checked<C: ConnectionLike + Send>(
         }
         Ok::<_, redis::RedisError>(con)
     };
-    // A wrong TLS setting may show as a connect that hangs (a plaintext server takes a TLS
-    // greeting for a command that never ends): once the connect takes a while, a probe beside
-    // it reports such a setting without waiting for the timeout. One probe per connect: a
-    // connect that fails after it started waits for its verdict (bounded), not for another.
+    let attempt = async {
+        let failed = match tokio::time::timeout(config.timeout, connect).await {
+            Ok(Ok(con)) => return Ok(con),
+            Ok(Err(e)) => {
+                // The server refused a setting of ours while the connection was being set up
+                // (`SELECT` of a database it does not have, `HELLO` it does not know): a
+                // permanent server error here is the configuration's, and no retry changes it.
+                let refused = matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                )
+                .then(|| e.to_string());
+                match error::map("connect", e) {
+                    Error::Backend {
+                        temporary: false, ..
+                    } if refused.is_some() => {
+                        return Err(Failed::Final(Error::invalid_config(
+                            redact(&config.url),
+                            refused.unwrap_or_default(),
+                        )))
+                    }
+                    Error::Backend {
+                        temporary, source, ..
+                    } => Error::Connect {
+                        backend: NAME,
+                        endpoints: redact(&config.url),
+                        temporary,
+                        source,
+                    },
+                    other => return Err(Failed::Final(other)),
+                }
+            }
+            Err(_) => Error::Connect {
+                backend: NAME,
+                endpoints: redact(&config.url),
+                temporary: true,
+                source: format!("no answer within {:?}", config.timeout).into(),
+            },
+        };
+        Err(Failed::Probe(failed))
+    };
+    probed(config, || wrong_setting(config, client), attempt).await
+}
+
+/// How an attempt to reach the server failed (see [`probed`]).
+pub(crate) enum Failed {
+    /// With an error that stands as it is.
+    Final(Error),
+    /// With an error that a wrong setting found by the probe replaces (a wrong TLS setting
+    /// shows as a silent or broken connection).
+    Probe(Error),
+}
+
+/// Runs `attempt` (bounded by `config`'s timeout) beside `probe` (a [`wrong_setting`] of the
+/// servers the attempt asks): a wrong TLS setting may show as an attempt that hangs (a
+/// plaintext server takes a TLS greeting for a command that never ends), so once the attempt
+/// takes a while the probe reports such a setting without waiting for the timeout. One probe
+/// per attempt: an attempt that fails after the probe started waits for its verdict
+/// (bounded), not for another.
+pub(crate) async fn probed<T, P>(
+    config: &RedisConfig,
+    probe: impl Fn() -> P,
+    attempt: impl std::future::Future<Output = std::result::Result<T, Failed>>,
+) -> Result<T>
+where
+    P: std::future::Future<Output = Option<Error>>,
+{
     let started = tokio::time::Instant::now();
-    let mut probe = std::pin::pin!(async {
+    let mut probe_later = std::pin::pin!(async {
         tokio::time::sleep(PROBE_AFTER).await;
-        wrong_setting(config, client).await
+        probe().await
     });
-    let mut connect = std::pin::pin!(tokio::time::timeout(config.timeout, connect));
+    let mut attempt = std::pin::pin!(attempt);
     // Whether the probe ended and found nothing wrong.
     let mut probed_clean = false;
     let outcome = loop {
         tokio::select! {
-            outcome = &mut connect => break outcome,
-            found = &mut probe, if !probed_clean => match found {
+            outcome = &mut attempt => break outcome,
+            found = &mut probe_later, if !probed_clean => match found {
                 Some(wrong) => return Err(wrong),
                 None => probed_clean = true,
             },
         }
     };
     let failed = match outcome {
-        Ok(Ok(con)) => return Ok(con),
-        Ok(Err(e)) => {
-            // The server refused a setting of ours while the connection was being set up
-            // (`SELECT` of a database it does not have, `HELLO` it does not know): a
-            // permanent server error here is the configuration's, and no retry changes it.
-            let refused = matches!(
-                e.kind(),
-                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-            )
-            .then(|| e.to_string());
-            match error::map("connect", e) {
-                Error::Backend {
-                    temporary: false, ..
-                } if refused.is_some() => {
-                    return Err(Error::invalid_config(
-                        redact(&config.url),
-                        refused.unwrap_or_default(),
-                    ))
-                }
-                Error::Backend {
-                    temporary, source, ..
-                } => Error::Connect {
-                    backend: NAME,
-                    endpoints: redact(&config.url),
-                    temporary,
-                    source,
-                },
-                other => return Err(other),
-            }
-        }
-        Err(_) => Error::Connect {
-            backend: NAME,
-            endpoints: redact(&config.url),
-            temporary: true,
-            source: format!("no answer within {:?}", config.timeout).into(),
-        },
+        Ok(done) => return Ok(done),
+        Err(Failed::Final(e)) => return Err(e),
+        Err(Failed::Probe(e)) => e,
     };
     let wrong = if probed_clean {
         None
     } else if started.elapsed() < PROBE_AFTER {
         // A failure before the probe began (a refused or reset connection): probe now.
-        wrong_setting(config, client).await
+        probe().await
     } else {
-        // Its verdict, if it comes soon: a connect that timed out is not held much longer.
-        tokio::time::timeout_at(started + config.timeout + PROBE_AFTER, probe)
+        // Its verdict, if it comes soon: an attempt that timed out is not held much longer.
+        tokio::time::timeout_at(started + config.timeout + PROBE_AFTER, probe_later)
             .await
             .unwrap_or(None)
     };

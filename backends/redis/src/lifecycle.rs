@@ -5,14 +5,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use fencelock::backend::{Entry, QueueId};
+use fencelock::backend::{Backoff, Entry, QueueId, Retry};
 use fencelock::{Error, Result, SessionEnd};
 use redis::Value;
 use tokio::sync::RwLock;
 use uuid::Uuid;
 
 use crate::config::RedisConfig;
-use crate::error::unexpected;
+use crate::error::{unexpected, NAME};
 use crate::layout::{kind_of, queue_path, Group, Groups};
 use crate::own_channel::OwnChannel;
 use crate::owned::Owned;
@@ -321,6 +321,43 @@ impl RedisSession {
 
 pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     session.primary.check();
+    if !session.primary.behind_sentinel() {
+        return beat(session).await;
+    }
+    // A primary that hangs (paused, its host suspended) answers nothing, and so nothing has
+    // the sentinels asked: each heartbeat waited out the core's patience (a third of the
+    // TTL), its retry went to the same primary, and a session was lost at a TTL of 10 s
+    // though the sentinels had named another primary 4 s after the pause (a killed primary,
+    // whose refusals ask them at once, cost nothing). While a heartbeat waits, the sentinels
+    // are asked again (at most every `CHECK_EVERY`); once the primary has moved, the heartbeat
+    // gives way, to be retried on the new one after the core's short pause.
+    let generation = session.primary.generation();
+    let mut beat = std::pin::pin!(beat(session));
+    loop {
+        tokio::select! {
+            // An answer that came is taken, whatever moved meanwhile.
+            biased;
+            done = &mut beat => return done,
+            () = tokio::time::sleep(MOVE_POLL) => {
+                if session.primary.generation() != generation {
+                    return Err(Error::backend(
+                        NAME,
+                        "keep-alive",
+                        true,
+                        "the primary moved (Sentinel) while the heartbeat waited",
+                    ));
+                }
+                session.primary.check();
+            }
+        }
+    }
+}
+
+/// How often a waiting heartbeat looks whether the primary moved (see [`keep_alive`]).
+const MOVE_POLL: Duration = Duration::from_millis(100);
+
+/// One heartbeat (see [`keep_alive`]).
+async fn beat(session: &RedisSession) -> Result<()> {
     // One script per group the session has a key in (one on a server; on a cluster at most
     // GROUPS, whatever the number of locks), all at once. On a cluster, the groups where it
     // holds nothing any more are let go (their keys expire); with none left, the session owns
@@ -428,9 +465,33 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
 pub(crate) async fn close(session: &RedisSession) -> Result<()> {
     session.notifier.shutdown().await;
     let groups: Vec<Group> = session.owned().groups.keys().cloned().collect();
-    let closes = groups
-        .iter()
-        .map(|g| session.call("close", &scripts::CLOSE, g, vec![arg(&session.sid)]));
+    // While a Redis Cluster's slot migrates, a script that meets a key of it already moved
+    // (or not yet) fails for a moment ("non local key"), and the caller of `close` got that
+    // error (the CLI printed it): on a cluster, each group's close is tried again on a
+    // temporary error, the whole within the request timeout (the script is idempotent, and
+    // touches only this session's keys). Elsewhere a temporary error is a server away, which
+    // waiting would not mend; the session's background task goes on closing it either way.
+    let bound = session.primary.timeout();
+    let until = tokio::time::Instant::now() + bound;
+    let closes = groups.iter().map(|g| async move {
+        let once = || session.call("close", &scripts::CLOSE, g, vec![arg(&session.sid)]);
+        if session.groups != Groups::Cluster {
+            return once().await;
+        }
+        let tries = Retry::new(Backoff::capped(Duration::from_millis(200)))
+            .until(until)
+            .counted(NAME)
+            .run(once, Error::is_temporary);
+        match tokio::time::timeout_at(until, tries).await {
+            Ok(done) => done,
+            Err(_) => Err(Error::backend(
+                NAME,
+                "close",
+                true,
+                format!("no answer within {bound:?}"),
+            )),
+        }
+    });
     for r in futures_util::future::join_all(closes).await {
         r?;
     }

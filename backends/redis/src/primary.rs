@@ -106,19 +106,32 @@ impl Primary {
                 (base.clone(), con)
             }
             Some(s) => {
-                let located = match s.locate(config.timeout).await {
-                    Ok(located) => located,
-                    Err(e) => {
-                        // No sentinel answered: a wrong TLS setting shows the same way, and is
-                        // permanent (probed on the first sentinel, bounded).
-                        if let Some((_, client)) = s.clients.first() {
-                            if let Some(wrong) = connect::wrong_setting(&config, client).await {
-                                return Err(wrong);
-                            }
-                        }
-                        return Err(e);
+                // No sentinel answering may be a wrong TLS setting, which is permanent: the
+                // sentinels are probed beside the question (plaintext sentinels behind
+                // `rediss+sentinel://` waited out the whole timeout before one was probed).
+                // A setting found wrong with every one of them: one sentinel of another
+                // setting (a TLS rollout half done) while another answers is no reason to
+                // fail.
+                let locate = async {
+                    s.locate(config.timeout)
+                        .await
+                        .map_err(|e| match e.is_temporary() {
+                            true => connect::Failed::Probe(e),
+                            false => connect::Failed::Final(e),
+                        })
+                };
+                let probe = || async {
+                    let probes = s
+                        .clients
+                        .iter()
+                        .map(|(_, c)| connect::wrong_setting(&config, c));
+                    let mut found = futures_util::future::join_all(probes).await;
+                    match !found.is_empty() && found.iter().all(Option::is_some) {
+                        true => found.swap_remove(0),
+                        false => None,
                     }
                 };
+                let located = connect::probed(&config, probe, locate).await?;
                 let at = match located {
                     Located::Primary(host, port) => (host, port),
                     Located::UnknownMaster => {
@@ -205,6 +218,11 @@ impl Primary {
             self.suspect();
         }
         crate::error::map(op, e)
+    }
+
+    /// Whether the primary is the one the sentinels name (a `redis+sentinel://` URL).
+    pub(crate) fn behind_sentinel(&self) -> bool {
+        self.sentinels.is_some()
     }
 
     /// Behind Sentinel, asks the sentinels again (in the background) at most every

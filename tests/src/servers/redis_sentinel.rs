@@ -27,6 +27,10 @@ pub enum Failover {
     Kill,
     /// `SENTINEL FAILOVER`: the primary keeps running and is demoted to a replica.
     Command,
+    /// The primary is paused (SIGSTOP), as a suspended host is: its connections stay open and
+    /// nothing is answered; the sentinels notice and promote a replica. Resumed, it is
+    /// demoted to a replica.
+    Pause,
 }
 
 /// One `redis-server --sentinel`; killed (by PID) when dropped.
@@ -58,6 +62,8 @@ pub struct SentinelGroup {
     acks: usize,
     /// The servers killed and not yet restarted.
     down: Mutex<Vec<usize>>,
+    /// The primaries paused ([`Failover::Pause`]) and not yet resumed.
+    paused: Mutex<Vec<usize>>,
 }
 
 impl SentinelGroup {
@@ -128,6 +134,7 @@ impl SentinelGroup {
             failover,
             acks,
             down: Mutex::default(),
+            paused: Mutex::default(),
         };
         group.wait_known();
         group
@@ -384,8 +391,8 @@ impl super::Cluster for SentinelGroup {
         tokio::task::block_in_place(|| self.primary_index())
     }
 
-    /// Killing the primary fails over through the sentinels (a SIGKILL, or `SENTINEL
-    /// FAILOVER`, which leaves it running, as the group was started to do), and returns once
+    /// Killing the primary fails over through the sentinels (a SIGKILL, a SIGSTOP, or
+    /// `SENTINEL FAILOVER`, which leaves it running, as the group was started to do), and returns once
     /// they named another primary and it says so; killing a replica only kills it.
     fn kill(&self, i: usize) {
         tokio::task::block_in_place(|| {
@@ -399,6 +406,10 @@ impl super::Cluster for SentinelGroup {
                 Failover::Kill => {
                     self.servers[i].kill();
                     self.down.lock().unwrap().push(i);
+                }
+                Failover::Pause => {
+                    self.servers[i].pause();
+                    self.paused.lock().unwrap().push(i);
                 }
                 Failover::Command => self.command_failover(),
             }
@@ -415,21 +426,27 @@ impl super::Cluster for SentinelGroup {
     }
 
     /// Restarts a killed server as a replica of the primary the sentinels name (as Sentinel
-    /// reconfigures a returning primary); a running one (demoted by `SENTINEL FAILOVER`) is
-    /// left as it is.
+    /// reconfigures a returning primary), resumes a paused one (which the sentinels then
+    /// demote); a running one (demoted by `SENTINEL FAILOVER`) is left as it is.
     fn restart(&self, i: usize) {
-        let was_down = {
-            let mut down = self.down.lock().unwrap();
-            let at = down.iter().position(|d| *d == i);
-            at.map(|at| down.remove(at)).is_some()
+        let took = |list: &Mutex<Vec<usize>>| {
+            let mut list = list.lock().unwrap();
+            let at = list.iter().position(|d| *d == i);
+            at.map(|at| list.remove(at)).is_some()
         };
-        if !was_down {
+        let (was_down, was_paused) = (took(&self.down), took(&self.paused));
+        if !was_down && !was_paused {
             return;
         }
         tokio::task::block_in_place(|| {
             let primary = self.primary_index();
             let of = (primary != i).then(|| self.servers[primary].port());
-            self.servers[i].restart_as(of);
+            if was_paused && !was_down {
+                // The sentinels make it a replica of the new primary.
+                self.servers[i].resume();
+            } else {
+                self.servers[i].restart_as(of);
+            }
             if of.is_some() {
                 self.servers[i].wait_in_sync();
             }
