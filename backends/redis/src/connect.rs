@@ -90,7 +90,7 @@ pub(crate) async fn connect_cluster(
 async fn checked<C: ConnectionLike + Send>(
     config: &RedisConfig,
     client: &redis::Client,
-    open: impl std::future::Future<Output = redis::RedisResult<C>>,
+    open: impl std::future::Future<Output = redis::RedisResult<C>> + Send,
 ) -> Result<C> {
     let connect = async {
         let mut con = open.await?;
@@ -176,11 +176,12 @@ pub(crate) enum Failed {
 /// (bounded), not for another.
 pub(crate) async fn probed<T, P>(
     config: &RedisConfig,
-    probe: impl Fn() -> P,
-    attempt: impl std::future::Future<Output = std::result::Result<T, Failed>>,
+    probe: impl Fn() -> P + Sync,
+    attempt: impl std::future::Future<Output = std::result::Result<T, Failed>> + Send,
 ) -> Result<T>
 where
-    P: std::future::Future<Output = Option<Error>>,
+    P: std::future::Future<Output = Option<Error>> + Send,
+    T: Send,
 {
     let started = tokio::time::Instant::now();
     let mut probe_later = std::pin::pin!(async {
