@@ -77,6 +77,10 @@ pub(crate) fn leader(name: &str, leader: Option<&LeaderInfo>, output: Output) ->
             })),
         })
         .to_string(),
+        // An empty value said so (it printed two spaces, which read as a missing field).
+        (Output::Text, Some(l)) if l.value.is_empty() => {
+            format!("{}: (no value) (epoch {})", plain(name), l.epoch)
+        }
         (Output::Text, Some(l)) => format!(
             "{}: {} (epoch {})",
             plain(name),
@@ -183,6 +187,16 @@ mod tests {
             time(Some(UNIX_EPOCH)),
             Value::String("1970-01-01T00:00:00.000Z".into())
         );
+    }
+
+    #[test]
+    fn a_leader_without_a_value_says_so() {
+        let l = LeaderInfo {
+            value: Vec::new(),
+            epoch: fencelock::FencingToken::new(3),
+        };
+        let line = leader("jobs", Some(&l), Output::Text);
+        assert_eq!(line, "jobs: (no value) (epoch 3)");
     }
 
     #[test]

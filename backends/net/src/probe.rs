@@ -245,7 +245,12 @@ pub fn connect_error(backend: &'static str, endpoints: &str, probes: &[(String, 
     if let Some((ep, p)) = found(|p| matches!(p, Probe::SpeaksTls | Probe::NotTls(_))) {
         return Error::invalid_config(ep, p.to_string());
     }
-    let all: Vec<String> = probes.iter().map(|(ep, p)| format!("{ep}: {p}")).collect();
+    // One endpoint, the one the error names already: said once ("cannot connect to A: A: …"
+    // read as a stutter).
+    let all: Vec<String> = match probes {
+        [(ep, p)] if ep == endpoints => vec![p.to_string()],
+        _ => probes.iter().map(|(ep, p)| format!("{ep}: {p}")).collect(),
+    };
     let permanent = found(|p| matches!(p, Probe::ServerCertificate(_))).is_some()
         || (!probes.is_empty()
             && probes
@@ -306,6 +311,12 @@ mod tests {
         assert!(!e.is_temporary(), "{e:?}");
         let e = connect_error("etcd", "x", &[("x".into(), Probe::Refused)]);
         assert!(e.is_temporary(), "{e:?}");
+        // The one endpoint the error names is not named again in its cause.
+        let cause = |e: &Error| std::error::Error::source(e).map(|c| c.to_string());
+        assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
+        let two = [("x".into(), Probe::Refused), ("y".into(), Probe::Refused)];
+        let e = connect_error("etcd", "x,y", &two);
+        assert!(cause(&e).is_some_and(|c| c.starts_with("x: ")), "{e}");
     }
 
     #[tokio::test]
