@@ -235,7 +235,7 @@ pub(crate) async fn run_under(
                         tree.signal(Signal::TSTP);
                     }
                     let stopped_here = tree.stopped_with_us(TSTP_WAIT).await;
-                    signals::stop_self();
+                    signals::stop_self(caught.continues);
                     if !grant.is_held() {
                         Some(reason_now(&grant))
                     } else {
@@ -376,8 +376,9 @@ async fn relay_job_control(tree: &Tree, grant: &Grant) {
             return;
         }
         // The rest of the tree (a `setsid` daemon, what handles SIGTSTP) stops too.
+        let since = signals::continues();
         tree.stopped_with_us(TSTP_WAIT).await;
-        signals::stop_self();
+        signals::stop_self(since);
         if grant.is_held() {
             terminal::hand_to(group);
             tree.signal(Signal::CONT);
@@ -428,7 +429,11 @@ mod tests {
 
     #[test]
     fn what_is_passed_on() {
-        let c = |signal, sent| Caught { signal, sent };
+        let c = |signal, sent| Caught {
+            signal,
+            sent,
+            continues: 0,
+        };
         // Of its own group (no terminal): everything.
         assert!(passes_on(c(Signal::INT, false), false, false));
         assert!(passes_on(c(Signal::USR1, true), false, false));

@@ -22,6 +22,7 @@
 //! does with them, and `fencelock --help`.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::FutureExt;
 use rustix::process::Signal;
@@ -58,6 +59,18 @@ pub(crate) struct Caught {
     /// Whether a process sent it (`kill`, `sigqueue`) rather than the kernel (a terminal's
     /// Ctrl-C, Ctrl-\, Ctrl-Z or hangup).
     pub(crate) sent: bool,
+    /// [`continues`] when it was caught: a stop it asks for is over once a SIGCONT came
+    /// since ([`stop_self`]).
+    pub(crate) continues: u64,
+}
+
+/// How many SIGCONTs fencelock has had (counted by a handler of its own; the signal continues
+/// the process all the same).
+static CONTINUES: AtomicU64 = AtomicU64::new(0);
+
+/// The number of SIGCONTs fencelock has had so far.
+pub(crate) fn continues() -> u64 {
+    CONTINUES.load(Ordering::SeqCst)
 }
 
 /// The caught signals, as a channel fed by a thread of their own.
@@ -84,6 +97,12 @@ impl Signals {
         let mut numbers: Vec<i32> = NAMED.iter().map(|s| s.as_raw()).collect();
         numbers.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
         numbers.retain(|&n| (1..=64).contains(&n) && ignored & (1u64 << (n - 1)) == 0);
+        // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(libc::SIGCONT, || {
+                CONTINUES.fetch_add(1, Ordering::SeqCst);
+            })?;
+        }
         let mut info = SignalsInfo::<WithOrigin>::new(&numbers)?;
         let (tx, caught) = mpsc::unbounded_channel();
         std::thread::Builder::new()
@@ -94,7 +113,17 @@ impl Signals {
                         continue;
                     };
                     let sent = matches!(origin.cause, Cause::Sent(_));
-                    if tx.send(Caught { signal, sent }).is_err() {
+                    // (Read as the signal is taken: one that came between its delivery and
+                    // now makes the stop shorter, never one that is not undone.)
+                    let continues = continues();
+                    if tx
+                        .send(Caught {
+                            signal,
+                            sent,
+                            continues,
+                        })
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -134,7 +163,7 @@ impl Signals {
                 return caught.signal;
             }
             if self.may_stop() {
-                stop_self();
+                stop_self(caught.continues);
             }
         }
     }
@@ -193,9 +222,15 @@ fn signal_of(n: i32) -> Option<Signal> {
 }
 
 /// Stops fencelock (SIGSTOP, the whole process), as SIGTSTP's default action would; returns
-/// once it is continued (SIGCONT: the shell's `fg` or `bg`).
-pub(crate) fn stop_self() {
-    let _ = signal_hook::low_level::raise(Signal::STOP.as_raw());
+/// once it is continued (SIGCONT: the shell's `fg` or `bg`). Unless a SIGCONT came since
+/// [`continues`] was `since` (when the stop was asked for): that stop is over already, as for
+/// a process the stop signal had stopped at once. (fencelock first stops its command's tree,
+/// which takes up to 600 ms; a `kill -CONT` meanwhile was lost, and fencelock stopped for
+/// good, its heartbeats with it.)
+pub(crate) fn stop_self(since: u64) {
+    if continues() == since {
+        let _ = signal_hook::low_level::raise(Signal::STOP.as_raw());
+    }
 }
 
 /// The exit status of a process ended by `sig`, as a shell reports it (128 + N); fencelock

@@ -1425,6 +1425,57 @@ async fn a_command_signalling_its_group_keeps_its_keeper() {
     assert!(!d.join("core").exists(), "a core file was left");
 }
 
+/// A SIGCONT right after a SIGTSTP (`kill -TSTP`, then `kill -CONT`, before fencelock has
+/// stopped its command's tree, which takes up to 600 ms with a `setsid` daemon that ignores
+/// SIGTSTP in its orphaned group) continues fencelock as it would any process: the stop is
+/// over. fencelock stopped itself after the SIGCONT had come and gone, for good, its
+/// heartbeats with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continue_right_after_a_stop_is_not_lost() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_tstp_cont");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut r = Run::start(
+        &t.url,
+        &ns,
+        d,
+        "tstp_cont",
+        &[
+            "lock",
+            "m",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 1000 & echo $! > daemon; echo $$ > pid; \
+             while [ ! -e done ]; do sleep 0.05; done; exit 3",
+        ],
+    );
+    let fencelock = r.child.pid().unwrap() as i32;
+    let _left = KillOnDrop(vec![pid_in(&d.join("daemon")).await]);
+    pid_in(&d.join("pid")).await;
+    signal(fencelock, Signal::TSTP);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    signal(fencelock, Signal::CONT);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stopped = state(fencelock) == Some('T');
+    if stopped {
+        // Not left stopped for the test's own end.
+        signal(fencelock, Signal::CONT);
+    }
+    assert!(
+        !stopped,
+        "fencelock stayed stopped after SIGCONT: {}",
+        r.output()
+    );
+    std::fs::write(d.join("done"), "").unwrap();
+    assert_eq!(r.code(WITHIN).await, 3, "{}", r.output());
+}
+
 /// Started with SIGTERM blocked (a parent's mask passes across `exec`), fencelock still acts
 /// on it: the command gets it and fencelock ends as it did (it used to run on, deaf to it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
