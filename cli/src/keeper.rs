@@ -12,13 +12,16 @@
 //!   ends, the pipe then reads end of file, and the keeper SIGKILLs its children until none
 //!   is left (each one killed hands its own children to the keeper in turn);
 //! - otherwise stands for the command towards fencelock, which knows the keeper as its child
-//!   (the PID it waits for, the leader of the command's process group): it exits with the
-//!   command's status, or ends by the signal that ended it, and stops when it stops (a read of
-//!   the terminal from the background, a debugger's SIGSTOP);
-//! - ignores the signals fencelock passes on to the tree (the command gets them itself), holds
-//!   none of the command's streams or descriptors (a pipeline's reader sees its end of file
-//!   when the command's side closes), and has an empty environment (nothing of fencelock's
-//!   credentials to read in `/proc`).
+//!   (the PID it waits for): it exits with the command's status, or ends by the signal that
+//!   ended it, and stops when it stops (a read of the terminal from the background, a
+//!   debugger's SIGSTOP); fencelock continues it should it stay stopped while the command runs
+//!   again (`Tree::tend`);
+//! - is in the command's process group, which the command leads (in fencelock's, with the
+//!   command, in a terminal's foreground), and ignores every signal but SIGKILL, SIGSTOP,
+//!   SIGCONT and SIGCHLD from before its `exec` (the command gets its own copy of what its
+//!   group is sent); holds none of the command's streams or descriptors (a pipeline's reader
+//!   sees its end of file when the command's side closes), and has an empty environment
+//!   (nothing of fencelock's credentials to read in `/proc`).
 //!
 //! The command's parent (`$PPID`) is the keeper, whose parent is fencelock. Should the keeper
 //! die alone, the kernel SIGKILLs the command (`PR_SET_PDEATHSIG`), and what it started is
