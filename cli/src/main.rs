@@ -18,6 +18,7 @@ mod keeper;
 mod message;
 mod observe;
 mod parse;
+mod procfs;
 mod show;
 mod signals;
 mod stderr;

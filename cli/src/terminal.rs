@@ -10,7 +10,7 @@ use std::fs::OpenOptions;
 
 use rustix::process::Pid;
 
-use crate::tree::{own, processes, Proc};
+use crate::procfs::{own, processes, Proc};
 
 /// Whether fencelock runs in the foreground of its controlling terminal (then the command
 /// shares its process group; see the module's docs). From `/proc/self/stat` for the reason

@@ -39,6 +39,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::procfs::{self, proc_is_ours, processes};
+
 use rustix::process::{
     getpid, kill_process, kill_process_group, test_kill_process_group, waitid, waitpgid, waitpid,
     Pid, Signal, WaitId, WaitIdOptions, WaitOptions,
@@ -79,35 +81,6 @@ pub(crate) fn dies_with_fencelock(cmd: &mut tokio::process::Command) {
             Ok(())
         });
     }
-}
-
-/// Whether `/proc` is that of fencelock's PID namespace (`/proc/self` names `me`): else its
-/// numbers are another namespace's, and no PID read there may be signalled.
-pub(crate) fn proc_is_ours(me: Pid) -> bool {
-    // `NSpid` lists our PID in each namespace from `/proc`'s down to ours: one field when they
-    // are the same. (Without it, an old kernel: `/proc/self` must name our PID, which a PID
-    // that happens to be the same number in both namespaces would also pass.)
-    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
-        if let Some(pids) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) {
-            let mut pids = pids.split_whitespace();
-            return pids.next().and_then(|p| p.parse::<i32>().ok())
-                == Some(me.as_raw_nonzero().get())
-                && pids.next().is_none();
-        }
-    }
-    std::fs::read_link("/proc/self")
-        .ok()
-        .and_then(|p| p.to_str()?.parse::<i32>().ok())
-        == Some(me.as_raw_nonzero().get())
-}
-
-/// fencelock's own `/proc/self/stat`, its IDs as numbered by that `/proc`.
-pub(crate) fn own() -> Option<Proc> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Its own first field, not `getpid()`: a `/proc` of a parent PID namespace numbers every
-    // field of the file in that namespace.
-    let pid = stat.split_whitespace().next()?.parse().ok()?;
-    parse_stat(pid, &stat)
 }
 
 /// The tree of one spawned command.
@@ -332,14 +305,9 @@ impl Tree {
         if !proc_is_ours(getpid()) {
             return;
         }
-        let state = |pid: Pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()));
-            stat.ok()
-                .and_then(|s| parse_stat(pid.as_raw_nonzero().get(), &s))
-        };
-        let keeper_stopped = state(self.command).is_some_and(|p| p.stopped);
+        let keeper_stopped = procfs::state_of(self.command).is_some_and(|p| p.stopped);
         // A command gone (or a zombie the stopped keeper has to reap) runs no more either.
-        if keeper_stopped && state(command).is_none_or(|p| !p.stopped) {
+        if keeper_stopped && procfs::state_of(command).is_none_or(|p| !p.stopped) {
             let _ = kill_process(self.command, Signal::CONT);
         }
     }
@@ -393,73 +361,4 @@ fn has_children() -> bool {
         ),
         Err(rustix::io::Errno::CHILD)
     )
-}
-
-/// One process, as `/proc/PID/stat` shows it.
-pub(crate) struct Proc {
-    pub(crate) pid: i32,
-    pub(crate) ppid: i32,
-    pub(crate) pgrp: i32,
-    /// The session ID (0 if its leader is outside fencelock's PID namespace).
-    pub(crate) session: i32,
-    /// The foreground process group of its controlling terminal (-1 without one, 0 if not
-    /// visible from fencelock's PID namespace).
-    pub(crate) tpgid: i32,
-    pub(crate) zombie: bool,
-    /// Stopped by a signal (or traced): `T` or `t`.
-    stopped: bool,
-}
-
-/// Every process of the machine that can be read (the others are not ours to stop).
-pub(crate) fn processes() -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        parse_stat(pid, &stat)
-    })
-    .collect()
-}
-
-/// Reads `pid (comm) state ppid pgrp session tty_nr tpgid …`; the command name may hold
-/// spaces and parentheses, so the fields are read after its last `)`.
-fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    let session = fields.next()?.parse().ok()?;
-    let _tty_nr = fields.next()?;
-    let tpgid = fields.next()?.parse().ok()?;
-    Some(Proc {
-        pid,
-        ppid,
-        pgrp,
-        session,
-        tpgid,
-        zombie: state == "Z" || state == "X",
-        stopped: state == "T" || state == "t",
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stat_lines() {
-        let p = parse_stat(42, "42 (a) b) c) S 7 42 42 0 -1 4194560").unwrap();
-        assert_eq!((p.pid, p.ppid, p.pgrp, p.zombie), (42, 7, 42, false));
-        assert_eq!((p.session, p.tpgid), (42, -1));
-        let p = parse_stat(9, "9 (sleep) Z 1 5 5 0 0 0").unwrap();
-        assert!(p.zombie);
-        // In a PID namespace whose group and session leaders live outside it.
-        let p = parse_stat(2, "2 (cat) R 1 0 0 0 -1 4194304").unwrap();
-        assert_eq!((p.pgrp, p.session, p.tpgid), (0, 0, -1));
-        assert!(parse_stat(1, "garbage").is_none());
-    }
 }

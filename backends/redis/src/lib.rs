@@ -121,6 +121,7 @@ mod config;
 mod connect;
 mod error;
 mod guarded;
+mod heartbeat;
 mod hosts;
 pub mod layout;
 mod lifecycle;

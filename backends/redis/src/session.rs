@@ -25,7 +25,7 @@ impl BackendSession for RedisSession {
     }
 
     async fn keep_alive(&self) -> Result<()> {
-        lifecycle::keep_alive(self).await
+        crate::heartbeat::keep_alive(self).await
     }
 
     async fn close(&self) -> Result<()> {

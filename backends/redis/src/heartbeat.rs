@@ -1,0 +1,157 @@
+//! A Redis session's heartbeat: one script per group the session has a key in, which renews
+//! the key, tells the client of changes the server lost (a failover to a replica that
+//! lagged), and, behind Sentinel, gives way when the primary moves while it waits.
+
+use std::time::Duration;
+
+use fencelock::{Error, Result, SessionEnd};
+
+use crate::error::{unexpected, NAME};
+use crate::layout::{Group, Groups};
+use crate::lifecycle::RedisSession;
+use crate::reply::{arg, array, int, ms};
+use crate::scripts;
+
+/// Renews the session (see the module's documentation).
+pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
+    session.primary.check();
+    if !session.primary.behind_sentinel() {
+        return beat(session).await;
+    }
+    // A primary that hangs (paused, its host suspended) answers nothing, and so nothing has
+    // the sentinels asked: each heartbeat waited out the core's patience (a third of the
+    // TTL), its retry went to the same primary, and a session was lost at a TTL of 10 s
+    // though the sentinels had named another primary 4 s after the pause (a killed primary,
+    // whose refusals ask them at once, cost nothing). While a heartbeat waits, the sentinels
+    // are asked again (at most every `CHECK_EVERY`); once the primary has moved, the heartbeat
+    // gives way, to be retried on the new one after the core's short pause.
+    let generation = session.primary.generation();
+    let mut beat = std::pin::pin!(beat(session));
+    loop {
+        tokio::select! {
+            // An answer that came is taken, whatever moved meanwhile.
+            biased;
+            done = &mut beat => return done,
+            () = tokio::time::sleep(MOVE_POLL) => {
+                if session.primary.generation() != generation {
+                    return Err(Error::backend(
+                        NAME,
+                        "keep-alive",
+                        true,
+                        "the primary moved (Sentinel) while the heartbeat waited",
+                    ));
+                }
+                session.primary.check();
+            }
+        }
+    }
+}
+
+/// How often a waiting heartbeat looks whether the primary moved (see [`keep_alive`]).
+const MOVE_POLL: Duration = Duration::from_millis(100);
+
+/// One heartbeat (see [`keep_alive`]).
+async fn beat(session: &RedisSession) -> Result<()> {
+    // One script per group the session has a key in (one on a server; on a cluster at most
+    // GROUPS, whatever the number of locks), all at once. On a cluster, the groups where it
+    // holds nothing any more are let go (their keys expire); with none left, the session owns
+    // nothing on the cluster that could expire, and nothing is sent: a session that depends
+    // on no shard is not lost to one that hangs (its `PING` to a primary at random, held up by
+    // a hung one, lost idle sessions at TTLs up to 6 s; the cluster client holds requests
+    // back while it reconnects to that node).
+    let groups: Vec<(Group, bool, i64)> = {
+        let mut o = session.owned();
+        if session.groups == Groups::Cluster {
+            o.forget_unused(|name| session.groups.of_entry(name));
+        }
+        o.groups
+            .iter()
+            .map(|(g, s)| (g.clone(), s.confirmed, s.version))
+            .collect()
+    };
+    if groups.is_empty() {
+        return match session.groups {
+            Groups::Cluster => Ok(()),
+            Groups::Single => session.ping().await,
+        };
+    }
+    let beats = groups.iter().map(|(group, confirmed, known)| async move {
+        let reply = session
+            .heartbeat_call(
+                &scripts::KEEP_ALIVE,
+                group,
+                vec![
+                    arg(&session.sid),
+                    arg(ms(session.ttl)),
+                    arg(*known),
+                    arg(if *confirmed { "1" } else { "0" }),
+                ],
+            )
+            .await?;
+        let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
+        match a.first().and_then(int) {
+            Some(v) if v >= 0 => {}
+            // Not made yet: the enqueue that makes it is in flight.
+            Some(-2) => return Ok(false),
+            Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
+            None => return Err(unexpected("keep-alive")),
+        }
+        let mut o = session.owned();
+        o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
+        Ok(o.groups.get(group).is_some_and(|g| g.diverged))
+    });
+    let (mut diverged, mut failed) = (Vec::new(), None);
+    for (beat, (group, ..)) in futures_util::future::join_all(beats)
+        .await
+        .into_iter()
+        .zip(&groups)
+    {
+        match beat {
+            Ok(true) => diverged.push(group),
+            Ok(false) => {}
+            // Gone in one group is gone: said before any other failure.
+            Err(e @ Error::SessionLost(_)) => return Err(e),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    // Only when no change of what the session owns is in flight (else at a later
+    // heartbeat): the heartbeat itself never waits for one.
+    if diverged.is_empty() {
+        // Over, however it ended (a group let go, say): the next episode is warned of.
+        session
+            .reconciling
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    } else {
+        if let Ok(_alone) = session.gate.try_write() {
+            use std::sync::atomic::Ordering;
+            let first = !session.reconciling.swap(true, Ordering::SeqCst);
+            if first {
+                tracing::warn!(
+                    session = %session.sid,
+                    "the Redis server lost changes of this session (a failover to a replica \
+                     that lagged): deleting the entries it released that came back"
+                );
+            }
+            let mut all_done = true;
+            for group in diverged {
+                // The session is confirmed alive either way; a failed reconciliation is tried
+                // again at the next heartbeat (warned of once).
+                if let Err(e) = session.reconcile(group).await {
+                    all_done = false;
+                    if first {
+                        tracing::warn!(session = %session.sid, error = %e, "reconciliation failed (tried again at each heartbeat)");
+                    } else {
+                        tracing::debug!(session = %session.sid, error = %e, "reconciliation failed");
+                    }
+                }
+            }
+            if all_done {
+                session.reconciling.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+    Ok(())
+}
