@@ -78,7 +78,7 @@ pub(crate) struct ClusterArgs {
         // The URL may carry a password: `--help` must not print it.
         hide_env_values = true,
         global = true,
-        help = "The cluster: etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/CHROOT], redis[s]://[[USER]:PASSWORD@]HOST:PORT[/DB], redis[s]+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB] or redis[s]+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (rediss: TLS; user info percent-encoded; prefer FENCELOCK_PASSWORD)"
+        help = "The cluster: etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/CHROOT], redis[s]://[[USER]:PASSWORD@]HOST:PORT[/DB], redis[s]+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB] or redis[s]+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (rediss: TLS; user info, NAMESPACE and CHROOT percent-encoded; prefer FENCELOCK_PASSWORD)"
     )]
     pub(crate) endpoints: Option<String>,
 

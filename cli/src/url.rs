@@ -108,6 +108,14 @@ impl Url {
                 "an '@' after the hosts: percent-encode '/' and '@' in a user or password (%2F, %40); give a namespace holding '@' with --namespace",
             ));
         }
+        // A query or fragment would have been read as part of a host or the namespace
+        // (`etcd://h/ns?x=1`, namespace `ns?x=1`), or ignored by a Redis client (`?db=1`).
+        if rest.contains(['?', '#']) {
+            return Err(bad(
+                url,
+                "a '?' or '#' after the hosts: the URL takes no query or fragment (a Redis database is its path, redis://HOST:PORT/DB; give a namespace holding them with --namespace)",
+            ));
+        }
         Ok(Parsed {
             url: Url::parse_plain(url, scheme, rest)?,
             user_info,
@@ -128,14 +136,24 @@ impl Url {
             return Err(bad(url, "a host with white space"));
         }
         let path = path.filter(|p| !p.is_empty());
+        // A namespace or chroot is percent-decoded, as the user info is (`my%20app`).
+        let decoded = || {
+            path.map(|p| {
+                percent_encoding::percent_decode_str(p)
+                    .decode_utf8()
+                    .map(|p| p.into_owned())
+                    .map_err(|_| bad(url, "the path is not percent-encoded UTF-8"))
+            })
+            .transpose()
+        };
         match scheme {
             "etcd" => Ok(Url::Etcd {
                 endpoints: hosts.iter().map(|h| h.to_string()).collect(),
-                namespace: path.map(str::to_string),
+                namespace: decoded()?,
             }),
             "zk" | "zookeeper" => Ok(Url::ZooKeeper {
                 servers: hosts.join(","),
-                chroot: path.map(|p| format!("/{p}")),
+                chroot: decoded()?.map(|p| format!("/{p}")),
             }),
             "redis" | "rediss" => {
                 let [addr] = hosts.as_slice() else {
@@ -364,6 +382,12 @@ mod tests {
             "etcd://",
             "etcd://a:1,,b:2",
             "zk://a b:1",
+            "etcd://a:1/ns?x=1",
+            "zk://a:1/chroot#x",
+            "redis://a:1?db=1",
+            "rediss://a:1#insecure",
+            "redis+sentinel://a:1/m?db=2",
+            "etcd://a:1/%FF",
         ] {
             assert!(
                 matches!(Url::parse(bad), Err(Error::InvalidConfig(_))),
@@ -407,6 +431,20 @@ mod tests {
             Url::Etcd {
                 endpoints: vec!["a:1".into(), "b:2".into()],
                 namespace: Some("ns".into())
+            }
+        );
+        assert_eq!(
+            Url::parse("etcd://a:1/my%20app/%C3%A9").unwrap().url,
+            Url::Etcd {
+                endpoints: vec!["a:1".into()],
+                namespace: Some("my app/é".into())
+            }
+        );
+        assert_eq!(
+            Url::parse("zk://a:1/50%off").unwrap().url,
+            Url::ZooKeeper {
+                servers: "a:1".into(),
+                chroot: Some("/50%off".into())
             }
         );
         let p = Url::parse("zk://app@a:1/chroot").unwrap();

@@ -101,6 +101,13 @@ async fn unreachable_and_bad_settings() {
         "redis://app:@127.0.0.1:1",
         "redis+sentinel://app@127.0.0.1:1/primary",
         "redis+cluster://app@127.0.0.1:1",
+        // redis-rs would ignore the database, read RESP3, or check no certificate.
+        "redis://127.0.0.1:1?db=1",
+        "127.0.0.1:1?db=1",
+        "redis://u:p@127.0.0.1:1/2?protocol=resp3",
+        "rediss://127.0.0.1:1#insecure",
+        "redis+sentinel://127.0.0.1:1/primary?db=2",
+        "redis+cluster://127.0.0.1:1?x=1",
     ] {
         let r = RedisBackend::connect(bad).await;
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{bad}: {r:?}");

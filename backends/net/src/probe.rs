@@ -245,10 +245,11 @@ pub fn connect_error(backend: &'static str, endpoints: &str, probes: &[(String, 
     if let Some((ep, p)) = found(|p| matches!(p, Probe::SpeaksTls | Probe::NotTls(_))) {
         return Error::invalid_config(ep, p.to_string());
     }
-    // One endpoint, the one the error names already: said once ("cannot connect to A: A: …"
-    // read as a stutter).
+    // One endpoint, the one the error names already (maybe with a scheme, `tcp://A`): said
+    // once ("cannot connect to A: A: …" read as a stutter).
+    let bare = |s: &'_ str| s.split_once("://").map_or(s, |(_, rest)| rest).to_string();
     let all: Vec<String> = match probes {
-        [(ep, p)] if ep == endpoints => vec![p.to_string()],
+        [(ep, p)] if bare(ep) == bare(endpoints) => vec![p.to_string()],
         _ => probes.iter().map(|(ep, p)| format!("{ep}: {p}")).collect(),
     };
     let permanent = found(|p| matches!(p, Probe::ServerCertificate(_))).is_some()
@@ -313,6 +314,9 @@ mod tests {
         assert!(e.is_temporary(), "{e:?}");
         // The one endpoint the error names is not named again in its cause.
         let cause = |e: &Error| std::error::Error::source(e).map(|c| c.to_string());
+        assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
+        // Also when the error names it with a scheme (ZooKeeper's `tcp://`).
+        let e = connect_error("zookeeper", "tcp://x", &[("x".into(), Probe::Refused)]);
         assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
         let two = [("x".into(), Probe::Refused), ("y".into(), Probe::Refused)];
         let e = connect_error("etcd", "x,y", &two);

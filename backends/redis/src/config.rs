@@ -81,7 +81,7 @@ impl RedisConfig {
     /// `rediss://…` for TLS (see [`tls`](Self::tls)), or a bare `host:port` (TLS if
     /// [`tls`](Self::tls) is set). A user and password log in as that ACL user (`AUTH user
     /// password`); a password alone as the default user. Messages and `Debug` never show the
-    /// password.
+    /// password. A query or fragment (`?db=1`, `#insecure`) is refused.
     ///
     /// **Behind Sentinel**: `redis+sentinel://[user[:password]@]host[:port][,host[:port]…]/
     /// MASTER[/db]` (`rediss+sentinel://` for TLS to the sentinels and the servers; a sentinel
@@ -181,6 +181,7 @@ impl RedisConfig {
     /// connect to.
     pub(crate) fn validate(&self) -> Result<Target> {
         check_timeout("timeout", self.timeout)?;
+        check_no_query(&self.url)?;
         if let Some((n, t)) = self.replicas {
             if n == 0 || n > MAX_REPLICAS {
                 return Err(Error::invalid_config(
@@ -377,6 +378,27 @@ pub(crate) enum Target {
     Sentinel(redis::Client, Sentinels),
     /// A Redis Cluster, and a client of each node of the URL.
     Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
+}
+
+/// Refuses a query or a fragment in a `redis://` or `rediss://` URL (and the Sentinel and
+/// Cluster forms): redis-rs would ignore `?db=1` (database 0 instead), take `?protocol=resp3`
+/// (replies fencelock does not read), and turn the server certificate's check off for
+/// `#insecure`. (Sockets, `unix://`, keep their query: it is how they name a database.)
+fn check_no_query(url: &str) -> Result<()> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    if !scheme.starts_with("redis") || scheme.contains("unix") {
+        return Ok(());
+    }
+    // In the user info they are a password's (which should be percent-encoded, but is not
+    // the question here).
+    let after_user = rest.rsplit_once('@').map_or(rest, |(_, hosts)| hosts);
+    if after_user.contains(['?', '#']) {
+        return Err(Error::invalid_config(
+            redact(url),
+            "a Redis URL takes no query or fragment: the database is its path (redis://HOST:PORT/DB)",
+        ));
+    }
+    Ok(())
 }
 
 fn check_timeout(what: &str, t: Duration) -> Result<()> {
