@@ -32,8 +32,8 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// for the command; but in a terminal's foreground the command shares fencelock's process
 /// group, and what the terminal sends that group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup) reaches
 /// it directly and is not passed on again (what a process sends fencelock alone, kill -INT,
-/// is). SIGTSTP or SIGTTIN sent to fencelock stops the command too; stopped past the TTL, the
-/// command is killed once continued. On a terminal, in an orphaned process group (as under
+/// is). SIGTSTP or SIGTTIN sent to fencelock stops the command too; stopped past the
+/// session's local deadline (see --ttl), the command is killed once continued. On a terminal, in an orphaned process group (as under
 /// ssh -t), they are ignored: nothing could continue it. A shell's background job (fencelock
 /// … &): fg hands the terminal to the command, and a Ctrl-Z there stops the job. While
 /// releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP
@@ -88,7 +88,10 @@ pub(crate) struct ClusterArgs {
     pub(crate) namespace: Option<String>,
 
     /// The session's TTL: a holder that stops heartbeating (killed, paused, cut off) loses its
-    /// locks after it.
+    /// locks after it. fencelock gives them up sooner, at its session's local deadline: the TTL
+    /// less a safety margin of max(TTL/5, 1s) (at most half the TTL) after the last heartbeat,
+    /// which goes every TTL/3 or sooner. A stop (Ctrl-Z, SIGSTOP) of about half the TTL can
+    /// lose the lock.
     #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = duration, global = true)]
     pub(crate) ttl: Duration,
 

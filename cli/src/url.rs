@@ -135,6 +135,19 @@ impl Url {
         if hosts.iter().any(|h| h.contains(char::is_whitespace)) {
             return Err(bad(url, "a host with white space"));
         }
+        // Said here, without the number (a message masks what may be a password there): the
+        // clients said only "did not parse" or "not an endpoint".
+        for host in &hosts {
+            if let Some((name, port)) = host.rsplit_once(':') {
+                if name.is_empty() {
+                    return Err(bad(url, "a host without a name (HOST:PORT)"));
+                }
+                let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+                if digits && port.parse::<u16>().map_or(true, |p| p == 0) {
+                    return Err(bad(url, "a port must be a number from 1 to 65535"));
+                }
+            }
+        }
         let path = path.filter(|p| !p.is_empty());
         // A namespace or chroot is percent-decoded, as the user info is (`my%20app`).
         let decoded = || {
@@ -388,6 +401,10 @@ mod tests {
             "rediss://a:1#insecure",
             "redis+sentinel://a:1/m?db=2",
             "etcd://a:1/%FF",
+            "redis://:6379",
+            "redis://a:99999",
+            "etcd://a:1,b:70000",
+            "zk://a:0",
         ] {
             assert!(
                 matches!(Url::parse(bad), Err(Error::InvalidConfig(_))),

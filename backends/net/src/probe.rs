@@ -247,7 +247,10 @@ pub fn connect_error(backend: &'static str, endpoints: &str, probes: &[(String, 
     }
     // One endpoint, the one the error names already (maybe with a scheme, `tcp://A`): said
     // once ("cannot connect to A: A: …" read as a stutter).
-    let bare = |s: &'_ str| s.split_once("://").map_or(s, |(_, rest)| rest).to_string();
+    let bare = |s: &'_ str| {
+        let s = s.split_once("://").map_or(s, |(_, rest)| rest);
+        s.replace(['[', ']'], "")
+    };
     let all: Vec<String> = match probes {
         [(ep, p)] if bare(ep) == bare(endpoints) => vec![p.to_string()],
         _ => probes.iter().map(|(ep, p)| format!("{ep}: {p}")).collect(),
@@ -317,6 +320,12 @@ mod tests {
         assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
         // Also when the error names it with a scheme (ZooKeeper's `tcp://`).
         let e = connect_error("zookeeper", "tcp://x", &[("x".into(), Probe::Refused)]);
+        assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
+        let e = connect_error(
+            "zookeeper",
+            "tcp://[::1]:1",
+            &[("::1:1".into(), Probe::Refused)],
+        );
         assert_eq!(cause(&e), Some(Probe::Refused.to_string()), "{e}");
         let two = [("x".into(), Probe::Refused), ("y".into(), Probe::Refused)];
         let e = connect_error("etcd", "x,y", &two);
