@@ -404,6 +404,64 @@ async fn another_shard_hung() {
     idle.close().await.unwrap();
 }
 
+/// A shard with neither its primary nor a replica up: a listing fails (temporary) rather than
+/// list the other shards as the whole (`fencelock list` printed nothing, exit 0, while a lock
+/// was held on that shard: black-box round 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_does_not_leave_out_a_shard_that_is_down() {
+    let Some((cluster, backend)) = own_cluster().await else {
+        return;
+    };
+    let session = |ttl| {
+        Session::builder(backend.clone())
+            .namespace("down")
+            .ttl(Duration::from_secs(ttl))
+            .start()
+    };
+    let s = session(30).await.unwrap();
+    // A session holding nothing (no heartbeat on a cluster), whose reads give up after its TTL.
+    let lister = session(10).await.unwrap();
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    let names = |q: Vec<fencelock::QueueInfo>| q.into_iter().map(|q| q.name).collect::<Vec<_>>();
+    assert_eq!(names(lister.queues("").await.unwrap()), ["held"]);
+    let primary = cluster.primary_of(slot_of(&cluster, "down", "held"));
+    let shard: Vec<usize> = std::iter::once(primary)
+        .chain(cluster.replicas_of(primary))
+        .collect();
+    assert!(shard.len() > 1, "no replica of node {primary}");
+    let id = cluster.id_of(primary);
+    tokio::task::block_in_place(|| {
+        use fencelock_integration::servers::Cluster;
+        for &i in &shard {
+            cluster.pause(i);
+        }
+        // Until the others mark the primary failed (a second without answers, then agreed):
+        // a listing that asked it meanwhile only timed out.
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while !cluster.marked_failed(&id) {
+            assert!(
+                std::time::Instant::now() < until,
+                "node {primary} never marked failed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let listed = tokio::time::timeout(Duration::from_secs(30), lister.queues(""))
+        .await
+        .expect("the listing hung");
+    match listed {
+        Err(e) => assert!(e.is_temporary(), "{e:?}"),
+        Ok(q) => panic!("listed without the shard that is down: {:?}", names(q)),
+    }
+    tokio::task::block_in_place(|| {
+        use fencelock_integration::servers::Cluster;
+        for &i in &shard {
+            cluster.resume(i);
+        }
+    });
+    drop(held);
+}
+
 /// A TLS-only cluster (client port, cluster bus and replication) with an ACL user: locks on
 /// every shard over `rediss+cluster://`; a wrong setting is a permanent, typed error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,27 +56,59 @@ impl ClusterUrl {
     }
 }
 
+/// How many hash slots a Redis Cluster has.
+const SLOTS: usize = 16384;
+
 /// A slot of every primary of the cluster that is not marked failed (the first it serves), from
 /// `CLUSTER NODES` (asked of any node): a request routed by it goes to that primary through the
 /// client's slot map, which makes the connection if it has none yet (routing by address
-/// would fail then).
+/// would fail then). A `CLUSTERDOWN` error (temporary) if those primaries do not serve every
+/// slot: a shard without a live primary would be left out, and a listing of the others taken
+/// for the whole (`fencelock list` printed nothing, exit 0, while a lock was held there).
 pub(crate) async fn primaries(con: &mut RedisConnection) -> redis::RedisResult<Vec<u16>> {
     let text: String = redis::cmd("CLUSTER").arg("NODES").query_async(con).await?;
-    Ok(text
+    let (firsts, served) = live_primaries(&text);
+    if served < SLOTS {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+            "not every slot has a live primary",
+            format!("{served} of {SLOTS} slots are served"),
+        )));
+    }
+    Ok(firsts)
+}
+
+/// The first slot of each live primary in a `CLUSTER NODES` reply, and how many slots they
+/// serve together.
+fn live_primaries(nodes: &str) -> (Vec<u16>, usize) {
+    let mut served = vec![false; SLOTS];
+    let firsts = nodes
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
             let flags = fields.get(2)?;
             let primary = flags.split(',').any(|f| f == "master")
                 && !flags.split(',').any(|f| f == "fail" || f == "noaddr");
+            if !primary {
+                return None;
+            }
             // Slots from the ninth field: `0-5460`, `5461`, or `[…]` (a slot migrating).
-            let first = fields.get(8..)?.iter().find_map(|r| {
-                let start = r.split('-').next()?;
-                start.parse::<u16>().ok()
-            })?;
-            primary.then_some(first)
+            let ranges: Vec<(usize, usize)> = fields
+                .get(8..)?
+                .iter()
+                .filter_map(|r| {
+                    let (start, end) = r.split_once('-').unwrap_or((r, r));
+                    let (start, end) = (start.parse().ok()?, end.parse().ok()?);
+                    (start <= end && end < SLOTS).then_some((start, end))
+                })
+                .collect();
+            for &(start, end) in &ranges {
+                served[start..=end].iter_mut().for_each(|s| *s = true);
+            }
+            ranges.first().map(|&(start, _)| start as u16)
         })
-        .collect())
+        .collect();
+    (firsts, served.iter().filter(|s| **s).count())
 }
 
 /// A `PING` to one node: on a cluster, a primary at random, tried up to three times (a
@@ -118,6 +150,19 @@ pub(crate) async fn on_node<T: redis::FromRedisValue>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_served_by_live_primaries() {
+        let nodes = "\
+a 127.0.0.1:1@2 myself,master - 0 0 1 connected 0-5460
+b 127.0.0.1:3@4 master - 0 0 2 connected 5461-10922 [10923->-c]
+c 127.0.0.1:5@6 master,fail - 0 0 3 connected 10923-16383
+d 127.0.0.1:7@8 slave a 0 0 1 connected";
+        let (firsts, served) = live_primaries(nodes);
+        assert_eq!((firsts, served), (vec![0, 5461], 10923));
+        let healed = nodes.replace("master,fail", "master");
+        assert_eq!(live_primaries(&healed), (vec![0, 5461, 10923], SLOTS));
+    }
 
     #[test]
     fn urls() {

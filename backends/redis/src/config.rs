@@ -87,8 +87,9 @@ impl RedisConfig {
     /// MASTER[/db]` (`rediss+sentinel://` for TLS to the sentinels and the servers; a sentinel
     /// without a port is on 26379; at most 64). Every sentinel is asked at once where the
     /// primary of `MASTER` is (`SENTINEL GET-MASTER-ADDR-BY-NAME`, each within the timeout, the
-    /// address a majority names winning as soon as it is in, so a hung sentinel delays
-    /// nothing), and the server named must say it is a primary (`ROLE`). The user and password
+    /// address a majority names winning as soon as it is in, else the one named most a
+    /// quarter of a second after the first answer, so a hung sentinel delays nothing), and
+    /// the server named must say it is a primary (`ROLE`). The user and password
     /// are the servers' (sentinels: [`sentinel_credentials`](Self::sentinel_credentials)). After a failover, requests
     /// fail with temporary errors (retried) until the sentinels name the new primary: a request
     /// that fails as a failover makes it fail (a broken connection, a timeout, `READONLY`, too

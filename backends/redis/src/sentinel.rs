@@ -5,7 +5,7 @@
 //! in their configured order and waits for each answer in that order, without a timeout: one
 //! hung sentinel (a paused host) would stall every failover. Here every sentinel is asked at
 //! once, each bounded by the request timeout, and the answer of a majority wins as soon as it
-//! is in.
+//! is in (or the answer named most, a moment after the first: see [`ANSWER_GRACE`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +24,13 @@ pub(crate) const DEFAULT_PORT: u16 = 26379;
 
 /// The most sentinels a URL may name.
 pub(crate) const MAX_SENTINELS: usize = 64;
+
+/// How long the other sentinels are waited for once one has named a primary, when a majority
+/// has not (yet): then the address named most wins (the server named must still say it is a
+/// primary). Sentinels answer in about a millisecond; without it, a hung one of two (where a
+/// majority needs both) held every connect and re-check for the whole request timeout
+/// (`fencelock leader` took 5 s), and its silence changed nothing of the answer taken then.
+const ANSWER_GRACE: Duration = Duration::from_millis(250);
 
 /// A `redis+sentinel://` (or `rediss+sentinel://`) URL taken apart.
 #[derive(Debug, PartialEq, Eq)]
@@ -128,9 +135,9 @@ pub(crate) enum Located {
 
 impl Sentinels {
     /// Asks every sentinel at once where the primary is, each within `timeout`; returns once a
-    /// majority of the sentinels named one address, or once every sentinel answered or timed
-    /// out (then the address named most, the first named on a tie). Fails (temporary) if no
-    /// sentinel answered.
+    /// majority of the sentinels named one address, or [`ANSWER_GRACE`] after the first named
+    /// one, or once every sentinel answered or timed out (then the address named most, the
+    /// first named on a tie). Fails (temporary) if no sentinel answered.
     pub(crate) async fn locate(&self, timeout: Duration) -> Result<Located> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -198,7 +205,17 @@ impl Sentinels {
         let mut named: Vec<((String, u16), usize)> = Vec::new();
         let mut unknown = 0;
         let mut failures: HashMap<&str, Error> = HashMap::new();
-        while let Some((addr, answer)) = asks.next().await {
+        // Once a sentinel named a primary, the others are waited for only `ANSWER_GRACE`.
+        let mut settle = None;
+        loop {
+            let next = match settle {
+                Some(at) => match tokio::time::timeout_at(at, asks.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => asks.next().await,
+            };
+            let Some((addr, answer)) = next else { break };
             match answer {
                 Ok(Some(at)) => {
                     match named.iter_mut().find(|(a, _)| *a == at) {
@@ -208,6 +225,7 @@ impl Sentinels {
                     if named.iter().any(|(_, n)| *n >= majority) {
                         break;
                     }
+                    settle.get_or_insert(tokio::time::Instant::now() + ANSWER_GRACE);
                 }
                 Ok(None) => unknown += 1,
                 Err(e) => {

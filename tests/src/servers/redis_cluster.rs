@@ -207,6 +207,29 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The replicas of primary `i`, as a running node sees them.
+    pub fn replicas_of(&self, i: usize) -> Vec<usize> {
+        let id = self.id_of(i);
+        self.nodes_table()
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                (f.len() > 3 && f[2].contains("slave") && f[3] == id)
+                    .then(|| self.index_of(f[1]))
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Whether a running node marks the node of ID `id` ([`id_of`](Self::id_of), asked
+    /// before it was paused) failed (`fail`, not only suspected: `fail?`).
+    pub fn marked_failed(&self, id: &str) -> bool {
+        self.nodes_table().lines().any(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            f.len() > 2 && f[0] == id && f[2].split(',').any(|flag| flag == "fail")
+        })
+    }
+
     /// The slot of `key` (`CLUSTER KEYSLOT`).
     pub fn slot_of(&self, key: &str) -> u16 {
         let i = self.running()[0];
