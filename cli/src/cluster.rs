@@ -173,6 +173,8 @@ const OVERRUN: Duration = Duration::from_millis(400);
 pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
     let bound = args.connect_timeout;
     let deadline = Instant::now() + bound;
+    // Whether the cut-off below came after the connect, while the session started.
+    let connected = std::sync::atomic::AtomicBool::new(false);
     let start = async {
         // A cluster that refuses connections (a Redis or ZooKeeper server restarting) fails a
         // connect at once: tried again until the bound, as a silent one is waited for.
@@ -180,6 +182,7 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
             .until(deadline)
             .run(|| connect(args), Error::is_temporary)
             .await?;
+        connected.store(true, std::sync::atomic::Ordering::Relaxed);
         // What connecting left of the bound: the session's start retries only that long.
         let left = deadline.saturating_duration_since(Instant::now());
         Session::builder(backend)
@@ -195,11 +198,22 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         // meanwhile owns nothing and expires with its TTL).
         Err(_) => {
             let url = args.endpoints.as_deref().unwrap_or_default();
+            // The try cut off had its own error, which said why: what is known of it is said.
+            let source = match (connected.into_inner(), args.wait_for_replicas) {
+                (false, _) => format!("no session within the connect timeout ({bound:?})"),
+                (true, None) => format!(
+                    "no session within the connect timeout ({bound:?}), though the cluster answered"
+                ),
+                (true, Some(n)) => format!(
+                    "no session within the connect timeout ({bound:?}), though the server \
+                     answered: fewer than {n} replicas may follow the primary (--wait-for-replicas)"
+                ),
+            };
             Err(Error::Connect {
                 backend: backend_name(url),
                 endpoints: fencelock_net::redact(url),
                 temporary: true,
-                source: format!("no session within the connect timeout ({bound:?})").into(),
+                source: source.into(),
             })
         }
     }
