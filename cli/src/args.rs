@@ -90,8 +90,8 @@ pub(crate) struct ClusterArgs {
     /// The session's TTL: a holder that stops heartbeating (killed, paused, cut off) loses its
     /// locks after it. fencelock gives them up sooner, at its session's local deadline: the TTL
     /// less a safety margin of max(TTL/5, 1s) (at most half the TTL) after the last heartbeat,
-    /// which goes every TTL/3 or sooner. A stop (Ctrl-Z, SIGSTOP) of about half the TTL can
-    /// lose the lock.
+    /// which goes every TTL/3 or sooner. A stop (Ctrl-Z, SIGSTOP) well short of the TTL can
+    /// lose the lock (from about 5s at 10s).
     #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = duration, global = true)]
     pub(crate) ttl: Duration,
 

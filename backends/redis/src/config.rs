@@ -381,13 +381,13 @@ pub(crate) enum Target {
     Cluster(redis::cluster::ClusterClient, Vec<redis::Client>),
 }
 
-/// Refuses a query or a fragment in a `redis://` or `rediss://` URL (and the Sentinel and
-/// Cluster forms): redis-rs would ignore `?db=1` (database 0 instead), take `?protocol=resp3`
+/// Refuses a query or a fragment in a server's URL (`redis://`, `rediss://`, a bare
+/// `host:port`, the Sentinel and Cluster forms): redis-rs would ignore `?db=1` (database 0 instead), take `?protocol=resp3`
 /// (replies fencelock does not read), and turn the server certificate's check off for
 /// `#insecure`. (Sockets, `unix://`, keep their query: it is how they name a database.)
 fn check_no_query(url: &str) -> Result<()> {
     let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
-    if !scheme.starts_with("redis") || scheme.contains("unix") {
+    if scheme.contains("unix") {
         return Ok(());
     }
     // In the user info they are a password's (which should be percent-encoded, but is not
