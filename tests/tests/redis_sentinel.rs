@@ -290,6 +290,16 @@ async fn sentinel_settings_fail_typed_and_bounded() {
     }
     assert!(took < timeout, "{took:?}");
 
+    // The other way round: a sentinel named as a server (Redis's own words were "Only HELLO
+    // messages are accepted by Sentinel instances").
+    let sentinel = format!("127.0.0.1:{}", ports[0]);
+    let (r, took) = connect(format!("redis://{sentinel}")).await;
+    match r {
+        Err(Error::InvalidConfig(e)) => assert!(e.to_string().contains("a sentinel"), "{e}"),
+        other => panic!("a sentinel named as a server: {other:?}"),
+    }
+    assert!(took < timeout, "{took:?}");
+
     // A port nothing listens on.
     let free = fencelock_integration::free_port();
     let (r, took) = connect(format!("redis+sentinel://127.0.0.1:{free}/{MASTER}")).await;

@@ -126,7 +126,15 @@ async fn checked<C: ConnectionLike + Send>(
                     e.kind(),
                     redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
                 )
-                .then(|| e.to_string());
+                .then(|| match e.to_string() {
+                    // A sentinel answers every command but a few with this.
+                    said if said.contains("accepted by Sentinel instances") => {
+                        "a sentinel, not a Redis server: name sentinels with \
+                         redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER"
+                            .to_string()
+                    }
+                    said => said,
+                });
                 match error::map("connect", e) {
                     Error::Backend {
                         temporary: false, ..
