@@ -199,15 +199,14 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         Err(_) => {
             let url = args.endpoints.as_deref().unwrap_or_default();
             // The try cut off had its own error, which said why: what is known of it is said.
+            // (A Redis connect has the server answer a `PING`; ZooKeeper's and etcd's only
+            // see the port open, which a hung server's is too: nothing more is said of them.)
             let source = match (connected.into_inner(), args.wait_for_replicas) {
-                (false, _) => format!("no session within the connect timeout ({bound:?})"),
-                (true, None) => format!(
-                    "no session within the connect timeout ({bound:?}), though the cluster answered"
-                ),
                 (true, Some(n)) => format!(
                     "no session within the connect timeout ({bound:?}), though the server \
                      answered: fewer than {n} replicas may follow the primary (--wait-for-replicas)"
                 ),
+                _ => format!("no session within the connect timeout ({bound:?})"),
             };
             Err(Error::Connect {
                 backend: backend_name(url),

@@ -181,6 +181,11 @@ impl Resolved {
                 }
                 Ok(Err(e)) if retry_connect(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(error::map("connect", e)),
+                // The server named unless it is the only one (the error names it already).
+                Err(_) if n == 1 => format!(
+                    "no session within {:?}",
+                    Duration::from_millis(share.as_millis().try_into().unwrap_or(u64::MAX))
+                ),
                 Err(_) => format!(
                     "{}: no session within {:?}",
                     self.each[server],

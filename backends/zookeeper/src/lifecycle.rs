@@ -147,7 +147,11 @@ impl ZkSession {
                 *closed = Closing::Done;
                 return Ok(());
             }
-            Ok(Err(e)) => e.to_string(),
+            // Its cause, not its name: the message read "zookeeper: close failed" (the name
+            // again) and said nothing of why.
+            Ok(Err(e)) => {
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string())
+            }
             Err(_) => "not confirmed in time".to_string(),
         };
         if first.elapsed() >= self.ttl {
