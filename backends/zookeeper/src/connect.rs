@@ -20,38 +20,48 @@ use zookeeper_client as zk;
 use crate::config::Resolved;
 use crate::error::{self, NAME};
 
-/// The most time a server is given to take a new session in the first round of tries, when
-/// several are tried in turn: a server that takes the connection and never answers (hung,
-/// stopped) held the connect up for its whole share (half the connect timeout with two
-/// servers, all of it with a connect timeout of a second) while a healthy one waited its turn.
-/// Later rounds share the time left evenly.
-const FIRST_ROUND_SHARE: Duration = Duration::from_secs(1);
-
-/// The least time a server is given to take a new session in the later rounds.
-const PER_SERVER_MIN: Duration = Duration::from_secs(1);
+/// How long a server is given to take a new session before the next one is asked too (the
+/// first is not given up: whichever takes it first is kept). A healthy server takes one in
+/// milliseconds; one that takes the connection and never answers (hung, stopped) held the
+/// connect up for a second when asked first (a random one is), for its whole share before
+/// that (half the connect timeout with two servers).
+const HEDGE_AFTER: Duration = Duration::from_millis(300);
 
 impl Resolved {
-    /// Probes every server (at most until the connect timeout): `Ok` if one is reachable as
-    /// configured.
+    /// Probes every server at once (at most until the connect timeout): `Ok` as soon as one is
+    /// reachable as configured. (Not once all have answered: a server that accepts connections
+    /// and never answers takes a probe's whole second, and held every connect up for it.)
     pub(crate) async fn reachable(&self) -> Result<()> {
+        use futures::StreamExt;
         let deadline = Instant::now() + self.connect_timeout;
-        let probes = self.probe_all(deadline).await;
-        if probes.iter().any(|(_, p)| *p == Probe::Reachable) {
-            return Ok(());
+        let mut pending: futures::stream::FuturesUnordered<_> = self.probes(deadline).collect();
+        let mut probes = Vec::new();
+        while let Some((server, p)) = pending.next().await {
+            if p == Probe::Reachable {
+                return Ok(());
+            }
+            probes.push((server, p));
         }
         Err(connect_error(NAME, &self.servers, &probes))
     }
 
     /// Probes every server at once, each bounded by `deadline` (and by 2 s).
     async fn probe_all(&self, deadline: Instant) -> Vec<(String, Probe)> {
+        futures::future::join_all(self.probes(deadline)).await
+    }
+
+    /// A probe of each server, bounded by `deadline` (and by 2 s).
+    fn probes(
+        &self,
+        deadline: Instant,
+    ) -> impl Iterator<Item = impl std::future::Future<Output = (String, Probe)> + '_> + '_ {
         let within = deadline
             .saturating_duration_since(Instant::now())
             .clamp(Duration::from_millis(100), Duration::from_secs(2));
-        let probes = self.hosts.iter().map(|(host, port)| async move {
+        self.hosts.iter().map(move |(host, port)| async move {
             let p = probe(host, *port, self.tls.as_ref(), within).await;
             (format!("{host}:{port}"), p)
-        });
-        futures::future::join_all(probes).await
+        })
     }
 
     /// The connector of the clients of a session with `session_timeout`: credentials, TLS,
@@ -97,14 +107,10 @@ impl Resolved {
         let deadline = Instant::now() + self.connect_timeout;
         // Each try goes round the servers from where the last one stopped.
         let next = AtomicUsize::new(fastrand::usize(..self.each.len()));
-        let rounds = AtomicUsize::new(0);
         let (client, server) = Retry::new(Backoff::new())
             .until(deadline)
             .run(
-                || {
-                    let first = rounds.fetch_add(1, Ordering::Relaxed) == 0;
-                    self.try_each_server(&connector, &next, first, deadline)
-                },
+                || self.try_each_server(&connector, &next, deadline),
                 Error::is_temporary,
             )
             .await?;
@@ -147,31 +153,45 @@ impl Resolved {
         Ok((self.rooted(client)?, server))
     }
 
-    /// One try at a session: the servers one at a time from `next` on, until one takes it;
-    /// if none does, the servers are probed to say why (the error is temporary only if
-    /// waiting can help).
+    /// One try at a session: the servers from `next` on, each asked [`HEDGE_AFTER`] after the
+    /// one before (at once if it failed) while those asked before are still waited for, until
+    /// one takes it (the others' attempts are dropped: a session a slow server opens meanwhile
+    /// owns nothing and expires); if none does, the servers are probed to say why (the error
+    /// is temporary only if waiting can help).
     async fn try_each_server(
         &self,
         connector: &zk::Connector,
         next: &AtomicUsize,
-        first_round: bool,
         deadline: Instant,
     ) -> Result<(zk::Client, usize)> {
+        use futures::StreamExt;
         let mut failure = String::new();
         let n = self.each.len();
-        for tried in 0..n {
-            let server = next.fetch_add(1, Ordering::Relaxed) % n;
-            let attempt = connector.clone().connect(&self.each[server]);
-            // Each server its share of the time left: one that takes the connection and never
-            // answers (hung, stopped) must not use up the whole connect timeout while the
-            // others are healthy (the client itself waits 0.6 x the TTL).
-            let left = deadline.saturating_duration_since(Instant::now());
-            let fair = left / u32::try_from(n - tried).unwrap_or(u32::MAX);
-            let share = match first_round && n > 1 {
-                true => fair.min(FIRST_ROUND_SHARE),
-                false => fair.max(PER_SERVER_MIN).min(left),
+        let mut running = futures::stream::FuturesUnordered::new();
+        let (mut asked, mut due) = (0, Instant::now());
+        loop {
+            if asked < n && (running.is_empty() || Instant::now() >= due) {
+                let server = next.fetch_add(1, Ordering::Relaxed) % n;
+                asked += 1;
+                due = Instant::now() + HEDGE_AFTER;
+                // Within the deadline (the client itself waits 0.6 x the TTL).
+                let attempt = timeout_at(deadline, connector.clone().connect(&self.each[server]));
+                running.push(async move { (server, attempt.await) });
+                continue;
+            }
+            let done = if asked < n {
+                match timeout_at(due, running.next()).await {
+                    Ok(done) => done,
+                    // The next server is due.
+                    Err(_) => continue,
+                }
+            } else {
+                running.next().await
             };
-            failure = match timeout_at(Instant::now() + share, attempt).await {
+            let Some((server, outcome)) = done else {
+                break;
+            };
+            failure = match outcome {
                 Ok(Ok(client)) => return Ok((client, server)),
                 Ok(Err(zk::Error::AuthFailed)) => {
                     return Err(Error::Unauthenticated {
@@ -182,20 +202,11 @@ impl Resolved {
                 Ok(Err(e)) if retry_connect(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(error::map("connect", e)),
                 // The server named unless it is the only one (the error names it already).
-                Err(_) if n == 1 => format!(
-                    "no session within {:?}",
-                    Duration::from_millis(share.as_millis().try_into().unwrap_or(u64::MAX))
-                ),
-                Err(_) => format!(
-                    "{}: no session within {:?}",
-                    self.each[server],
-                    // Whole milliseconds (a share of the time left is not a round figure).
-                    Duration::from_millis(share.as_millis().try_into().unwrap_or(u64::MAX))
-                ),
+                Err(_) if n == 1 => "no session within the connect timeout".to_string(),
+                Err(_) => format!("{}: no session within the connect timeout", self.each[server]),
             };
-            if Instant::now() >= deadline {
-                break;
-            }
+            // Failed: the next server at once.
+            due = Instant::now();
         }
         debug!(error = %failure, "no zookeeper session yet: probing the servers");
         let probes = self.probe_all(deadline).await;
