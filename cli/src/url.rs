@@ -113,7 +113,11 @@ impl Url {
         if rest.contains(['?', '#']) {
             return Err(bad(
                 url,
-                "a '?' or '#' after the hosts: the URL takes no query or fragment (a Redis database is its path, redis://HOST:PORT/DB; give a namespace holding them with --namespace)",
+                if scheme.starts_with("redis") {
+                    "a '?' or '#' after the hosts: the URL takes no query or fragment (the database is its path: redis://HOST:PORT/DB)"
+                } else {
+                    "a '?' or '#' after the hosts: the URL takes no query or fragment (give a namespace holding them with --namespace)"
+                },
             ));
         }
         Ok(Parsed {
@@ -149,9 +153,16 @@ impl Url {
             }
         }
         let path = path.filter(|p| !p.is_empty());
-        // A namespace or chroot is percent-decoded, as the user info is (`my%20app`).
+        // A namespace or chroot is percent-decoded, as the user info is (`my%20app`); a '%'
+        // that starts no escape is refused rather than kept as it is (`%zz`, `50%`).
         let decoded = || {
             path.map(|p| {
+                if !escapes_well_formed(p) {
+                    return Err(bad(
+                        url,
+                        "a '%' in the path that starts no escape (write '%' itself as %25)",
+                    ));
+                }
                 percent_encoding::percent_decode_str(p)
                     .decode_utf8()
                     .map(|p| p.into_owned())
@@ -219,6 +230,15 @@ impl Url {
             )),
         }
     }
+}
+
+/// Whether every '%' of `s` starts an escape: two hexadecimal digits follow it.
+fn escapes_well_formed(s: &str) -> bool {
+    let b = s.as_bytes();
+    (0..b.len()).filter(|&i| b[i] == b'%').all(|i| {
+        b.get(i + 1..i + 3)
+            .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    })
 }
 
 /// `USER[:PASSWORD]`, percent-decoded.
@@ -401,6 +421,9 @@ mod tests {
             "rediss://a:1#insecure",
             "redis+sentinel://a:1/m?db=2",
             "etcd://a:1/%FF",
+            "etcd://a:1/%zz",
+            "etcd://a:1/p%2",
+            "zk://a:1/%",
             "redis://:6379",
             "redis://a:99999",
             "etcd://a:1,b:70000",
@@ -458,7 +481,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Url::parse("zk://a:1/50%off").unwrap().url,
+            Url::parse("zk://a:1/50%25off").unwrap().url,
             Url::ZooKeeper {
                 servers: "a:1".into(),
                 chroot: Some("/50%off".into())
