@@ -10,7 +10,8 @@ use fencelock_zookeeper::ZooKeeperBackend;
 use tokio::time::Instant;
 
 use crate::args::ClusterArgs;
-use crate::url::{credentials, percent, Credentials, Url};
+use crate::credentials::{credentials, percent, Credentials};
+use crate::url::Url;
 
 /// The TLS settings the options name, if any.
 fn tls(args: &ClusterArgs) -> fencelock::Result<Option<TlsConfig>> {

@@ -13,6 +13,7 @@ macro_rules! say {
 mod args;
 mod child;
 mod cluster;
+mod credentials;
 mod exit;
 mod keeper;
 mod message;
@@ -122,7 +123,7 @@ async fn run(mut cli: Cli) -> u8 {
             return exit::of_session_start(&e);
         }
     };
-    let env = url::command_env(cli.cluster.endpoints.as_deref());
+    let env = credentials::command_env(cli.cluster.endpoints.as_deref());
     let ctx = Ctx {
         session: &session,
         cluster: &cli.cluster,

@@ -5,7 +5,8 @@ use std::error::Error as _;
 use std::sync::OnceLock;
 
 use crate::args::ClusterArgs;
-use crate::url::{percent, Url};
+use crate::credentials::percent;
+use crate::url::Url;
 
 /// The longest a printed error may be (a server's message can be long; one line is meant).
 const MAX_LEN: usize = 1_000;
