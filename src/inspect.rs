@@ -45,7 +45,9 @@ impl Session {
     /// `""`), in name order, each with its entries in queue order: one listing of the
     /// namespace, then one read per queue. For operators' tools (`fencelock list`). Keys that
     /// other tools left under the namespace and that map to no fencelock name are skipped;
-    /// [`queue_listing`](Self::queue_listing) also says how many.
+    /// [`queue_listing`](Self::queue_listing) also says how many. A prefix no name could start
+    /// with (longer than any name, or with a control character) is an
+    /// [`InvalidName`](crate::Error::InvalidName) error, not an empty listing.
     pub async fn queues(&self, prefix: &str) -> Result<Vec<QueueInfo>> {
         Ok(self.queue_listing(prefix).await?.queues)
     }
@@ -53,6 +55,7 @@ impl Session {
     /// [`queues`](Self::queues), with the number of keys it skipped because no fencelock
     /// name maps to them ([`QueueListing::skipped`]): a foreign key never fails the listing.
     pub async fn queue_listing(&self, prefix: &str) -> Result<QueueListing> {
+        crate::name::validate_prefix(prefix)?;
         let shared = self.shared();
         let keys = self.list_entries().await?;
         // Each queue found, with how many of the keys map to it (a map: a namespace may hold

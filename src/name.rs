@@ -102,6 +102,19 @@ pub(crate) fn validate_queue_name(name: &str) -> Result<()> {
     check_rest(name)
 }
 
+/// Checks the prefix of a listing: no name could start with a longer one, or with a NUL or
+/// another control character (a listing by such a prefix would find nothing, and say so as if
+/// nothing were held: an input error reads better).
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.len() > MAX_QUEUE_NAME_LEN {
+        return Err(invalid(prefix, "a prefix longer than any name"));
+    }
+    if prefix.chars().any(|c| c.is_control()) {
+        return Err(invalid(prefix, "contains a control character"));
+    }
+    Ok(())
+}
+
 /// Checks a namespace: empty, or a name as for [`validate_name`] that may also start with `/`.
 pub fn validate_namespace(namespace: &str) -> Result<()> {
     if namespace.is_empty() {
@@ -155,5 +168,18 @@ mod tests {
         assert!(validate_namespace("").is_ok());
         assert!(validate_namespace("/svc/locks").is_ok());
         assert!(validate_namespace("/").is_err());
+    }
+
+    #[test]
+    fn prefixes() {
+        for ok in ["", "jobs/", "a", &"n".repeat(MAX_QUEUE_NAME_LEN)] {
+            assert!(validate_prefix(ok).is_ok(), "{ok}");
+        }
+        for bad in [&"n".repeat(MAX_QUEUE_NAME_LEN + 1), "a\0", "a\tb"] {
+            assert!(
+                matches!(validate_prefix(bad), Err(Error::InvalidName(_))),
+                "{bad:?}"
+            );
+        }
     }
 }

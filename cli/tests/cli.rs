@@ -430,6 +430,10 @@ async fn elections_and_listing(t: Target) {
     if foreign > 0 {
         assert!(out.contains(&format!("skipped {foreign} key")), "{out}");
     }
+    // A prefix no name could start with is bad input, not an empty listing.
+    let long = "n".repeat(10_000);
+    let (code, out) = run(&t.url, &ns, d, &["list", &long]).await;
+    assert_eq!(code, 78, "{out}");
     g.release().await.unwrap();
     assert_eq!(waiter.code(WITHIN).await, 0);
     // The leader steps down: observe prints no leader.

@@ -121,6 +121,11 @@ impl ZkSession {
     /// cluster with the session's id, and renews it there if a one-way partition keeps the
     /// confirmation from us. Then the cluster expires it.
     pub(crate) async fn close_once(&self) -> Result<()> {
+        // Taken first: a close (the caller's, and the heartbeat task's, which `Session::close`
+        // starts too) that found the link ended by the other must wait for that one's client
+        // to end, not attach beside it (under load, 2 of 9 test runs saw the caller's close
+        // fail so, while the other's went through).
+        let mut closed = self.closed.lock().await;
         if let Some(last) = self.links.end(SessionEnd::Closed) {
             // Its client ends once the waits on it woke and let go (the end wakes them):
             // alive, it would take the session back from the closer when the server drops
@@ -134,7 +139,6 @@ impl ZkSession {
             };
             let _ = tokio::time::timeout(link::silence(self.ttl), ended).await;
         }
-        let mut closed = self.closed.lock().await;
         let first = match *closed {
             Closing::Done => return Ok(()),
             Closing::NotYet => Instant::now(),
