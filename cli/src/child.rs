@@ -55,6 +55,14 @@ impl Grant {
         }
     }
 
+    /// Its session's local deadline (see [`crate::keeper::Keeper::hold_until`]).
+    fn deadline(&self) -> tokio::time::Instant {
+        match self {
+            Grant::Lock(g) => g.session().deadline(),
+            Grant::Leader(l) => l.session().deadline(),
+        }
+    }
+
     fn is_held(&self) -> bool {
         match self {
             Grant::Lock(g) => g.is_held(),
@@ -186,6 +194,7 @@ pub(crate) async fn run_under(
         let _ = grant.release(release_within).await;
         return exit::SOFTWARE;
     };
+    keeper.hold_until(grant.deadline());
     // A grant found lost by the clock (a resume from a long stop or suspend) stops the command
     // at once, not at the heartbeat task's next tick (a cheap check); orphans are reaped on the
     // way, once a second.
@@ -262,6 +271,10 @@ pub(crate) async fn run_under(
                 tree.tend(ticks.is_multiple_of(10));
                 if job && grant.is_held() {
                     relay_job_control(&tree, &grant).await;
+                }
+                if grant.is_held() {
+                    // The deadline a heartbeat moved (no write if it did not).
+                    keeper.hold_until(grant.deadline());
                 }
                 (!grant.is_held()).then(|| reason_now(&grant))
             }

@@ -200,11 +200,42 @@ async fn lost_while_paused(t: Target) {
     s.close().await.unwrap();
 }
 
+/// fencelock stopped (SIGSTOP) while its command's tree runs on: the keeper SIGKILLs the tree
+/// at the session's local deadline, fencelock still stopped, before the cluster expires the
+/// session and another holder is granted (black-box round 7: the tree ran 0.7-3.5 s beside
+/// the next holder's command, until fencelock was continued). Continued, fencelock exits 76.
+async fn a_stopped_fencelock_does_not_leave_its_tree_running(t: Target) {
+    let ns = unique_namespace("cli_stopped_tree");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    cmd.env("FENCELOCK_TTL", "3s")
+        .args(["lock", "m", "--", "bash", "-c", TREE]);
+    let mut r = Run::spawn(cmd, d, "stopped");
+    let pids = tree_pids(d).await;
+    file_contains(&d.join("out"), "\n").await;
+    r.child.pause();
+    let stopped_at = Instant::now();
+    let s = t.session(&ns).await;
+    let next = tokio::time::timeout(WITHIN, s.mutex("m").unwrap().lock())
+        .await
+        .expect("granted after the stopped holder's TTL")
+        .unwrap();
+    // fencelock is stopped still: whatever stopped the tree was its keeper.
+    all_gone("stopped", &pids, d).await;
+    assert!(stopped_at.elapsed() < WITHIN);
+    r.child.resume();
+    assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
+    next.release().await.unwrap();
+    s.close().await.unwrap();
+}
+
 on_each!(
     lost_grant_stops_the_tree,
     nothing_outlives_fencelock,
     lost_while_paused,
-    a_double_forked_daemon_does_not_escape
+    a_double_forked_daemon_does_not_escape,
+    a_stopped_fencelock_does_not_leave_its_tree_running
 );
 
 /// A signal sent to fencelock's whole process group (Ctrl-C in a terminal) reaches the command

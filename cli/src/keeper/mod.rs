@@ -11,6 +11,11 @@
 //! - holds the read end of a pipe whose write end fencelock alone holds: however fencelock
 //!   ends, the pipe then reads end of file, and the keeper SIGKILLs its children until none
 //!   is left (each one killed hands its own children to the keeper in turn);
+//! - reads on that pipe the session's local deadline, which fencelock writes after each
+//!   heartbeat ([`Keeper::hold_until`]), and SIGKILLs the tree as above once it passes: a
+//!   fencelock that is stopped (SIGSTOP, a debugger) or stuck sends no heartbeat, and the
+//!   lock may be another's soon after (black-box round 7: the command of a fencelock
+//!   SIGSTOPped for 6 s at a TTL of 3 s ran 0.7-3.5 s beside the next holder's);
 //! - otherwise stands for the command towards fencelock, which knows the keeper as its child
 //!   (the PID it waits for): it exits with the command's status, or ends by the signal that
 //!   ended it, and stops when it stops (a read of the terminal from the background, a
@@ -30,6 +35,8 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use tokio::time::Instant;
+
 use rustix::process::Pid;
 
 use crate::exit;
@@ -45,11 +52,13 @@ pub(crate) use process::run;
 pub(crate) const ARG: &str = "--internal-keeper";
 
 /// The pipe to the keeper, held by fencelock while the command runs: dropped (or fencelock
-/// gone), the keeper kills the tree.
+/// gone), the keeper kills the tree; written to, it tells the keeper the deadline.
 pub(crate) struct Keeper {
     /// Both ends (fencelock holds the read end too: harmless, it never reads), `None` where
     /// the command runs without a keeper.
-    _pipe: Option<(OwnedFd, OwnedFd)>,
+    pipe: Option<(OwnedFd, OwnedFd)>,
+    /// The deadline last written.
+    told: Option<Instant>,
     /// Where the keeper writes the command's PID before its `exec`: both ends (read once
     /// `spawn` returned, which waited for that `exec`).
     report: Option<(OwnedFd, OwnedFd)>,
@@ -76,6 +85,26 @@ impl Keeper {
         // The command leads its group (the keeper joined it), which is named by its PID.
         Tree::new(spawned, if own_group { command } else { None }, command)
     }
+
+    /// Tells the keeper to kill the tree at `deadline` (the session's local deadline) unless
+    /// told a later one before. Written as an instant of `CLOCK_BOOTTIME`, which both
+    /// processes read: a deadline the keeper reads late (stopped with the command meanwhile)
+    /// still means the instant it meant when written. A full pipe (a keeper stopped for
+    /// minutes) is left to the next call.
+    pub(crate) fn hold_until(&mut self, deadline: Instant) {
+        let Some((_, write)) = &self.pipe else {
+            return;
+        };
+        if self.told == Some(deadline) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let left = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
+        let at = process::boottime().saturating_add(left);
+        if rustix::io::write(write, &at.to_ne_bytes()) == Ok(8) {
+            self.told = Some(deadline);
+        }
+    }
 }
 
 /// Starts `cmd` below a keeper (see the module's documentation), the command the leader of a
@@ -94,11 +123,19 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
         }
         tree::dies_with_fencelock(cmd);
         return Keeper {
-            _pipe: None,
+            pipe: None,
+            told: None,
             report: None,
         };
     };
     let fd = read.as_raw_fd();
+    // Never blocks fencelock, whatever the keeper does (`hold_until`); the keeper's end, a
+    // description of its own, blocks.
+    // SAFETY: `fcntl` on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
     let reported_fd = reported.as_raw_fd();
     let rt = libc::SIGRTMIN()..=libc::SIGRTMAX();
     let arg = CString::new(ARG).expect("no NUL");
@@ -169,7 +206,8 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
         });
     }
     Keeper {
-        _pipe: Some((read, write)),
+        pipe: Some((read, write)),
+        told: None,
         report: Some((report, reported)),
     }
 }

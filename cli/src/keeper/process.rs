@@ -1,6 +1,7 @@
 //! The keeper's own process (`fencelock --internal-keeper FD PID`, started by
 //! [`between`](super::between)): stands for the command towards fencelock until fencelock's
-//! pipe reads end of file, then kills the tree.
+//! pipe reads end of file, or the last deadline fencelock wrote on it passes, then kills the
+//! tree.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -49,6 +50,11 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
     let Some(children) = child_events() else {
         return exit::SOFTWARE;
     };
+    let Some(timer) = deadline_timer() else {
+        return exit::SOFTWARE;
+    };
+    // The last deadline fencelock wrote (none before the first).
+    let mut until: Option<u64> = None;
     loop {
         // Reported before the wait too: the command may have stopped or ended already.
         if let Some(status) = mirror(command) {
@@ -65,9 +71,14 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: timer.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: `fds` is valid for its length.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } == -1 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) } == -1 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
@@ -75,13 +86,109 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
             return exit::SOFTWARE;
         }
         if fds[0].revents != 0 {
-            // End of file (fencelock never writes): fencelock is gone.
-            kill_tree(command);
-            return exit::SOFTWARE;
+            match read_deadline(&fencelock) {
+                // End of file: fencelock is gone.
+                Read::Gone => {
+                    kill_tree(command);
+                    return exit::SOFTWARE;
+                }
+                Read::Deadline(at) => {
+                    until = Some(at);
+                    arm(&timer, at);
+                }
+                Read::Nothing => {}
+            }
         }
         if fds[1].revents != 0 {
             drain(&children);
         }
+        if fds[2].revents != 0 {
+            drain(&timer);
+        }
+        // Asked of the clock, not of the timer alone: a deadline read in this same round
+        // replaces the one the timer fired for.
+        if until.is_some_and(|at| boottime() >= at) {
+            // The session's local deadline passed and fencelock said nothing since: it is
+            // stopped (SIGSTOP, a debugger) or stuck, and the lock is about to be another's.
+            kill_tree(command);
+            return exit::LOST;
+        }
+    }
+}
+
+/// What a read of fencelock's pipe found.
+enum Read {
+    /// End of file: fencelock is gone.
+    Gone,
+    /// The deadline it wrote last (`CLOCK_BOOTTIME`, ns).
+    Deadline(u64),
+    /// Nothing (interrupted).
+    Nothing,
+}
+
+/// Reads the deadlines fencelock wrote (8 bytes each, written whole: less than `PIPE_BUF`),
+/// keeping the last.
+fn read_deadline(fencelock: &OwnedFd) -> Read {
+    let mut buf = [0u8; 8 * 32];
+    // SAFETY: `buf` is valid for its length.
+    let n = unsafe { libc::read(fencelock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    match usize::try_from(n) {
+        Ok(0) => Read::Gone,
+        Ok(n) if n >= 8 => {
+            let last = &buf[(n / 8 - 1) * 8..n / 8 * 8];
+            Read::Deadline(u64::from_ne_bytes(last.try_into().expect("8 bytes")))
+        }
+        // A short read cannot happen (whole writes of 8 bytes); an error is an interruption.
+        _ => Read::Nothing,
+    }
+}
+
+/// Now on `CLOCK_BOOTTIME` in ns: the clock the session's deadline counts on, which goes on
+/// while the machine is suspended.
+pub(crate) fn boottime() -> u64 {
+    // SAFETY: `clock_gettime` only writes into `ts`.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+        ts
+    };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// A timer on `CLOCK_BOOTTIME` as a descriptor to poll, unarmed.
+fn deadline_timer() -> Option<OwnedFd> {
+    // SAFETY: `timerfd_create` returns a new descriptor, owned from here on.
+    unsafe {
+        let fd = libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK);
+        (fd >= 0).then(|| <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd))
+    }
+}
+
+/// Sets `timer` to fire at `at` (`CLOCK_BOOTTIME`, ns; at once if past).
+fn arm(timer: &OwnedFd, at: u64) {
+    let value = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(at / 1_000_000_000).unwrap_or(libc::time_t::MAX),
+            // Never 0 with a second of 0: an `it_value` of zero disarms the timer.
+            tv_nsec: libc::c_long::try_from(at % 1_000_000_000)
+                .unwrap_or(0)
+                .max(1),
+        },
+    };
+    // SAFETY: `value` is a valid itimerspec; the old value is not asked for.
+    unsafe {
+        libc::timerfd_settime(
+            timer.as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &value,
+            std::ptr::null_mut(),
+        );
     }
 }
 
@@ -256,9 +363,10 @@ fn child_events() -> Option<OwnedFd> {
     }
 }
 
-/// Reads every pending SIGCHLD off `children` (what ended is then asked of `waitid`).
-fn drain(children: &OwnedFd) {
+/// Reads everything pending off a non-blocking descriptor: every SIGCHLD of `signalfd` (what
+/// ended is then asked of `waitid`), the expiries of the timer.
+fn drain(fd: &OwnedFd) {
     let mut buf = [0u8; std::mem::size_of::<libc::signalfd_siginfo>() * 8];
     // SAFETY: `buf` is valid for its length; the descriptor is non-blocking.
-    while unsafe { libc::read(children.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
