@@ -201,3 +201,77 @@ async fn waits_given_up_while_their_watch_is_created_leave_no_watch() {
         let _ = s.close().await;
     }
 }
+
+/// A session that waited, then ended (closed, or dropped), leaves no watch stream, and no
+/// watch, on the server: its stream's reader held a sender of the stream, which kept its
+/// request side open, and the reader waited on it for ever (a task and a server stream per
+/// ended session, for the life of the process: a worker opening a session per job, a
+/// Supervisor replacing lost sessions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_session_leaves_no_watch_stream() {
+    if !available(Kind::Etcd) {
+        return;
+    }
+    // A server of its own: no other test's streams are counted.
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let streams = || etcd_counter(&ep, "etcd_debugging_mvcc_watch_stream_total", "");
+    let watchers = || etcd_counter(&ep, "etcd_debugging_mvcc_watcher_total", "");
+    let session = || async {
+        let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
+        Session::builder(b)
+            .namespace("ended")
+            .start()
+            .await
+            .unwrap()
+    };
+    let holder = session().await;
+    let (streams_before, watchers_before) = (
+        streams().await.expect("the server's stream count"),
+        watchers().await.expect("the server's watcher count"),
+    );
+    const ROUNDS: usize = 5;
+    for round in 0..ROUNDS {
+        let g = holder.mutex("m").unwrap().lock().await.unwrap();
+        let waiter = session().await;
+        let m = waiter.mutex("m").unwrap();
+        let wait = tokio::spawn(async move { m.lock().await.map(|g| g.token()) });
+        // Its watch on the holder's key made: the server counts a watcher more.
+        let until = Instant::now() + Duration::from_secs(10);
+        while watchers().await.unwrap_or(0.0) <= watchers_before {
+            assert!(
+                Instant::now() < until,
+                "round {round}: the waiter never watched"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        g.release().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("the waiter was granted")
+            .unwrap()
+            .unwrap();
+        // Closed in even rounds, dropped in odd ones.
+        if round % 2 == 0 {
+            waiter.close().await.unwrap();
+        } else {
+            drop(waiter);
+        }
+    }
+    holder.close().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, w) = (streams().await.unwrap(), watchers().await.unwrap());
+        if s <= streams_before && w <= watchers_before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {ROUNDS} sessions that waited and ended: {s} watch streams ({streams_before} \
+             before), {w} watches ({watchers_before} before)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

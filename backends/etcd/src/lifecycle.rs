@@ -375,6 +375,7 @@ pub(crate) async fn next_event(session: &EtcdSession) -> SessionEvent {
 }
 
 pub(crate) async fn close(session: &EtcdSession) -> Result<()> {
+    session.watcher.shut();
     let revoked = hedged(session.bound, "close", || {
         let mut leases = session.client.lease_client();
         async move { leases.revoke(session.lease).await }

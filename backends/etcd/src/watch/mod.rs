@@ -109,6 +109,16 @@ impl KeyWatcher {
         KeyWatcher { inner }
     }
 
+    /// Ends the session's watch stream (the session is closed): every wait on it fails
+    /// (temporary), and the server drops the stream with its watches. Also done when the
+    /// watcher is dropped; here for a closed session whose handles are kept. A stream being
+    /// opened right now is left to the drop.
+    pub(crate) fn shut(&self) {
+        if let Ok(mut conn) = self.inner.conn.try_lock() {
+            retire(&mut conn);
+        }
+    }
+
     /// Registers interest in the deletion of the entry under `key` created at revision
     /// `after`, and returns once a watch on the key is established: every deletion after this
     /// returns is delivered. Unless the registration is [`covered`](Registration::covered),

@@ -218,3 +218,21 @@ pub(super) struct Inner {
     /// Silent streams whose watches must move, for the task that moves them.
     pub(super) moves: mpsc::UnboundedSender<Arc<StdMutex<Stream>>>,
 }
+
+/// Gives up the stream in `conn`: its reader stops and drops its end of the stream, and the
+/// server ends the stream and the watches on it. Without this a stream outlived its session:
+/// its reader, which holds a sender of the stream, waited on it for ever (a task, a server
+/// stream and maybe a watch per session that ever waited, for the life of the process).
+pub(super) fn retire(conn: &mut Option<Conn>) {
+    if let Some(c) = conn.take() {
+        let mut ss = c.stream.lock().unwrap();
+        ss.dead = true;
+        ss.retire.notify_one();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        retire(self.conn.get_mut());
+    }
+}
