@@ -57,7 +57,7 @@ pub const RESERVED_LAST_SEGMENTS: [&str; 2] = ["read", "write"];
 /// same name is valid as an etcd key part and a ZooKeeper path), and, below another segment,
 /// no last segment of [`RESERVED_LAST_SEGMENTS`]: a mutex named `jobs/read` would otherwise
 /// queue among the readers of the read-write lock `jobs` (a name of one segment, `read`, is
-/// fine).
+/// fine, but in the root namespace only: a session's namespace is a segment above it).
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());
@@ -82,6 +82,22 @@ pub fn validate_name(name: &str) -> Result<()> {
                 "ends in a segment that read-write locks keep their entries under (read, write)",
             ));
         }
+    }
+    Ok(())
+}
+
+/// [`validate_name`] for a queue in `namespace`: a namespace nests (a lock `b` in the
+/// namespace `ns/a` is the lock `a/b` in `ns`, and `a` in `ns` is `ns/a` in the root), so a
+/// name of one segment in a namespace is below another segment too, and may not be one of
+/// [`RESERVED_LAST_SEGMENTS`] either (`read` in `ns` would queue among the readers of the
+/// read-write lock `ns` of the root namespace).
+pub(crate) fn validate_name_in(namespace: &str, name: &str) -> Result<()> {
+    validate_name(name)?;
+    if !namespace.trim_matches('/').is_empty() && RESERVED_LAST_SEGMENTS.contains(&name) {
+        return Err(invalid(
+            name,
+            "in a namespace, a segment that read-write locks keep their entries under (read, write)",
+        ));
     }
     Ok(())
 }
@@ -168,6 +184,15 @@ mod tests {
         assert!(validate_namespace("").is_ok());
         assert!(validate_namespace("/svc/locks").is_ok());
         assert!(validate_namespace("/").is_err());
+        assert!(validate_name_in("", "read").is_ok());
+        assert!(validate_name_in("/", "write").is_ok());
+        assert!(validate_name_in("ns", "reads").is_ok());
+        for (ns, name) in [("ns", "read"), ("/svc/jobs", "write"), ("ns", "a/read")] {
+            assert!(
+                matches!(validate_name_in(ns, name), Err(Error::InvalidName(_))),
+                "{ns:?} {name:?}"
+            );
+        }
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub async fn bad_input(f: &dyn Factory) {
         "nul\0",
         "a/../b",
         long.as_str(),
+        // In a namespace (as `unique_namespace` makes), below its last segment.
+        "read",
+        "write",
     ] {
         assert!(
             matches!(s.mutex(bad), Err(Error::InvalidName(_))),

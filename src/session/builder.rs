@@ -40,7 +40,7 @@ impl SessionBuilder {
     /// Checks `name` as the sessions it starts would ([`Session::mutex`](super::Session::mutex)):
     /// for a caller that must report a bad name before any session starts.
     pub(crate) fn check_name(&self, name: &str) -> Result<()> {
-        crate::name::validate_name(name)?;
+        crate::name::validate_name_in(&self.namespace, name)?;
         self.backend.check_name(&self.namespace, name)
     }
 

@@ -98,8 +98,8 @@ impl Session {
     /// Validates `name` for this session's backend and namespace and makes its queue id: the
     /// name rules of [`Session::mutex`](crate::Session::mutex), for every primitive.
     pub(crate) fn queue(&self, name: &str, kind: QueueKind) -> Result<QueueId> {
-        validate_name(name)?;
         let shared = self.shared();
+        crate::name::validate_name_in(&shared.namespace, name)?;
         shared.backend.check_name(&shared.namespace, name)?;
         Ok(QueueId::new(shared.namespace.clone(), name, kind))
     }
