@@ -9,6 +9,7 @@ use std::time::Duration;
 use fencelock::{Error, Session};
 use fencelock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use fencelock_integration::errors::{chain, expect_permanent};
+use fencelock_integration::notifications::etcd_counter;
 use fencelock_integration::pki::TestPki;
 use fencelock_integration::servers::etcd::{self as harness, EtcdCluster, EtcdOptions, ServerTls};
 use fencelock_integration::servers::{available, Cluster};
@@ -180,6 +181,14 @@ async fn authentication() {
         .unwrap();
     cluster.enable_auth("granted", "app", "app-pw").await;
     let ep = cluster.endpoint(0);
+    let authentications = || {
+        etcd_counter(
+            &ep,
+            "grpc_server_started_total",
+            r#"grpc_method="Authenticate""#,
+        )
+    };
+    let before = authentications().await.expect("the server's counter");
 
     let backend = connect(EtcdConfig::new([&ep]).user("app", "app-pw"))
         .await
@@ -192,6 +201,15 @@ async fn authentication() {
     let g = s.mutex("m").unwrap().lock().await.unwrap();
     g.release().await.unwrap();
     s.close().await.unwrap();
+    // One authentication for the connect, the session, its heartbeat and its lock: each costs
+    // the server a bcrypt check (black-box round 7: 2-3 per process, and 18 processes starting
+    // together on a loaded machine lost their sessions).
+    let after = authentications().await.expect("the server's counter");
+    assert_eq!(
+        after - before,
+        1.0,
+        "authentications by one backend and session"
+    );
 
     println!(
         "\n| situation (etcd auth) | error | temporary? | time to error |\n|---|---|---|---:|"

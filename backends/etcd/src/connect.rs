@@ -167,6 +167,11 @@ async fn round(
                 .into(),
             })?
             .map_err(|e| map("connect", e))?;
+        if let [only] = healthy.as_slice() {
+            // A client on that endpoint alone: the streams' client there too (with a user,
+            // one authentication less).
+            rotation.share(only, client.clone()).await;
+        }
         return Ok((client, rotation));
     }
     if let Some(e) = wrong {
@@ -188,9 +193,17 @@ async fn round(
     Err(connect_error(NAME, shown, &probes))
 }
 
-/// Checks one endpoint: a client of its own, authenticated if a user is set, asks for the
-/// member's status (no permission needed) before `deadline`. Returns the member's id.
+/// Checks one endpoint: a client of its own asks for the member's status before `deadline`.
+/// Returns the member's id. Without the user: a status needs no authentication, and each
+/// authentication costs the server a bcrypt check (about 200 ms of its CPU); the client the
+/// connect makes next authenticates, and says whether the credentials are right. (With them
+/// here, each `fencelock` process authenticated once per endpoint more: black-box round 7 saw
+/// 18 waiters starting together on a loaded 2-core machine lose their sessions to it.)
 async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<u64> {
+    let unauthenticated = EtcdConfig {
+        user: None,
+        ..config.clone()
+    };
     // An answer that is an error of no other kind (a protocol error, an unknown method): not
     // an etcd member at that address but another service (an HTTP server, Redis), a setting
     // to fix. It was an internal failure ("h2 protocol error"), the CLI's 70.
@@ -208,7 +221,7 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
         other => other,
     };
     let probe = async {
-        let mut c = Client::connect([endpoint], Some(options(config)))
+        let mut c = Client::connect([endpoint], Some(options(&unauthenticated)))
             .await
             .map_err(|e| not_etcd(map("connect", e)))?;
         let status = c.status().await.map_err(|e| not_etcd(map("connect", e)))?;

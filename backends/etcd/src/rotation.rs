@@ -118,6 +118,16 @@ impl Rotation {
             .clone())
     }
 
+    /// Takes `client`, connected to `endpoint` alone, as the streams' client there.
+    pub(crate) async fn share(&self, endpoint: &str, client: Client) {
+        self.inner
+            .lock()
+            .await
+            .clients
+            .entry(endpoint.to_string())
+            .or_insert(client);
+    }
+
     /// Records that `endpoint` is the member `member` (from its status reply).
     pub(crate) async fn learned(&self, endpoint: &str, member: u64) {
         self.inner
