@@ -8,6 +8,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// The longest duration any option accepts (a day): longer values are refused, not clamped.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest connect timeout accepted (an hour, as the backends' configurations accept).
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Run a command under a distributed lock, or while leader, on etcd, ZooKeeper or Redis, with
 /// the fencing token in its environment.
 ///
@@ -93,11 +96,11 @@ pub(crate) struct ClusterArgs {
     /// less a safety margin of max(TTL/5, 1s) (at most half the TTL) after the last heartbeat,
     /// which goes every TTL/3 or sooner. A stop (Ctrl-Z, SIGSTOP) well short of the TTL can
     /// lose the lock (from about 5s at 10s).
-    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = duration, global = true)]
+    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = positive_duration, global = true)]
     pub(crate) ttl: Duration,
 
     /// How long connecting may take.
-    #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration, global = true)]
+    #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = connect_timeout, global = true)]
     pub(crate) connect_timeout: Duration,
 
     /// Output format of leader, observe and list.
@@ -303,6 +306,24 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// [`duration`], more than zero (a TTL): refused here, a usage error as every other value out
+/// of range, not once connected (78, and "0ns" for what was typed as "0").
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        Duration::ZERO => Err(format!("{s} is no time: it must be more than zero")),
+        d => Ok(d),
+    }
+}
+
+/// A connect timeout: more than zero, at most an hour.
+fn connect_timeout(s: &str) -> Result<Duration, String> {
+    let d = positive_duration(s)?;
+    if d > MAX_CONNECT_TIMEOUT {
+        return Err(format!("{s} is longer than the longest accepted, 1h"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +359,13 @@ mod tests {
         assert!(duration("25h").is_err());
         assert!(duration("99999999999999999999years").is_err());
         assert!(duration("soon").is_err());
+        assert_eq!(duration("0s"), Ok(Duration::ZERO));
+        for zero in ["0", "0s", "0ms"] {
+            assert!(positive_duration(zero).is_err(), "{zero}");
+        }
+        assert_eq!(connect_timeout("1h"), Ok(Duration::from_secs(3600)));
+        assert!(connect_timeout("2h").is_err());
+        assert!(connect_timeout("0s").is_err());
     }
 
     #[test]

@@ -697,6 +697,30 @@ fn an_option_overrides_a_malformed_variable() {
     }
 }
 
+/// Every duration out of its range is a usage error (2) naming the option, before anything
+/// connects: `--ttl 0` was refused once connected (78, "0ns"), `--connect-timeout 2h` by the
+/// backend's configuration (78, "at most one hour"), while `--ttl 25h` was 2 already.
+#[test]
+fn durations_out_of_range_are_usage_errors() {
+    for args in [
+        &["--ttl", "0"][..],
+        &["--ttl", "0ms"][..],
+        &["--ttl", "25h"][..],
+        &["--connect-timeout", "0s"][..],
+        &["--connect-timeout", "2h"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .args(["--endpoints", "etcd://127.0.0.1:1"])
+            .args(args)
+            .args(["lock", "x", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(args[args.len() - 2]), "{args:?}: {err}");
+    }
+}
+
 /// Two `fencelock lock` processes on the cluster at `url` run their commands one after the
 /// other (each logs its start and end into `dir`'s log).
 async fn two_processes_exclude(url: &str, ns: &str, dir: &Path) {
