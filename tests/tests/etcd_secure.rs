@@ -239,6 +239,15 @@ async fn authentication() {
         },
     )
     .await;
+    // Said as it is, not in etcd's words ("user name is empty", as if one had been given).
+    let e = async {
+        let b = connect(EtcdConfig::new([&ep])).await?;
+        let s = Session::builder(b).namespace("granted").start().await?;
+        s.mutex("m")?.lock().await.map(drop)
+    }
+    .await
+    .unwrap_err();
+    assert!(chain(&e).contains("no user was given"), "{}", chain(&e));
     // Lease operations need no permission: the session starts; its first lock is refused.
     let outside = Session::builder(backend.clone())
         .namespace("other")

@@ -31,10 +31,15 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
                     source: readable(e),
                 }
             }
-            Code::InvalidArgument
-                if s.message().contains("authentication failed")
-                    || s.message().contains("user name is empty") =>
-            {
+            // No user given, to a cluster that requires one: etcd's words ("user name is
+            // empty") read as if a user had been given empty.
+            Code::InvalidArgument if s.message().contains("user name is empty") => {
+                return Error::Unauthenticated {
+                    backend: NAME,
+                    source: "the cluster requires authentication, and no user was given".into(),
+                }
+            }
+            Code::InvalidArgument if s.message().contains("authentication failed") => {
                 return Error::Unauthenticated {
                     backend: NAME,
                     source: readable(e),
