@@ -126,7 +126,7 @@ impl MultiLock {
     ///
     /// As [`lock`](Self::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = crate::acquire::deadline_after(timeout);
         self.lock_until(deadline.map(|d| (d, timeout))).await
     }
 

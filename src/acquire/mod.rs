@@ -32,11 +32,20 @@ pub(crate) enum Wait {
     Until { deadline: Instant, after: Duration },
 }
 
+/// The instant `timeout` from now, or `None` (never) if it is too large for the clock, or
+/// within a second of that: Tokio's timer rounds a deadline up to its next millisecond
+/// unchecked, and would overflow on it.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    let now = Instant::now();
+    now.checked_add(timeout.saturating_add(Duration::from_secs(1)))?;
+    Some(now + timeout)
+}
+
 impl Wait {
-    /// Waiting for at most `timeout`. A timeout too large to add to the clock waits forever
-    /// (it would never expire anyway).
+    /// Waiting for at most `timeout`. A timeout too large for the clock waits forever (it
+    /// would never expire anyway): see [`deadline_after`].
     pub(crate) fn at_most(timeout: Duration) -> Wait {
-        match Instant::now().checked_add(timeout) {
+        match deadline_after(timeout) {
             Some(deadline) => Wait::Until {
                 deadline,
                 after: timeout,
@@ -357,5 +366,31 @@ pub(crate) async fn local_turn(
             .await?
             .map(|slot| Some((slot, true)))
             .map_err(|_| wait.timed_out()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_past_the_clock_are_never() {
+        assert!(deadline_after(Duration::from_secs(1)).is_some());
+        assert!(deadline_after(Duration::MAX).is_none());
+        // The last second before the clock's end: not a deadline Tokio's timer could take.
+        let mut lo = Duration::ZERO;
+        let mut hi = Duration::MAX;
+        // The largest timeout the clock can add, to within a millisecond.
+        while hi - lo > Duration::from_millis(1) {
+            let mid = lo + (hi - lo) / 2;
+            if Instant::now().checked_add(mid).is_some() {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        assert!(deadline_after(lo).is_none());
+        assert!(deadline_after(lo.saturating_sub(Duration::from_millis(500))).is_none());
+        assert!(deadline_after(lo.saturating_sub(Duration::from_secs(2))).is_some());
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::timeout_at;
 use tracing::{info_span, Instrument};
 
 use super::shared::Shared;
@@ -126,7 +126,7 @@ impl SessionBuilder {
             backend = backend.name(),
             id = tracing::field::Empty
         );
-        let give_up = Instant::now().checked_add(self.start_timeout);
+        let give_up = crate::acquire::deadline_after(self.start_timeout);
         let clock = if backend.runs_on_tokio_clock() {
             clock::Clock::on_tokio_time()
         } else {
