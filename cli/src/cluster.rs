@@ -195,7 +195,20 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
             .await
     };
     match tokio::time::timeout_at(deadline + OVERRUN, start).await {
-        Ok(started) => started,
+        Ok(Ok(session)) => {
+            // A ZooKeeper server holds sessions to its maxSessionTimeout: the lock is held
+            // to that shorter TTL (safely: the local deadline follows it), which the user
+            // should know of.
+            if session.ttl() < args.ttl {
+                say!(
+                    "the cluster granted a TTL of {:?}, less than the {:?} asked (--ttl)",
+                    session.ttl(),
+                    args.ttl
+                );
+            }
+            Ok(session)
+        }
+        Ok(Err(e)) => Err(e),
         // A try in progress ran past the bound: dropped (a session the cluster opened
         // meanwhile owns nothing and expires with its TTL).
         Err(_) => {

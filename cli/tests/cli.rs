@@ -697,6 +697,26 @@ fn an_option_overrides_a_malformed_variable() {
     }
 }
 
+/// A TTL the cluster lowers (a ZooKeeper server's maxSessionTimeout, 60 s here) is said, not
+/// taken silently (black-box round 7: `--ttl 1h` held sessions of 40 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_ttl_is_said() {
+    let Some(t) = Target::zookeeper().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_lowered_ttl");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = run(&t.url, &ns, dir.path(), &["--ttl", "2m", "leader", "x"]).await;
+    assert_eq!(code, 75, "{out}");
+    assert!(
+        out.contains("granted a TTL of 60s, less than the 120s asked"),
+        "{out}"
+    );
+    let (code, out) = run(&t.url, &ns, dir.path(), &["--ttl", "20s", "leader", "x"]).await;
+    assert_eq!(code, 75, "{out}");
+    assert!(!out.contains("granted a TTL"), "{out}");
+}
+
 /// Every duration out of its range is a usage error (2) naming the option, before anything
 /// connects: `--ttl 0` was refused once connected (78, "0ns"), `--connect-timeout 2h` by the
 /// backend's configuration (78, "at most one hour"), while `--ttl 25h` was 2 already.
