@@ -26,7 +26,7 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// command exits, whatever it left running gets SIGTERM, then SIGKILL after --grace (at once
 /// if the grant is lost meanwhile), before the lock is released. If fencelock itself is
 /// killed outright (SIGKILL, the OOM killer), its keeper (the command's parent, $PPID) SIGKILLs
-/// the whole tree; so it does at the session's local deadline (see --ttl) if fencelock is
+/// the whole tree; so it does soon after the session's local deadline (see --ttl) if fencelock is
 /// stopped (SIGSTOP) or stuck meanwhile.
 ///
 /// Signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,

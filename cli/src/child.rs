@@ -55,12 +55,19 @@ impl Grant {
         }
     }
 
-    /// Its session's local deadline (see [`crate::keeper::Keeper::hold_until`]).
+    /// When the keeper kills the tree unless told a later instant (see
+    /// [`crate::keeper::Keeper::hold_until`]): half the safety margin past the session's local
+    /// deadline. fencelock itself kills it at the local deadline; the keeper is for a
+    /// fencelock that cannot (stopped, stuck), and the half margin lets fencelock tell it of a
+    /// heartbeat confirmed just before the deadline (it does so on its next 100 ms tick). The
+    /// cluster keeps the session at least a whole margin past the local deadline (that is what
+    /// the margin is), so the tree is still dead before the lock can be another's.
     fn deadline(&self) -> tokio::time::Instant {
-        match self {
-            Grant::Lock(g) => g.session().deadline(),
-            Grant::Leader(l) => l.session().deadline(),
-        }
+        let session = match self {
+            Grant::Lock(g) => g.session(),
+            Grant::Leader(l) => l.session(),
+        };
+        session.deadline() + session.safety_margin() / 2
     }
 
     fn is_held(&self) -> bool {

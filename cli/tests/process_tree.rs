@@ -230,6 +230,40 @@ async fn a_stopped_fencelock_does_not_leave_its_tree_running(t: Target) {
     s.close().await.unwrap();
 }
 
+/// A command stopped for long while fencelock heartbeats keeps its grant: its keeper stops
+/// with it, and fencelock's deadlines queue up in the keeper's pipe meanwhile (about 35 in
+/// 24 s at a TTL of 2 s). Continued, the keeper read a few of them, took a stale one for the
+/// last, and killed the tree of a holder that had heartbeated all along (diff review). The
+/// command continues (and runs on for a while: the keeper, continued by fencelock, reads the
+/// pipe while it runs) and exits 0, and so does fencelock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_stopped_for_long_keeps_its_grant() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    let ns = unique_namespace("cli_stopped_command");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = command(&t.url, &ns);
+    cmd.env("FENCELOCK_TTL", "2s").args([
+        "lock",
+        "m",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid; kill -STOP $$; echo resumed > resumed; sleep 2",
+    ]);
+    let mut r = Run::spawn(cmd, d, "stopped-command");
+    let pid = pid_in(&d.join("pid")).await;
+    until_stopped(&[pid], true, "the command stopped itself").await;
+    // The scenario: a stop long enough for dozens of deadlines to queue.
+    tokio::time::sleep(Duration::from_secs(24)).await;
+    assert!(alive(pid), "killed while stopped: {}", r.output());
+    rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::CONT).unwrap();
+    file_contains(&d.join("resumed"), "resumed").await;
+    assert_eq!(r.code(WITHIN).await, 0, "{}", r.output());
+}
+
 on_each!(
     lost_grant_stops_the_tree,
     nothing_outlives_fencelock,

@@ -11,8 +11,9 @@
 //! - holds the read end of a pipe whose write end fencelock alone holds: however fencelock
 //!   ends, the pipe then reads end of file, and the keeper SIGKILLs its children until none
 //!   is left (each one killed hands its own children to the keeper in turn);
-//! - reads on that pipe the session's local deadline, which fencelock writes after each
-//!   heartbeat ([`Keeper::hold_until`]), and SIGKILLs the tree as above once it passes: a
+//! - reads on that pipe the instant to kill the tree at (half a safety margin past the
+//!   session's local deadline), which fencelock writes after each heartbeat
+//!   ([`Keeper::hold_until`]), and SIGKILLs the tree as above once it passes: a
 //!   fencelock that is stopped (SIGSTOP, a debugger) or stuck sends no heartbeat, and the
 //!   lock may be another's soon after (black-box round 7: the command of a fencelock
 //!   SIGSTOPped for 6 s at a TTL of 3 s ran 0.7-3.5 s beside the next holder's);
@@ -86,11 +87,10 @@ impl Keeper {
         Tree::new(spawned, if own_group { command } else { None }, command)
     }
 
-    /// Tells the keeper to kill the tree at `deadline` (the session's local deadline) unless
-    /// told a later one before. Written as an instant of `CLOCK_BOOTTIME`, which both
-    /// processes read: a deadline the keeper reads late (stopped with the command meanwhile)
-    /// still means the instant it meant when written. A full pipe (a keeper stopped for
-    /// minutes) is left to the next call.
+    /// Tells the keeper to kill the tree at `deadline` unless told a later one before. Written
+    /// as an instant of `CLOCK_BOOTTIME`, which both processes read: a deadline the keeper
+    /// reads late (stopped with the command meanwhile) still means the instant it meant when
+    /// written. A full pipe (a keeper stopped for hours) is left to the next call.
     pub(crate) fn hold_until(&mut self, deadline: Instant) {
         let Some((_, write)) = &self.pipe else {
             return;

@@ -53,6 +53,17 @@ pub(crate) fn run(args: &[OsString]) -> u8 {
     let Some(timer) = deadline_timer() else {
         return exit::SOFTWARE;
     };
+    // Read to the end each time (`read_deadline`); fencelock, which never reads its copy of
+    // this end, is not affected.
+    // SAFETY: `fcntl` on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fencelock.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(
+            fencelock.as_raw_fd(),
+            libc::F_SETFL,
+            flags | libc::O_NONBLOCK,
+        );
+    }
     // The last deadline fencelock wrote (none before the first).
     let mut until: Option<u64> = None;
     loop {
@@ -122,24 +133,34 @@ enum Read {
     Gone,
     /// The deadline it wrote last (`CLOCK_BOOTTIME`, ns).
     Deadline(u64),
-    /// Nothing (interrupted).
+    /// Nothing new.
     Nothing,
 }
 
-/// Reads the deadlines fencelock wrote (8 bytes each, written whole: less than `PIPE_BUF`),
-/// keeping the last.
+/// Reads every deadline fencelock wrote (8 bytes each, written whole: less than `PIPE_BUF`),
+/// to the last: a keeper continued after a long stop (it stops with the command) finds many
+/// queued, and the first of them are stale (one read of a few took a stale one for the last,
+/// and killed the tree of a holder that heartbeated all along). `fencelock` is non-blocking.
 fn read_deadline(fencelock: &OwnedFd) -> Read {
-    let mut buf = [0u8; 8 * 32];
-    // SAFETY: `buf` is valid for its length.
-    let n = unsafe { libc::read(fencelock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    match usize::try_from(n) {
-        Ok(0) => Read::Gone,
-        Ok(n) if n >= 8 => {
-            let last = &buf[(n / 8 - 1) * 8..n / 8 * 8];
-            Read::Deadline(u64::from_ne_bytes(last.try_into().expect("8 bytes")))
+    let mut buf = [0u8; 8 * 64];
+    let mut last = None;
+    loop {
+        // SAFETY: `buf` is valid for its length.
+        let n = unsafe { libc::read(fencelock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match usize::try_from(n) {
+            Ok(0) => return Read::Gone,
+            Ok(n) if n >= 8 => {
+                let record = &buf[(n / 8 - 1) * 8..n / 8 * 8];
+                last = Some(u64::from_ne_bytes(record.try_into().expect("8 bytes")));
+            }
+            // A short read cannot happen (whole writes of 8 bytes).
+            Ok(_) => {}
+            Err(_) => match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => {}
+                // Drained (EAGAIN), or an error there is no more to do about.
+                _ => return last.map_or(Read::Nothing, Read::Deadline),
+            },
         }
-        // A short read cannot happen (whole writes of 8 bytes); an error is an interruption.
-        _ => Read::Nothing,
     }
 }
 
