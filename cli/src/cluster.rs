@@ -199,7 +199,8 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
             // A ZooKeeper server holds sessions to its maxSessionTimeout: the lock is held
             // to that shorter TTL (safely: the local deadline follows it), which the user
             // should know of.
-            if session.ttl() < args.ttl {
+            // In whole milliseconds: a ZooKeeper server grants no finer.
+            if session.ttl().as_millis() < args.ttl.as_millis() {
                 say!(
                     "the cluster granted a TTL of {:?}, less than the {:?} asked (--ttl)",
                     session.ttl(),

@@ -80,7 +80,9 @@ impl Wait {
             Wait::No => Instant::now(),
             Wait::Until { deadline, .. } => deadline,
         };
-        from.checked_add(patience).map(|at| (at, patience))
+        // With the margin of `deadline_after` (Tokio's timer rounds up unchecked).
+        from.checked_add(patience.saturating_add(Duration::from_secs(1)))
+            .map(|_| (from + patience, patience))
     }
 
     fn timed_out(self) -> Error {

@@ -167,9 +167,11 @@ async fn round(
                 .into(),
             })?
             .map_err(|e| map("connect", e))?;
-        if let [only] = healthy.as_slice() {
-            // A client on that endpoint alone: the streams' client there too (with a user,
-            // one authentication less).
+        if let ([_], [only]) = (endpoints, healthy.as_slice()) {
+            // One endpoint configured: the client is on it alone, and stays so (the rotation
+            // puts endpoints back into it, which it then shares with its clones: never with
+            // one endpoint), so it is the streams' client there too (with a user, one
+            // authentication less).
             rotation.share(only, client.clone()).await;
         }
         return Ok((client, rotation));

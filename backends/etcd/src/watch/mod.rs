@@ -104,6 +104,7 @@ impl KeyWatcher {
             rotation,
             bound,
             moves,
+            shut: Default::default(),
         });
         tokio::spawn(mover(Arc::downgrade(&inner), silent));
         KeyWatcher { inner }
@@ -112,8 +113,11 @@ impl KeyWatcher {
     /// Ends the session's watch stream (the session is closed): every wait on it fails
     /// (temporary), and the server drops the stream with its watches. Also done when the
     /// watcher is dropped; here for a closed session whose handles are kept. A stream being
-    /// opened right now is left to the drop.
+    /// opened right now is retired by its opener, which finds the watcher shut.
     pub(crate) fn shut(&self) {
+        self.inner
+            .shut
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Ok(mut conn) = self.inner.conn.try_lock() {
             retire(&mut conn);
         }

@@ -217,6 +217,9 @@ pub(super) struct Inner {
     pub(super) bound: Duration,
     /// Silent streams whose watches must move, for the task that moves them.
     pub(super) moves: mpsc::UnboundedSender<Arc<StdMutex<Stream>>>,
+    /// Set when the session closes: no stream is opened any more (a create waiting for the
+    /// stream's lock as the close retired the stream would otherwise open a new one).
+    pub(super) shut: std::sync::atomic::AtomicBool,
 }
 
 /// Gives up the stream in `conn`: its reader stops and drops its end of the stream, and the

@@ -401,6 +401,9 @@ pub(super) async fn open_stream(
     conn: &mut Option<Conn>,
     creates: Vec<Create>,
 ) -> Result<Vec<Create>> {
+    if inner.shut.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(temporary("watch", "the session is closed"));
+    }
     let mut creates = creates.into_iter();
     let Some(first) = creates.next() else {
         return Ok(Vec::new());
@@ -427,6 +430,11 @@ pub(super) async fn open_stream(
         sender: sender.clone(),
         stream: stream.clone(),
     });
+    // Shut while this stream opened (`shut` found the lock held): retired at once.
+    if inner.shut.load(std::sync::atomic::Ordering::SeqCst) {
+        retire(conn);
+        return Err(temporary("watch", "the session is closed"));
+    }
     tokio::spawn(supervise(
         Arc::downgrade(inner),
         stream,

@@ -22,6 +22,7 @@ local function begin(keys)
   -- Made at the first guarded key: a table costs about 1,300 instructions.
   guarded = nil
   s_of, q_of, e_of = nil, nil, nil
+  s_key, q_key, e_key = nil, nil, nil
 end
 local function guard(key)
   if GUARD then
