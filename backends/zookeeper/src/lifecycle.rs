@@ -49,6 +49,9 @@ pub(crate) struct ZkSession {
     /// The close on the cluster: confirmed, or when it was first tried (callers of `close`
     /// take turns).
     closed: AsyncMutex<Closing>,
+    /// The state of the client the close let go of, until it ends: kept for the next close
+    /// if the one that let go of it is cancelled while it waits.
+    ending: StdMutex<Option<zk::StateWatcher>>,
 }
 
 impl fmt::Debug for ZkSession {
@@ -94,6 +97,7 @@ impl ZkSession {
             heartbeat,
             events: AsyncMutex::new(rx),
             closed: AsyncMutex::new(Closing::NotYet),
+            ending: StdMutex::new(None),
         }
     }
 
@@ -127,11 +131,14 @@ impl ZkSession {
         // fail so, while the other's went through).
         let mut closed = self.closed.lock().await;
         if let Some(last) = self.links.end(SessionEnd::Closed) {
-            // Its client ends once the waits on it woke and let go (the end wakes them):
-            // alive, it would take the session back from the closer when the server drops
-            // its connection for the closer's, and the close would fail.
-            let mut state = last.state.clone();
-            drop(last);
+            *self.ending.lock().unwrap() = Some(last.state.clone());
+        }
+        // Its client ends once the waits on it woke and let go (the end wakes them): alive,
+        // it would take the session back from the closer when the server drops its
+        // connection for the closer's, and the close would fail. (Waited for by every close
+        // until it has ended: one cancelled meanwhile leaves the wait to the next.)
+        let ending = self.ending.lock().unwrap().clone();
+        if let Some(mut state) = ending {
             let ended = async {
                 while !state.state().is_terminated() {
                     state.changed().await;
