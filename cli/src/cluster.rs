@@ -196,16 +196,14 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
     };
     match tokio::time::timeout_at(deadline + OVERRUN, start).await {
         Ok(Ok(session)) => {
-            // A ZooKeeper server holds sessions to its maxSessionTimeout: the lock is held
-            // to that shorter TTL (safely: the local deadline follows it), which the user
-            // should know of.
-            // In whole milliseconds: a ZooKeeper server grants no finer.
-            if session.ttl().as_millis() < args.ttl.as_millis() {
-                say!(
-                    "the cluster granted a TTL of {:?}, less than the {:?} asked (--ttl)",
-                    session.ttl(),
-                    args.ttl
-                );
+            // A ZooKeeper server holds sessions between its minSessionTimeout and
+            // maxSessionTimeout (etcd leases have a least TTL too): the lock is held to that TTL
+            // (safely: the local deadline follows it), and a failover takes as long, which the
+            // user should know of. In whole milliseconds: a ZooKeeper server grants no finer.
+            let (granted, asked) = (session.ttl(), args.ttl);
+            if granted.as_millis() != asked.as_millis() {
+                let than = if granted < asked { "less" } else { "more" };
+                say!("the cluster granted a TTL of {granted:?}, {than} than the {asked:?} asked (--ttl)");
             }
             Ok(session)
         }
