@@ -37,7 +37,8 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// group, and what the terminal sends that group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup) reaches
 /// it directly and is not passed on again (what a process sends fencelock alone, kill -INT,
 /// is). SIGTSTP or SIGTTIN sent to fencelock stops the command too; stopped past the
-/// session's local deadline (see --ttl), the command is killed once continued. On a terminal, in an orphaned process group (as under
+/// session's local deadline (see --ttl), the command is killed before it runs again. On a
+/// terminal, in an orphaned process group (as under
 /// ssh -t), they are ignored: nothing could continue it. A shell's background job (fencelock
 /// … &): fg hands the terminal to the command, and a Ctrl-Z there stops the job. While
 /// releasing, signals are held back. A signal fencelock was started with ignored (SIGHUP

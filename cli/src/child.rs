@@ -128,8 +128,8 @@ enum End {
 ///   paused past its TTL), the status is [`exit::LOST`], not the command's.
 /// - SIGTSTP and SIGTTIN (job control) stop the command with fencelock; continued with a grant
 ///   lost meanwhile, the command is killed without running again (in a terminal's foreground,
-///   where the shell continues the command with fencelock, it runs until fencelock kills it:
-///   milliseconds). On a terminal, in an orphaned process group (`ssh -t host fencelock …`:
+///   where the shell continues the command with fencelock, the keeper, which does not stop
+///   there, has killed it while it was stopped). On a terminal, in an orphaned process group (`ssh -t host fencelock …`:
 ///   nobody to continue it), they are ignored, as the kernel discards a Ctrl-Z for the
 ///   command. For a shell's background job, job control is relayed ([`relay_job_control`]).
 /// - A signal that arrived before the command could start stops fencelock without running it.

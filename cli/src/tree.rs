@@ -219,9 +219,13 @@ impl Tree {
             .filter(|p| p.stopped)
             .map(|p| p.pid)
             .collect();
+        // Not the keeper: it stops with the command by itself, or not at all where the
+        // command shares fencelock's group (see `keeper/process.rs`, `mirror`), to kill the
+        // tree at the deadline while fencelock is stopped.
+        let keeper = self.below.map(|_| self.command);
         self.members()
             .into_iter()
-            .filter(|p| !stopped.contains(&p.as_raw_nonzero().get()))
+            .filter(|p| !stopped.contains(&p.as_raw_nonzero().get()) && Some(*p) != keeper)
             .collect()
     }
 

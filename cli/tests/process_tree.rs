@@ -1310,6 +1310,56 @@ async fn a_job_brought_to_the_foreground_stops_on_ctrl_z() {
     }
 }
 
+/// A Ctrl-Z at a terminal, fencelock and its command the shell's foreground job (one process
+/// group), for longer than the session lasts: the keeper, which does not stop there, kills the
+/// stopped tree at the deadline while fencelock is stopped still, so the shell's `fg`, which
+/// continues the whole group at once, finds nothing to continue but fencelock, which exits 76.
+/// Before, the keeper stopped with the command, and `fg` let the command run again for a few
+/// milliseconds beside the next holder (black-box round 8: 1 to 3 runs of 4 on etcd and Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ctrl_z_past_the_deadline_leaves_nothing_to_continue() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    if !may_use_a_pty() {
+        return;
+    }
+    let ns = unique_namespace("cli_ctrl_z");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut sh = Shell::start(&t, &ns, d, "ctrl_z", "2s");
+    let (fencelock, command, _left) = sh
+        .job(
+            "echo $PPID > fencelock; echo $$ > pid; while :; do echo x >> out; sleep 0.05; done",
+            false,
+        )
+        .await;
+    file_contains(&d.join("out"), "x").await;
+    sh.type_in("\x1a");
+    until_stopped(&[fencelock, command], true, "Ctrl-Z").await;
+    // The local deadline comes within the TTL (2 s) of the last heartbeat, the keeper's half a
+    // margin (0.5 s) later.
+    let start = Instant::now();
+    while alive(command) {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "the stopped command outlived the deadline: {}",
+            sh.run.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state(fencelock), Some('T'), "fencelock is stopped still");
+    sh.type_in("fg\n");
+    sh.type_in("echo \"status $?\" > status\n");
+    let status = file_contains(&d.join("status"), "\n").await;
+    assert!(
+        status.contains("status 76"),
+        "{status}: {}",
+        sh.run.output()
+    );
+    sh.type_in("exit\n");
+}
+
 /// The foreground process group of the terminal of process `pid` (`tpgid` of its stat).
 fn foreground_group_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -19,9 +19,11 @@
 //!   SIGSTOPped for 6 s at a TTL of 3 s ran 0.7-3.5 s beside the next holder's);
 //! - otherwise stands for the command towards fencelock, which knows the keeper as its child
 //!   (the PID it waits for): it exits with the command's status, or ends by the signal that
-//!   ended it, and stops when it stops (a read of the terminal from the background, a
-//!   debugger's SIGSTOP); fencelock continues it should it stay stopped while the command runs
-//!   again (`Tree::tend`);
+//!   ended it, and, where the command leads a group of its own, stops when it stops (a read of
+//!   the terminal from the background, a debugger's SIGSTOP); fencelock continues it should it
+//!   stay stopped while the command runs again (`Tree::tend`). In a terminal's foreground,
+//!   where the command shares fencelock's group, it does not stop: a Ctrl-Z stops fencelock
+//!   and the command, and the keeper kills the stopped tree at the deadline (`mirror`);
 //! - is in the command's process group, which the command leads (in fencelock's, with the
 //!   command, in a terminal's foreground), and ignores every signal but SIGKILL, SIGSTOP,
 //!   SIGCONT and SIGCHLD from before its `exec` (the command gets its own copy of what its
