@@ -274,6 +274,11 @@ impl Tree {
             .map(|n| Signal::from_named_raw(n).unwrap_or(Signal::STOP))
     }
 
+    /// Whether the command (not its keeper) is stopped now, from `/proc` (false without one).
+    pub(crate) fn command_is_stopped(&self) -> bool {
+        procfs::state_of(self.below.unwrap_or(self.command)).is_some_and(|p| p.stopped)
+    }
+
     /// The command's own process group, if it has one.
     pub(crate) fn group(&self) -> Option<Pid> {
         self.group

@@ -1337,8 +1337,8 @@ async fn a_ctrl_z_past_the_deadline_leaves_nothing_to_continue() {
     file_contains(&d.join("out"), "x").await;
     sh.type_in("\x1a");
     until_stopped(&[fencelock, command], true, "Ctrl-Z").await;
-    // The local deadline comes within the TTL (2 s) of the last heartbeat, the keeper's half a
-    // margin (0.5 s) later.
+    // The local deadline, when the keeper kills, comes within the TTL (2 s) of the last
+    // heartbeat.
     let start = Instant::now();
     while alive(command) {
         assert!(

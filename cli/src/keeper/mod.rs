@@ -11,8 +11,8 @@
 //! - holds the read end of a pipe whose write end fencelock alone holds: however fencelock
 //!   ends, the pipe then reads end of file, and the keeper SIGKILLs its children until none
 //!   is left (each one killed hands its own children to the keeper in turn);
-//! - reads on that pipe the instant to kill the tree at (half a safety margin past the
-//!   session's local deadline), which fencelock writes after each heartbeat
+//! - reads on that pipe the instant to kill the tree at (the session's local deadline),
+//!   which fencelock writes after each heartbeat
 //!   ([`Keeper::hold_until`]), and SIGKILLs the tree as above once it passes: a
 //!   fencelock that is stopped (SIGSTOP, a debugger) or stuck sends no heartbeat, and the
 //!   lock may be another's soon after (black-box round 7: the command of a fencelock
