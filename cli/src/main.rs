@@ -15,6 +15,7 @@ mod child;
 mod cluster;
 mod credentials;
 mod exit;
+mod grant;
 mod keeper;
 mod message;
 mod observe;
@@ -36,7 +37,7 @@ use clap::CommandFactory;
 use fencelock::{Result, Session};
 
 use args::{Cli, Command, Output, WaitArgs};
-use child::Grant;
+use grant::Grant;
 use signals::{status_of, Signals, Stopped};
 
 fn main() -> ExitCode {

@@ -169,6 +169,17 @@ async fn a_double_forked_daemon_does_not_escape(t: Target) {
 const TREE_BACKGROUND: &str =
     r#"sleep 1000 & echo $! > bg; (setsid sleep 1000 & echo $! > daemon);"#;
 
+/// The lock `m` of `ns`, taken by a session of the test's once the paused holder's session is
+/// gone (within [`WITHIN`]).
+async fn next_holder(t: &Target, ns: &str) -> (Session, fencelock::Guard) {
+    let s = t.session(ns).await;
+    let next = tokio::time::timeout(WITHIN, s.mutex("m").unwrap().lock())
+        .await
+        .expect("granted after the paused holder's TTL")
+        .unwrap();
+    (s, next)
+}
+
 /// fencelock paused (SIGSTOP) past its TTL while the command runs to its end: when it resumes,
 /// the grant is gone and the status is 76, not the command's 0.
 async fn lost_while_paused(t: Target) {
@@ -188,11 +199,7 @@ async fn lost_while_paused(t: Target) {
     file_contains(&d.join("started"), "started").await;
     r.child.pause();
     // Past the TTL: the cluster expires the session; another holder may take the lock.
-    let s = t.session(&ns).await;
-    let next = tokio::time::timeout(WITHIN, s.mutex("m").unwrap().lock())
-        .await
-        .expect("granted after the paused holder's TTL")
-        .unwrap();
+    let (s, next) = next_holder(&t, &ns).await;
     r.child.resume();
     assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
     assert!(r.output().contains("lost"), "{}", r.output());
@@ -216,11 +223,7 @@ async fn a_stopped_fencelock_does_not_leave_its_tree_running(t: Target) {
     file_contains(&d.join("out"), "\n").await;
     r.child.pause();
     let stopped_at = Instant::now();
-    let s = t.session(&ns).await;
-    let next = tokio::time::timeout(WITHIN, s.mutex("m").unwrap().lock())
-        .await
-        .expect("granted after the stopped holder's TTL")
-        .unwrap();
+    let (s, next) = next_holder(&t, &ns).await;
     // fencelock is stopped still: whatever stopped the tree was its keeper.
     all_gone("stopped", &pids, d).await;
     assert!(stopped_at.elapsed() < WITHIN);

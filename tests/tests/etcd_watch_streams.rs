@@ -123,18 +123,27 @@ async fn waiters_wake_across_watch_stream_replacements() {
     }
 }
 
+/// A one-member etcd cluster of the test's own, so that no other test's watches and streams
+/// are counted (`None` where etcd is not available).
+async fn own_server() -> Option<EtcdCluster> {
+    if !available(Kind::Etcd) {
+        return None;
+    }
+    Some(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+            .await
+            .unwrap(),
+    )
+}
+
 /// Waits given up at every moment behind a holder that stays leave no watch on the server: one
 /// dropped while its watch was being created left the watch there until the holder's key was
 /// deleted (for an election's leader, hours), and the stream asked for progress all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_given_up_while_their_watch_is_created_leave_no_watch() {
-    if !available(Kind::Etcd) {
+    let Some(cluster) = own_server().await else {
         return;
-    }
-    // A server of its own: no other test's watches are counted.
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
+    };
     let ep = cluster.endpoint(0);
     let watchers = || etcd_counter(&ep, "etcd_debugging_mvcc_watcher_total", "");
     let mut sessions = Vec::new();
@@ -209,13 +218,9 @@ async fn waits_given_up_while_their_watch_is_created_leave_no_watch() {
 /// Supervisor replacing lost sessions).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_session_leaves_no_watch_stream() {
-    if !available(Kind::Etcd) {
+    let Some(cluster) = own_server().await else {
         return;
-    }
-    // A server of its own: no other test's streams are counted.
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .unwrap();
+    };
     let ep = cluster.endpoint(0);
     let streams = || etcd_counter(&ep, "etcd_debugging_mvcc_watch_stream_total", "");
     let watchers = || etcd_counter(&ep, "etcd_debugging_mvcc_watcher_total", "");
