@@ -200,9 +200,10 @@ pub(crate) async fn run_under(
             }
         };
         if let Some(reason) = lost_now {
-            // The lock may be another's already (at its local deadline the session is closed
-            // on the cluster at once, and the next waiter granted): not one more instruction
-            // of the tree, and no SIGTERM handler running beside the next holder.
+            // The lock may be another's already (the cluster expired the session, someone
+            // deleted the entry; lost by its local deadline, the session is closed only after
+            // this, by `main::run`, and the next waiter granted then): not one more
+            // instruction of the tree, and no SIGTERM handler running beside the next holder.
             tree.signal(Signal::KILL);
             say!(
                 "the {} {name:?} was lost ({reason}): the command is killed",

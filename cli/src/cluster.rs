@@ -190,6 +190,10 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         Session::builder(backend)
             .namespace(namespace)
             .ttl(args.ttl)
+            // At the local deadline the tree is killed first (see `child::run_under`), and
+            // the session closed after it (`main::run`): the next holder is granted only once
+            // nothing of the command runs.
+            .close_at_deadline(false)
             .start_timeout(left)
             .start()
             .await

@@ -139,11 +139,12 @@ async fn run(mut cli: Cli) -> u8 {
             exit::of_error(&e)
         }
     };
-    // Ends the session on the cluster: whatever it still holds goes at once. A cluster just
-    // found silent (or a session lost) gets a second, not another connect timeout: the
-    // bounds of --try and --timeout count it.
+    // Ends the session on the cluster: whatever it still holds goes at once (a session lost
+    // by its local deadline included: it was left for this close, after the command's tree).
+    // A cluster just found silent (or a session lost) gets a second, not another connect
+    // timeout: the bounds of --try and --timeout count it.
     let bound = match code {
-        exit::UNAVAILABLE => bound.min(Duration::from_secs(1)),
+        exit::UNAVAILABLE | exit::LOST => bound.min(Duration::from_secs(1)),
         _ => bound,
     };
     match tokio::time::timeout(bound, session.close()).await {

@@ -175,16 +175,22 @@ fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
 
-/// A holder cut off from the cluster (a proxy that forwards nothing) loses the lock at its local
-/// deadline: its command is killed (its SIGTERM trap does not run) before the TTL runs out on
-/// the server, and the next holder is granted after it.
-async fn lost_by_cut_off(t: Target, upstream: &str) {
+/// A holder cut off from the cluster loses the lock at its local deadline: its command is
+/// killed (its SIGTERM trap does not run), and the next holder is granted only after the
+/// command's last sign of life. Cut off by a proxy that forwards nothing (`BlackHole`), the
+/// lock goes when the cluster expires the session. Cut off one way (`BlackHoleReplies`: the
+/// heartbeats reach the cluster, which keeps the session, but no reply comes back), fencelock
+/// closes the session once the command is dead, and the next holder is granted then, not when
+/// the cluster expires it (at the local deadline, the session used to be closed at once, in a
+/// race with the command's kill).
+async fn lost_by_cut_off(t: Target, upstream: &str, mode: Mode) {
     let ns = unique_namespace("cli_cut_off");
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(upstream).await;
     let scheme = t.url.split("://").next().unwrap();
     let url = format!("{scheme}://{}", proxy.addr());
-    let script = r#"trap 'echo TERM > term; exit 0' TERM; echo started > started; while :; do sleep 0.05; done"#;
+    // Its signs of life: wall-clock nanoseconds, every 10 ms.
+    let script = r#"trap 'echo TERM > term; exit 0' TERM; echo started > started; while :; do date +%s%N >> alive; sleep 0.01; done"#;
     let mut r = Run::start(
         &url,
         &ns,
@@ -198,19 +204,39 @@ async fn lost_by_cut_off(t: Target, upstream: &str) {
         let m = s.mutex("m").unwrap();
         async move { (m.lock().await, Instant::now()) }
     });
-    proxy.set(Mode::BlackHole);
+    proxy.set(mode);
     assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
-    let stopped = Instant::now();
     assert!(
         !dir.path().join("term").exists(),
         "the command ran its SIGTERM trap after the grant was lost"
     );
     let (g, granted) = tokio::time::timeout(WITHIN, next).await.unwrap().unwrap();
+    let granted = std::time::SystemTime::now() - granted.elapsed();
     let g = g.unwrap();
+    let granted = granted
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let alive = std::fs::read_to_string(dir.path().join("alive")).unwrap();
+    let stamps: Vec<u128> = alive.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(stamps.len() > 20, "the command barely ran: {alive}");
+    let last = *stamps.last().unwrap();
     assert!(
-        stopped <= granted,
-        "the cut-off command stopped before the next grant"
+        last < granted,
+        "the cut-off command ran {} µs after the next grant",
+        (last - granted) / 1000
     );
+    // A ZooKeeper client sends its close only on a connection whose handshake was answered:
+    // the server expires the session.
+    if mode == Mode::BlackHoleReplies && scheme != "zk" {
+        // Closed by fencelock: the cluster would have kept the session a margin longer.
+        let after = Duration::from_nanos((granted - last) as u64);
+        assert!(
+            after < Duration::from_millis(1500),
+            "granted {after:?} after the command's end: left to the cluster's expiry? {}",
+            r.output()
+        );
+    }
     g.release().await.unwrap();
     s.close().await.unwrap();
 }
@@ -465,7 +491,8 @@ async fn etcd_cut_off_holder_is_stopped() {
         return;
     };
     let upstream = t.url.trim_start_matches("etcd://").to_string();
-    lost_by_cut_off(t, &upstream).await;
+    lost_by_cut_off(t.clone(), &upstream, Mode::BlackHole).await;
+    lost_by_cut_off(t, &upstream, Mode::BlackHoleReplies).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,7 +501,18 @@ async fn zookeeper_cut_off_holder_is_stopped() {
         return;
     };
     let upstream = t.url.trim_start_matches("zk://").to_string();
-    lost_by_cut_off(t, &upstream).await;
+    lost_by_cut_off(t.clone(), &upstream, Mode::BlackHole).await;
+    lost_by_cut_off(t, &upstream, Mode::BlackHoleReplies).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cut_off_holder_is_stopped() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("redis://").to_string();
+    lost_by_cut_off(t.clone(), &upstream, Mode::BlackHole).await;
+    lost_by_cut_off(t, &upstream, Mode::BlackHoleReplies).await;
 }
 
 /// `etcdctl` (Debian's `etcd-client`), the etcd Go `concurrency` recipes' own command: the same

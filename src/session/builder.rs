@@ -34,6 +34,7 @@ pub struct SessionBuilder {
     namespace: String,
     start_timeout: Duration,
     metrics_names: bool,
+    close_at_deadline: bool,
 }
 
 impl SessionBuilder {
@@ -58,6 +59,7 @@ impl SessionBuilder {
             namespace: DEFAULT_NAMESPACE.to_string(),
             start_timeout: DEFAULT_START_TIMEOUT,
             metrics_names: false,
+            close_at_deadline: true,
         }
     }
 
@@ -94,6 +96,23 @@ impl SessionBuilder {
     /// `name` label (default off: one series per lock name can be a lot of series).
     pub fn metrics_lock_names(mut self, on: bool) -> Self {
         self.metrics_names = on;
+        self
+    }
+
+    /// Whether a session lost by its local deadline frees what it holds on the cluster at once
+    /// (default `true`: the next waiters are granted without waiting out the TTL).
+    ///
+    /// With `false` the deadline only declares the session lost (every guard's
+    /// [`lost`](crate::Guard::lost) fires, and [`state`](crate::Session::state) says
+    /// so): its entries stay until [`Session::close`](crate::Session::close) or the cluster's
+    /// expiry, a safety margin or more later. For a holder whose work the fencing token cannot
+    /// guard, which must be stopped before anyone else may start (the `fencelock` command
+    /// SIGKILLs the command's processes): it stops the work when the session is lost, then
+    /// closes the session, so that the next holder is granted only after the work is stopped,
+    /// and not a TTL later either. A session dropped without a close leaves its entries to
+    /// the cluster's expiry.
+    pub fn close_at_deadline(mut self, close: bool) -> Self {
+        self.close_at_deadline = close;
         self
     }
 
@@ -202,6 +221,7 @@ impl SessionBuilder {
             cleanup_tx,
             span,
             self.metrics_names,
+            self.close_at_deadline,
         ));
         tokio::spawn(heartbeat::run(
             Arc::downgrade(&shared),

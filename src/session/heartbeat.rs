@@ -111,12 +111,20 @@ pub(crate) async fn run(
                     return;
                 }
                 Wake::Deadline => {
+                    let mut close = !halted;
                     if let Some(shared) = weak.upgrade() {
-                        shared.set_lost(SessionEnd::LocalDeadline);
+                        if shared.close_at_deadline || halted {
+                            shared.set_lost(SessionEnd::LocalDeadline);
+                        } else {
+                            // Left to the owner's close.
+                            close = false;
+                            shared.set_lost_unclosed(SessionEnd::LocalDeadline);
+                        }
                     }
                     // Free our entries now rather than at the cluster's expiry — unless the
-                    // heartbeats were halted to play a paused process, which sends nothing.
-                    if !halted {
+                    // heartbeats were halted to play a paused process, which sends nothing,
+                    // or the owner closes the session once it stopped what the locks guard.
+                    if close {
                         close_patiently(&*remote, ttl).await;
                     }
                     return;

@@ -1,7 +1,7 @@
 //! The state one session shares with its handles and background tasks.
 
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -35,9 +35,13 @@ pub(crate) struct Shared {
     pub(crate) stop: CancellationToken,
     /// Heartbeats stopped on purpose (a test playing a paused process).
     pub(crate) halted: AtomicBool,
-    /// Its heartbeat task went unfinished (its runtime shut down): lost, but not closed on the
-    /// cluster by anyone yet, which [`Session::close`](crate::Session::close) still does.
+    /// Lost, but not closed on the cluster by anyone yet, which
+    /// [`Session::close`](crate::Session::close) still does: its heartbeat task went unfinished
+    /// (its runtime shut down), or the local deadline passed while `close_at_deadline` is off.
     pub(crate) orphaned: AtomicBool,
+    /// Whether the heartbeat task closes the session on the cluster at the local deadline (see
+    /// [`SessionBuilder::close_at_deadline`](crate::SessionBuilder::close_at_deadline)).
+    pub(crate) close_at_deadline: bool,
     /// The local queues tasks of this session line up in before the cluster's.
     pub(crate) local: LocalQueues,
     cleanup: mpsc::UnboundedSender<Cleanup>,
@@ -59,6 +63,7 @@ impl Shared {
         cleanup: mpsc::UnboundedSender<Cleanup>,
         span: tracing::Span,
         metrics_names: bool,
+        close_at_deadline: bool,
     ) -> Self {
         crate::metrics::session_state(None, SessionState::Live);
         let local = LocalQueues::new(backend.mutex_and_election_share_queue());
@@ -74,6 +79,7 @@ impl Shared {
             stop: CancellationToken::new(),
             halted: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
+            close_at_deadline,
             local,
             cleanup,
             span,
@@ -170,11 +176,26 @@ impl Shared {
 
     /// Records the end of the session (the first reason wins) and logs it.
     pub(crate) fn set_lost(&self, reason: SessionEnd) {
+        self.lose(reason, false);
+    }
+
+    /// [`set_lost`](Self::set_lost), and if it is the end, marks the session as not closed on
+    /// the cluster (`orphaned`), which [`Session::close`](crate::Session::close) then does.
+    pub(crate) fn set_lost_unclosed(&self, reason: SessionEnd) {
+        self.lose(reason, true);
+    }
+
+    fn lose(&self, reason: SessionEnd, unclosed: bool) {
         let mut old = None;
         self.state.send_if_modified(|s| {
             if matches!(s, SessionState::Lost(_)) {
                 false
             } else {
+                // Marked under the state's lock: whoever reads the loss reads the mark too
+                // (and a session closed meanwhile is not marked: its close is under way).
+                if unclosed {
+                    self.orphaned.store(true, Ordering::SeqCst);
+                }
                 old = Some(*s);
                 *s = SessionState::Lost(reason);
                 true

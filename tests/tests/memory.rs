@@ -652,3 +652,47 @@ fn a_session_whose_runtime_shut_down_is_not_live() {
     });
     drop(held);
 }
+
+/// `close_at_deadline(false)`: a session lost by its local deadline keeps its locks on the
+/// cluster until its owner closes it (a TTL at most: the cluster's expiry), so that the owner
+/// stops what they guard before the next holder is granted; its close then frees them at once.
+/// By default the heartbeat task closes the session at the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_session_left_open_at_its_deadline_holds_until_closed() {
+    use fencelock::{LostReason, SessionEnd};
+    for close_at_deadline in [true, false] {
+        let backend = MemoryBackend::new();
+        let ttl = Duration::from_secs(10);
+        let a = Session::builder(backend.clone())
+            .ttl(ttl)
+            .close_at_deadline(close_at_deadline)
+            .start()
+            .await
+            .unwrap();
+        let id = a.id().to_string();
+        let held = a.mutex("m").unwrap().lock().await.unwrap();
+        backend.hold_keep_alives();
+        let lost = tokio::time::timeout(ttl, held.lost())
+            .await
+            .expect("lost by the local deadline");
+        assert_eq!(lost, LostReason::Session(SessionEnd::LocalDeadline));
+        // Half the margin (2 s) later: the cluster's expiry is a margin after the deadline.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            backend.session_alive(&id),
+            !close_at_deadline,
+            "close_at_deadline({close_at_deadline}): alive on the cluster after the loss"
+        );
+        a.close().await.unwrap();
+        assert!(!backend.session_alive(&id), "closed on the cluster");
+        backend.release_keep_alives();
+        // The lock is free at once.
+        let c = Session::builder(backend.clone()).start().await.unwrap();
+        let g = c.mutex("m").unwrap().try_lock().await.unwrap();
+        assert!(
+            g.is_some(),
+            "close_at_deadline({close_at_deadline}): still held"
+        );
+        c.close().await.unwrap();
+    }
+}

@@ -18,6 +18,7 @@ use fencelock_integration::servers::Cluster;
 pub const WITHIN: Duration = Duration::from_secs(30);
 
 /// One cluster to run the binary against.
+#[derive(Clone)]
 pub struct Target {
     pub url: String,
     pub factory: Arc<dyn Factory>,
