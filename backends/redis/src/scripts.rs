@@ -70,19 +70,25 @@ if not v then return '-1' end
 local late = behind(v, ARGV[9])
 local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
 local want, nearest = ARGV[7], tonumber(ARGV[8])
-local out, first = ahead(path, token, want, nearest)
+-- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
+-- one call instead of `ahead`'s range (callgrind: about 4,000 of the server's instructions).
+local alone = created == 1 and redis.call('ZCARD', qkey(path)) == 1
+local out, first = {}, nil
+if not alone then out, first = ahead(path, token, want, nearest) end
 local wait = -1
 if want == '' and nearest == 1 then wait = first or -1 end
 if created == 1 then
   -- Heads the queue: no live entry of any kind ahead (the dead ones met were dropped), as
   -- `ahead` shows when it looked for every kind; else asked.
-  local head
-  if want == '' and nearest > 0 then head = #out == 0
-  else head = redis.call('ZRANK', qkey(path), name) == 0 end
+  local head = alone
+  if not alone then
+    if want == '' and nearest > 0 then head = #out == 0
+    else head = redis.call('ZRANK', qkey(path), name) == 0 end
+  end
   -- Alone in it (nothing live ahead, and nothing behind the newest token): its expiry is ours
   -- alone to set. Else extended, never shortened: others' entries count on it (behind a live
   -- entry, the queue was there before this call, with the expiry its maker set).
-  if head and want == '' and nearest > 0 then
+  if alone or (head and want == '' and nearest > 0) then
     redis.call('PEXPIRE', qkey(path), ARGV[6])
   elseif head then
     extend(qkey(path), ARGV[6])
@@ -231,14 +237,16 @@ pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
 if not e[1] or e[1] ~= ARGV[2] then return '0' end
--- Its session's key read before the first write: a script stopped by a slot moving stops
--- before it changed anything (see `drop`).
-local owner = redis.call('EXISTS', skey(e[3]))
+-- Its session's key looked at before the first write (on a cluster: a script stopped by a
+-- slot moving stops before it changed anything, see `drop`).
+local s = skey(e[3])
 drop(e[2], ARGV[1])
--- Owned (a field of its session's key): the key is there, its version can be raised at once.
-if owner == 0 then return '1\n-1\n0' end
-redis.call('HDEL', skey(e[3]), ARGV[1])
-local v = redis.call('HINCRBY', skey(e[3]), 'v', '1')
+-- Owned (a field of its session's key): its deletion says the key is there, and the version
+-- is raised at once. Else asked.
+if redis.call('HDEL', s, ARGV[1]) == 0 and redis.call('EXISTS', s) == 0 then
+  return '1\n-1\n0'
+end
+local v = redis.call('HINCRBY', s, 'v', '1')
 return '1\n' .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1' or '\n0')
 "#,
     )
