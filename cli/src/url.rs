@@ -119,6 +119,10 @@ impl Url {
         if hosts.iter().any(|h| h.contains(char::is_whitespace)) {
             return Err(bad(url, "a host with white space"));
         }
+        // Said here: a client would quote the host, masked as a host with an odd port.
+        if hosts.iter().any(|h| h.starts_with('[') != h.contains(']')) {
+            return Err(bad(url, "an IPv6 address goes in brackets: [ADDRESS]:PORT"));
+        }
         // Said here, without the number (a message masks what may be a password there): the
         // clients said only "did not parse" or "not an endpoint".
         for host in &hosts {
@@ -330,6 +334,9 @@ mod tests {
             "redis://a:99999",
             "etcd://a:1,b:70000",
             "zk://a:0",
+            "etcd://[::1",
+            "etcd://u:pw@[::1",
+            "etcd://::1]:2379",
         ] {
             assert!(
                 matches!(Url::parse(bad), Err(Error::InvalidConfig(_))),
