@@ -190,10 +190,11 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         Session::builder(backend)
             .namespace(namespace)
             .ttl(args.ttl)
-            // At the local deadline the tree is killed first (see `child::run_under`), and
-            // the session closed after it (`main::run`): the next holder is granted only once
-            // nothing of the command runs.
-            .close_at_deadline(false)
+            // Running a command: at the local deadline the tree is killed first (see
+            // `child::run_under`), and the session closed after it (`main::run`), so that the
+            // next holder is granted only once nothing of the command runs. (Reading, it
+            // holds nothing: closed at once, as a library user's session is.)
+            .close_at_deadline(args.reads_only)
             .start_timeout(left)
             .start()
             .await
