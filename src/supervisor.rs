@@ -259,9 +259,9 @@ impl Supervisor {
                     // code kept (moved into a spawned task) would hold its local queue slot,
                     // and the next campaign in this session would wait behind it for ever.
                     session.lock().unwrap().take();
-                    if !matches!(reason, LostReason::Session(_)) {
-                        let _ = s.close().await;
-                    }
+                    // A lost session too: one left for its close at its deadline (see
+                    // `SessionBuilder::close_at_deadline`) holds its entries until then.
+                    let _ = s.close().await;
                     if began.elapsed() >= Self::QUICK_LOSS {
                         quick_losses.reset();
                     } else if let First::Left(()) =
@@ -309,6 +309,7 @@ impl Supervisor {
             Err(Error::SessionLost(end)) => {
                 warn!(%end, "session lost while waiting: starting a new one");
                 session.lock().unwrap().take();
+                let _ = s.close().await;
                 Err(Error::SessionLost(end))
             }
             Err(e) => {

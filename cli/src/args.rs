@@ -22,7 +22,8 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 ///
 /// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a
 /// daemon that called setsid). If the grant is lost, the tree is SIGKILLed at once, without
-/// SIGTERM (the lock may be another's within a round trip), and fencelock exits 76. When the
+/// SIGTERM (the lock may be another's already; lost by the local deadline, it is freed only
+/// once the tree is dead), and fencelock exits 76. When the
 /// command exits, whatever it left running gets SIGTERM, then SIGKILL after --grace (at once
 /// if the grant is lost meanwhile), before the lock is released. If fencelock itself is
 /// killed outright (SIGKILL, the OOM killer), its keeper (the command's parent, $PPID) SIGKILLs

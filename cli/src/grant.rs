@@ -44,8 +44,9 @@ impl Grant {
     }
 
     /// When the keeper kills the tree unless told a later instant (see
-    /// [`crate::keeper::Keeper::hold_until`]): the session's local deadline, when the session
-    /// closes itself on the cluster, and the next holder may be granted a round trip later.
+    /// [`crate::keeper::Keeper::hold_until`]): the session's local deadline, when fencelock
+    /// itself kills the tree and then closes the session on the cluster, and the next holder
+    /// may be granted a round trip later (the cluster expires it a margin later).
     /// (Half a margin later, a fencelock continued in between, the command with it, closed the
     /// session before its own kill landed: the command ran 0.3-4 ms beside the next holder,
     /// black-box round 9.) A heartbeat confirmed in the last 100 ms before the deadline

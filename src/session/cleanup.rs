@@ -39,9 +39,9 @@ pub(crate) async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<
                         .upgrade()
                         .is_some_and(|s| s.end().is_none() && !s.stop.is_cancelled())
             };
-            // A session that ended takes its entries with it (the heartbeat task ends it on
-            // the cluster too): a request per queued release would only wait on a cluster that
-            // may not answer, and hold up `flush` and the local slots behind it.
+            // A session that ended takes its entries with it (its close, or the heartbeat task,
+            // ends it on the cluster too): a request per queued release would only wait on a
+            // cluster that may not answer, and hold up `flush` and the local slots behind it.
             let ended = weak.upgrade().is_none_or(|s| s.end().is_some());
             if !ended {
                 let mut left = Some(undo);

@@ -116,14 +116,21 @@ pub(crate) async fn run(
                         if shared.close_at_deadline || halted {
                             shared.set_lost(SessionEnd::LocalDeadline);
                         } else {
-                            // Left to the owner's close.
                             close = false;
-                            shared.set_lost_unclosed(SessionEnd::LocalDeadline);
+                            if shared.set_lost_unclosed(SessionEnd::LocalDeadline) {
+                                drop(shared);
+                                // Left to the owner's close, which takes the mark; closed
+                                // here if the last handle goes first.
+                                stop.cancelled().await;
+                                close = weak.upgrade().is_none_or(|s| {
+                                    s.orphaned.swap(false, Ordering::SeqCst)
+                                });
+                            }
                         }
                     }
                     // Free our entries now rather than at the cluster's expiry — unless the
                     // heartbeats were halted to play a paused process, which sends nothing,
-                    // or the owner closes the session once it stopped what the locks guard.
+                    // or the owner closed the session once it stopped what the locks guard.
                     if close {
                         close_patiently(&*remote, ttl).await;
                     }
@@ -292,7 +299,7 @@ const CLOSE_RETRY_MAX: Duration = Duration::from_millis(250);
 /// backoff for up to [`CLOSE_PATIENCE`]. A cluster that comes back after an outage may revive
 /// the session (etcd grants every lease a fresh TTL under a new leader); ending it as soon as
 /// the cluster answers frees its locks at once instead of a TTL later.
-async fn close_patiently(remote: &dyn BackendSession, ttl: Duration) {
+pub(super) async fn close_patiently(remote: &dyn BackendSession, ttl: Duration) {
     let closed = Retry::new(Backoff::capped(CLOSE_RETRY_MAX.min(ttl / 20)))
         .until(Instant::now() + CLOSE_PATIENCE)
         .run(|| remote.close(), Error::is_temporary)

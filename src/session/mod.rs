@@ -25,6 +25,7 @@ pub use builder::{
 };
 pub(crate) use handoff::Cleanup;
 pub(crate) use local::{LocalQueue, LocalSlot};
+use shared::CloseClaim;
 pub(crate) use shared::Shared;
 pub use state::{LostReason, SessionEnd, SessionState};
 pub(crate) use undo::{in_flight, EnqueueAllTask, EnqueueTask, InFlight, Undo};
@@ -224,27 +225,44 @@ impl Session {
     /// Closes the session on the cluster: every lock, waiter and candidacy it owns goes at
     /// once, and every guard's `lost()` fires with
     /// [`LostReason::Session`]`(`[`SessionEnd::Closed`]`)`. Closing a closed or lost session
-    /// does nothing.
+    /// does nothing, but for one lost and left for this close: by its local deadline with
+    /// [`close_at_deadline(false)`](crate::SessionBuilder::close_at_deadline), or as its
+    /// heartbeat task went with its runtime.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future closes the session all the same: from the first poll it is lost
-    /// here (`Lost(Closed)`), and its background task ends it on the cluster, retrying while
+    /// here (`Lost(Closed)`), and a background task ends it on the cluster, retrying while
     /// the cluster is unreachable. Only the confirmation is lost with the future.
     pub async fn close(&self) -> Result<()> {
         let shared = self.shared();
-        // A session whose heartbeat task went with its runtime is lost, but nothing closed it
-        // on the cluster: closed here all the same.
-        if shared.end().is_some()
-            && !shared
-                .orphaned
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Ok(());
+        match shared.claim_close() {
+            CloseClaim::Nothing => Ok(()),
+            CloseClaim::Live => {
+                // The heartbeat task sees this and ends the session too, retrying.
+                shared.stop.cancel();
+                shared.remote.close().instrument(shared.span.clone()).await
+            }
+            CloseClaim::Unclosed => {
+                shared.stop.cancel();
+                // No heartbeat task ends it: a task of its own does, which goes on retrying
+                // temporary errors whether this future is polled to the end or not.
+                let (tx, rx) = oneshot::channel();
+                let (remote, ttl) = (shared.remote.clone(), shared.ttl);
+                tokio::spawn(
+                    async move {
+                        let first = remote.close().await;
+                        let again = first.as_ref().is_err_and(crate::Error::is_temporary);
+                        let _ = tx.send(first);
+                        if again {
+                            heartbeat::close_patiently(&*remote, ttl).await;
+                        }
+                    }
+                    .instrument(shared.span.clone()),
+                );
+                rx.await.unwrap_or(Ok(()))
+            }
         }
-        shared.set_lost(SessionEnd::Closed);
-        shared.stop.cancel();
-        shared.remote.close().instrument(shared.span.clone()).await
     }
 
     /// Waits until every release handed to the background task (by dropped guards and

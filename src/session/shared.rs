@@ -50,6 +50,16 @@ pub(crate) struct Shared {
     pub(crate) metrics_names: bool,
 }
 
+/// Whether a close is to end the session on the cluster (see [`Shared::claim_close`]).
+pub(crate) enum CloseClaim {
+    /// Closed, or being closed, already.
+    Nothing,
+    /// It was live: its heartbeat task is there to end too.
+    Live,
+    /// Lost and left for a close: no heartbeat task closes it.
+    Unclosed,
+}
+
 impl Shared {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -181,11 +191,47 @@ impl Shared {
 
     /// [`set_lost`](Self::set_lost), and if it is the end, marks the session as not closed on
     /// the cluster (`orphaned`), which [`Session::close`](crate::Session::close) then does.
-    pub(crate) fn set_lost_unclosed(&self, reason: SessionEnd) {
-        self.lose(reason, true);
+    /// Returns whether it marked it.
+    pub(crate) fn set_lost_unclosed(&self, reason: SessionEnd) -> bool {
+        self.lose(reason, true)
     }
 
-    fn lose(&self, reason: SessionEnd, unclosed: bool) {
+    /// Claims the session's close on the cluster for the caller, under the state's lock (so
+    /// that the heartbeat task's verdicts and other closes are ordered with it): `Live` if it
+    /// was live (now lost: closed, or by its deadline if the clock passed it, though the
+    /// heartbeat task has not said so yet), `Unclosed` if it was lost and left for a close
+    /// (`orphaned`, taken now), `Nothing` if it is closed, or being closed, already.
+    pub(crate) fn claim_close(&self) -> CloseClaim {
+        let mut claim = CloseClaim::Nothing;
+        let mut old = None;
+        let mut reason = SessionEnd::Closed;
+        if self.clock.passed(self.deadline_stamp()) {
+            reason = SessionEnd::LocalDeadline;
+        }
+        self.state.send_if_modified(|s| {
+            if matches!(s, SessionState::Lost(_)) {
+                if self.orphaned.swap(false, Ordering::SeqCst) {
+                    claim = CloseClaim::Unclosed;
+                }
+                false
+            } else {
+                claim = CloseClaim::Live;
+                old = Some(*s);
+                *s = SessionState::Lost(reason);
+                true
+            }
+        });
+        if old.is_some() {
+            crate::metrics::session_state(old, SessionState::Lost(reason));
+            if reason != SessionEnd::Closed {
+                warn!(%reason, "session lost");
+            }
+        }
+        claim
+    }
+
+    fn lose(&self, reason: SessionEnd, unclosed: bool) -> bool {
+        let mut marked = false;
         let mut old = None;
         self.state.send_if_modified(|s| {
             if matches!(s, SessionState::Lost(_)) {
@@ -195,6 +241,7 @@ impl Shared {
                 // (and a session closed meanwhile is not marked: its close is under way).
                 if unclosed {
                     self.orphaned.store(true, Ordering::SeqCst);
+                    marked = true;
                 }
                 old = Some(*s);
                 *s = SessionState::Lost(reason);
@@ -207,6 +254,7 @@ impl Shared {
                 warn!(%reason, "session lost");
             }
         }
+        marked
     }
 
     /// Records Live or Suspended (never after Lost) and logs the change.

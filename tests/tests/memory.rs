@@ -696,3 +696,60 @@ async fn a_session_left_open_at_its_deadline_holds_until_closed() {
         c.close().await.unwrap();
     }
 }
+
+/// `close_at_deadline(false)`: a session closed as soon as its clock is past the deadline,
+/// before its heartbeat task has said so (a process resumed from a stop, a machine from a
+/// suspend), is closed on the cluster by that close. (The close found the session lost by the
+/// clock and did nothing; the heartbeat task then left it for a close that had come already:
+/// its locks stayed until the cluster expired it.)
+#[tokio::test(start_paused = true)]
+async fn a_close_just_past_the_deadline_still_closes() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(10);
+    let a = Session::builder(backend.clone())
+        .ttl(ttl)
+        .close_at_deadline(false)
+        .start()
+        .await
+        .unwrap();
+    let id = a.id().to_string();
+    let _held = a.mutex("m").unwrap().lock().await.unwrap();
+    a.simulate_suspend(ttl);
+    assert!(matches!(a.state(), fencelock::SessionState::Lost(_)));
+    a.close().await.unwrap();
+    assert!(!backend.session_alive(&id), "closed on the cluster");
+    // Nor does the heartbeat task, which comes next, leave it for another close.
+    tokio::time::sleep(ttl).await;
+    assert!(!backend.session_alive(&id));
+}
+
+/// `close_at_deadline(false)`: a session lost by its deadline and then dropped without a
+/// close is closed on the cluster all the same, as a dropped session is (the heartbeat task
+/// had ended at the deadline: nothing closed it).
+#[tokio::test(start_paused = true)]
+async fn a_session_left_open_at_its_deadline_is_closed_when_dropped() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(10);
+    let a = Session::builder(backend.clone())
+        .ttl(ttl)
+        .close_at_deadline(false)
+        .start()
+        .await
+        .unwrap();
+    let id = a.id().to_string();
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    backend.hold_keep_alives();
+    tokio::time::timeout(ttl, held.lost())
+        .await
+        .expect("lost by the local deadline");
+    backend.release_keep_alives();
+    drop(held);
+    drop(a);
+    tokio::time::timeout(Duration::from_secs(1), async {
+        while backend.session_alive(&id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("closed on the cluster once dropped, not at its expiry");
+}
