@@ -7,6 +7,7 @@ use fencelock::{LostReason, SessionEnd};
 use futures_util::FutureExt;
 use rustix::process::{Pid, Signal};
 use tokio::process::Command;
+use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::exit;
@@ -185,6 +186,17 @@ pub(crate) async fn run_under(
                     None
                 }
             }
+            () = tokio::time::sleep_until(near(grant.deadline())) => {
+                // Close to the deadline (the heartbeats failing), a deadline that a late
+                // heartbeat moved goes to the keeper within milliseconds, not at the next tick:
+                // else the keeper kills the tree of a session that lives on.
+                if grant.is_held() {
+                    keeper.hold_until(grant.deadline());
+                    None
+                } else {
+                    Some(reason_now(&grant))
+                }
+            }
             _ = tick.tick() => {
                 // Reaping reads /proc: once a second is enough for zombies.
                 ticks += 1;
@@ -225,6 +237,14 @@ pub(crate) async fn run_under(
         End::Lost => return exit::LOST,
         End::Exited(code) => code,
     };
+    if code == exit::LOST && keeper.deadline_passed() && grant.is_held() {
+        // A heartbeat confirmed the session just before the deadline the keeper knew, too
+        // late to tell it (black-box round 10: a link back at the deadline; 76 and nothing
+        // said).
+        say!(
+            "the command was killed at the session's local deadline by its keeper: the heartbeat that extended the session came too late to tell it"
+        );
+    }
     // The command is gone; what it started must not run on once the grant is released, nor
     // once it is lost meanwhile (then it is killed at once).
     if !tree.is_empty() {
@@ -251,6 +271,16 @@ pub(crate) async fn run_under(
         Err(reason) => lost_meanwhile(&grant, name, Some(reason)),
     }
 }
+
+/// When to look at the deadline again for the keeper: 200 ms before it, then every 5 ms.
+fn near(deadline: Instant) -> Instant {
+    let now = Instant::now();
+    let early = deadline.checked_sub(NEAR).unwrap_or(now);
+    early.max(now + Duration::from_millis(5))
+}
+
+/// How long before the deadline [`near`] looks at it often.
+const NEAR: Duration = Duration::from_millis(200);
 
 /// Why the grant is lost, once `is_held` says it is: the heartbeat task's verdict, or, before
 /// it has given one (the clock passed the local deadline while fencelock was stopped), that.

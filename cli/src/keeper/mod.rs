@@ -89,6 +89,12 @@ impl Keeper {
         Tree::new(spawned, if own_group { command } else { None }, command)
     }
 
+    /// Whether the deadline last written has passed: a keeper that exited [`exit::LOST`]
+    /// meanwhile killed the tree for it.
+    pub(crate) fn deadline_passed(&self) -> bool {
+        self.pipe.is_some() && self.told.is_some_and(|at| Instant::now() >= at)
+    }
+
     /// Tells the keeper to kill the tree at `deadline` unless told a later one before. Written
     /// as an instant of `CLOCK_BOOTTIME`, which both processes read: a deadline the keeper
     /// reads late (stopped with the command meanwhile) still means the instant it meant when
