@@ -272,11 +272,13 @@ pub(crate) enum Command {
 #[derive(Args, Debug, Clone, Copy)]
 pub(crate) struct WaitArgs {
     /// Do not wait: exit 75 at once if it is taken (69 if the cluster does not answer within
-    /// --connect-timeout, and a second more to close the session).
+    /// --connect-timeout, or half the TTL (1-20 s) if less, and a second more to close the
+    /// session).
     #[arg(long = "try", conflicts_with = "timeout")]
     pub(crate) try_only: bool,
     /// Wait at most this long (e.g. 30s, 5m), then exit 75 (69 if the cluster then does not
-    /// answer within --connect-timeout more, and a second more to close the session).
+    /// answer within --connect-timeout more, or half the TTL (1-20 s) if less, and a second
+    /// more to close the session).
     #[arg(long, value_parser = duration)]
     pub(crate) timeout: Option<Duration>,
 }
