@@ -284,8 +284,10 @@ async fn command(ctx: Ctx<'_>, command: Command, signals: &mut Signals) -> Resul
                     listing.skipped
                 );
             }
+            // ZooKeeper alone keeps an election apart from a lock (its own node names).
+            let one_kind = session.backend_name() != "zookeeper";
             for q in listing.queues {
-                for line in show::queue(&q, output) {
+                for line in show::queue(&q, output, one_kind) {
                     if let std::ops::ControlFlow::Break(code) = print(&line) {
                         return Ok(code);
                     }

@@ -132,7 +132,9 @@ fn entry_json(e: &EntryInfo, role: &str) -> Value {
 }
 
 /// The lines for one queue of `list`.
-pub(crate) fn queue(q: &QueueInfo, output: Output) -> Vec<String> {
+/// `q`'s lines: JSON, or text (`one_kind`: the backend keeps a lock and an election alike, and
+/// a lock's queue may be an election's: etcd, Redis).
+pub(crate) fn queue(q: &QueueInfo, output: Output, one_kind: bool) -> Vec<String> {
     let held = holders(q);
     let role = |i: usize| if i < held { "holder" } else { "waiter" };
     match output {
@@ -146,7 +148,12 @@ pub(crate) fn queue(q: &QueueInfo, output: Output) -> Vec<String> {
             vec![json!({ "name": q.name, "kind": kind(q.kind), "entries": entries }).to_string()]
         }
         Output::Text => {
-            let mut out = vec![format!("{} ({})", plain(&q.name), kind(q.kind))];
+            // Said in text (JSON keeps the library's kind): an election read "(lock)".
+            let label = match q.kind {
+                QueueKind::Lock if one_kind => "lock or election",
+                k => kind(k),
+            };
+            let mut out = vec![format!("{} ({label})", plain(&q.name))];
             for (i, e) in q.entries.iter().enumerate() {
                 let mut line = format!(
                     "  {:<6} token {:<10} session {:<18} {}",
