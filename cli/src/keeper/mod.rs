@@ -37,10 +37,10 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
-
-use tokio::time::Instant;
+use std::time::Duration;
 
 use rustix::process::Pid;
+use tokio::time::Instant;
 
 use crate::exit;
 use crate::tree::{self, Tree};
@@ -48,6 +48,10 @@ use crate::tree::{self, Tree};
 mod process;
 
 pub(crate) use process::run;
+
+/// How close to a deadline its replacement must come for the keeper to have maybe killed the
+/// tree at it first (it reads the pipe within microseconds, unless the machine is loaded).
+const NEAR_MISS: Duration = Duration::from_millis(20);
 
 /// The argument that starts fencelock's binary as the keeper, followed by the pipe's file
 /// descriptor and the command's PID. Not for users: refused unless both are what fencelock
@@ -62,6 +66,9 @@ pub(crate) struct Keeper {
     pipe: Option<(OwnedFd, OwnedFd)>,
     /// The deadline last written.
     told: Option<Instant>,
+    /// A deadline replaced when it had (nearly) passed: the keeper may have killed the tree
+    /// at it before it read the next one.
+    near_miss: Option<Instant>,
     /// Where the keeper writes the command's PID before its `exec`: both ends (read once
     /// `spawn` returned, which waited for that `exec`).
     report: Option<(OwnedFd, OwnedFd)>,
@@ -89,10 +96,14 @@ impl Keeper {
         Tree::new(spawned, if own_group { command } else { None }, command)
     }
 
-    /// Whether the deadline last written has passed: a keeper that exited [`exit::LOST`]
-    /// meanwhile killed the tree for it.
+    /// Whether the keeper may have killed the tree at a deadline by now: the one last
+    /// written has passed, or one replaced when it had nearly passed did within the last
+    /// seconds. (A keeper that exited [`exit::LOST`] then most likely did.)
     pub(crate) fn deadline_passed(&self) -> bool {
-        self.pipe.is_some() && self.told.is_some_and(|at| Instant::now() >= at)
+        let now = Instant::now();
+        let recent = |at: Instant| at <= now && now - at < Duration::from_secs(2);
+        self.pipe.is_some()
+            && (self.told.is_some_and(|at| now >= at) || self.near_miss.is_some_and(recent))
     }
 
     /// Tells the keeper to kill the tree at `deadline` unless told a later one before. Written
@@ -106,10 +117,14 @@ impl Keeper {
         if self.told == Some(deadline) {
             return;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
         let left = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
         let at = process::boottime().saturating_add(left);
         if rustix::io::write(write, &at.to_ne_bytes()) == Ok(8) {
+            if let Some(old) = self.told.filter(|old| *old <= now + NEAR_MISS) {
+                self.near_miss = Some(old);
+            }
             self.told = Some(deadline);
         }
     }
@@ -133,6 +148,7 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
         return Keeper {
             pipe: None,
             told: None,
+            near_miss: None,
             report: None,
         };
     };
@@ -216,6 +232,7 @@ pub(crate) fn between(cmd: &mut tokio::process::Command, own_group: bool) -> Kee
     Keeper {
         pipe: Some((read, write)),
         told: None,
+        near_miss: None,
         report: Some((report, reported)),
     }
 }
