@@ -202,47 +202,45 @@ impl Shared {
     /// heartbeat task has not said so yet), `Unclosed` if it was lost and left for a close
     /// (`orphaned`, taken now), `Nothing` if it is closed, or being closed, already.
     pub(crate) fn claim_close(&self) -> CloseClaim {
-        let mut claim = CloseClaim::Nothing;
-        let mut old = None;
         let mut reason = SessionEnd::Closed;
         if self.clock.passed(self.deadline_stamp()) {
             reason = SessionEnd::LocalDeadline;
         }
-        self.state.send_if_modified(|s| {
-            if matches!(s, SessionState::Lost(_)) {
-                if self.orphaned.swap(false, Ordering::SeqCst) {
-                    claim = CloseClaim::Unclosed;
-                }
-                false
-            } else {
-                claim = CloseClaim::Live;
-                old = Some(*s);
-                *s = SessionState::Lost(reason);
-                true
-            }
-        });
-        if old.is_some() {
-            crate::metrics::session_state(old, SessionState::Lost(reason));
-            if reason != SessionEnd::Closed {
-                warn!(%reason, "session lost");
-            }
+        let mut unclosed = false;
+        let ended = self.end_with(
+            reason,
+            || {},
+            || unclosed = self.orphaned.swap(false, Ordering::SeqCst),
+        );
+        match (ended, unclosed) {
+            (true, _) => CloseClaim::Live,
+            (false, true) => CloseClaim::Unclosed,
+            (false, false) => CloseClaim::Nothing,
         }
-        claim
     }
 
     fn lose(&self, reason: SessionEnd, unclosed: bool) -> bool {
-        let mut marked = false;
+        // Marked under the state's lock: whoever reads the loss reads the mark too (and a
+        // session closed meanwhile is not marked: its close is under way).
+        let mark = || {
+            if unclosed {
+                self.orphaned.store(true, Ordering::SeqCst);
+            }
+        };
+        self.end_with(reason, mark, || {}) && unclosed
+    }
+
+    /// Moves the state to `Lost(reason)` unless it is lost already, under the state's lock:
+    /// `first` runs there if this is the end, `after` if it was lost before. Logs the end and
+    /// returns whether it was this.
+    fn end_with(&self, reason: SessionEnd, first: impl FnOnce(), after: impl FnOnce()) -> bool {
         let mut old = None;
         self.state.send_if_modified(|s| {
             if matches!(s, SessionState::Lost(_)) {
+                after();
                 false
             } else {
-                // Marked under the state's lock: whoever reads the loss reads the mark too
-                // (and a session closed meanwhile is not marked: its close is under way).
-                if unclosed {
-                    self.orphaned.store(true, Ordering::SeqCst);
-                    marked = true;
-                }
+                first();
                 old = Some(*s);
                 *s = SessionState::Lost(reason);
                 true
@@ -254,7 +252,7 @@ impl Shared {
                 warn!(%reason, "session lost");
             }
         }
-        marked
+        old.is_some()
     }
 
     /// Records Live or Suspended (never after Lost) and logs the change.
