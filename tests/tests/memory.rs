@@ -653,6 +653,23 @@ fn a_session_whose_runtime_shut_down_is_not_live() {
     drop(held);
 }
 
+/// A session of TTL `ttl` on `backend` holding the lock `m` (see `close_at_deadline`), and its id.
+async fn holding(
+    backend: &MemoryBackend,
+    ttl: Duration,
+    close_at_deadline: bool,
+) -> (Session, String, fencelock::Guard) {
+    let a = Session::builder(backend.clone())
+        .ttl(ttl)
+        .close_at_deadline(close_at_deadline)
+        .start()
+        .await
+        .unwrap();
+    let id = a.id().to_string();
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    (a, id, held)
+}
+
 /// `close_at_deadline(false)`: a session lost by its local deadline keeps its locks on the
 /// cluster until its owner closes it (a TTL at most: the cluster's expiry), so that the owner
 /// stops what they guard before the next holder is granted; its close then frees them at once.
@@ -663,14 +680,7 @@ async fn a_session_left_open_at_its_deadline_holds_until_closed() {
     for close_at_deadline in [true, false] {
         let backend = MemoryBackend::new();
         let ttl = Duration::from_secs(10);
-        let a = Session::builder(backend.clone())
-            .ttl(ttl)
-            .close_at_deadline(close_at_deadline)
-            .start()
-            .await
-            .unwrap();
-        let id = a.id().to_string();
-        let held = a.mutex("m").unwrap().lock().await.unwrap();
+        let (a, id, held) = holding(&backend, ttl, close_at_deadline).await;
         backend.hold_keep_alives();
         let lost = tokio::time::timeout(ttl, held.lost())
             .await
@@ -706,14 +716,7 @@ async fn a_session_left_open_at_its_deadline_holds_until_closed() {
 async fn a_close_just_past_the_deadline_still_closes() {
     let backend = MemoryBackend::new();
     let ttl = Duration::from_secs(10);
-    let a = Session::builder(backend.clone())
-        .ttl(ttl)
-        .close_at_deadline(false)
-        .start()
-        .await
-        .unwrap();
-    let id = a.id().to_string();
-    let _held = a.mutex("m").unwrap().lock().await.unwrap();
+    let (a, id, _held) = holding(&backend, ttl, false).await;
     a.simulate_suspend(ttl);
     assert!(matches!(a.state(), fencelock::SessionState::Lost(_)));
     a.close().await.unwrap();
@@ -730,14 +733,7 @@ async fn a_close_just_past_the_deadline_still_closes() {
 async fn a_session_left_open_at_its_deadline_is_closed_when_dropped() {
     let backend = MemoryBackend::new();
     let ttl = Duration::from_secs(10);
-    let a = Session::builder(backend.clone())
-        .ttl(ttl)
-        .close_at_deadline(false)
-        .start()
-        .await
-        .unwrap();
-    let id = a.id().to_string();
-    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    let (a, id, held) = holding(&backend, ttl, false).await;
     backend.hold_keep_alives();
     tokio::time::timeout(ttl, held.lost())
         .await
