@@ -45,13 +45,13 @@ impl Grant {
 
     /// When the keeper kills the tree unless told a later instant (see
     /// [`crate::keeper::Keeper::hold_until`]): the session's local deadline, when fencelock
-    /// itself kills the tree and then closes the session on the cluster, and the next holder
-    /// may be granted a round trip later (the cluster expires it a margin later).
-    /// (Half a margin later, a fencelock continued in between, the command with it, closed the
-    /// session before its own kill landed: the command ran 0.3-4 ms beside the next holder,
-    /// black-box round 9.) A heartbeat confirmed in the last 100 ms before the deadline
-    /// reaches the keeper too late, on fencelock's next tick: the tree of a live session is
-    /// then killed, safely (exit 76), where waiting would not be safe.
+    /// kills the tree itself and closes the session after it; a fencelock stopped or stuck
+    /// does neither, and the cluster expires the session a margin later. (Half a margin later,
+    /// a fencelock continued in between, the command with it, closed the session before its
+    /// own kill landed: the command ran 0.3-4 ms beside the next holder, black-box round 9.)
+    /// A heartbeat confirmed within milliseconds of the deadline reaches the keeper too late
+    /// (fencelock looks every 5 ms near it): the tree of a live session is then killed,
+    /// safely (exit 76, said), where waiting would not be safe.
     pub(crate) fn deadline(&self) -> tokio::time::Instant {
         match self {
             Grant::Lock(g) => g.session().deadline(),

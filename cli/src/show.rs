@@ -131,9 +131,8 @@ fn entry_json(e: &EntryInfo, role: &str) -> Value {
     })
 }
 
-/// The lines for one queue of `list`.
-/// `q`'s lines: JSON, or text (`one_kind`: the backend keeps a lock and an election alike, and
-/// a lock's queue may be an election's: etcd, Redis).
+/// The lines for one queue of `list`: JSON, or text (`one_kind`: the backend keeps a lock and
+/// an election alike, and a lock's queue may be an election's: etcd, Redis).
 pub(crate) fn queue(q: &QueueInfo, output: Output, one_kind: bool) -> Vec<String> {
     let held = holders(q);
     let role = |i: usize| if i < held { "holder" } else { "waiter" };
