@@ -82,16 +82,20 @@ pub struct Args {
     pub report: Option<std::path::PathBuf>,
 }
 
-/// Latency samples of one row, in a histogram of microseconds (3 significant digits).
+/// Latency samples of one row, in a histogram of microseconds (3 significant digits), and the
+/// median of each block of them that [`time_interleaved`] ran (empty for other samples).
 #[derive(Debug, Clone)]
-pub struct Samples(Histogram<u64>);
+pub struct Samples(Histogram<u64>, Vec<Duration>);
 
 impl Samples {
     /// An empty set of samples.
     pub fn new() -> Self {
         // Bounded from 1 µs to an hour: an auto-resizing histogram would clamp
         // (`saturating_record`) a first sample above its initial range to that range.
-        Samples(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("a histogram"))
+        Samples(
+            Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("a histogram"),
+            Vec::new(),
+        )
     }
 
     /// Records one sample.
@@ -131,16 +135,31 @@ pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-/// Prints one latency row per name (p50, p99, p50 against `base`'s).
-pub fn latency_rows(names: &[&str], samples: &[Samples], base: Duration) {
+/// Prints one latency row per name: p50, p99, p50 against `samples[base]`'s, and the same
+/// ratio block by block (blocks run back to back: a block of each saw the same moment of a
+/// noisy machine), as the median of the blocks' ratios with their least and greatest.
+pub fn latency_rows(names: &[&str], samples: &[Samples], base: usize) {
+    let base = &samples[base];
     for (name, s) in names.iter().zip(samples) {
+        let blocks: Vec<f64> =
+            s.1.iter()
+                .zip(&base.1)
+                .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+                .collect();
         crate::emit!(
-            "| {name} | {} | {} | {:.2}x |",
+            "| {name} | {} | {} | {:.2}x | {} |",
             ms(s.pct(0.5)),
             ms(s.pct(0.99)),
-            s.pct(0.5).as_secs_f64() / base.as_secs_f64()
+            s.pct(0.5).as_secs_f64() / base.pct(0.5).as_secs_f64(),
+            spread(&blocks, "x")
         );
     }
+}
+
+/// The header of a table of [`latency_rows`] whose ratios are against `base`.
+pub fn latency_header(base: &str) {
+    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs {base} | per block of {BLOCK}: median (least–greatest) |");
+    crate::emit!("|---|---:|---:|---:|---:|");
 }
 
 /// Prints how close the contended rows come to the server's handoff limit, measured by a raw
@@ -177,10 +196,12 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
 /// One operation of a row (an acquire + release, say), repeatable.
 pub use fencelock_integration::load::Op;
 
+/// How many runs of one op [`time_interleaved`] times before it turns to the next.
+pub const BLOCK: usize = 50;
+
 /// Times `rounds` runs of each of `ops`, interleaved in blocks (after a warm-up of every op), so
 /// that no row is favoured by running later on a warmer server.
 pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
-    const BLOCK: usize = 50;
     for op in ops.iter_mut() {
         for _ in 0..rounds / 5 + 10 {
             op().await;
@@ -191,11 +212,14 @@ pub async fn time_interleaved(rounds: usize, ops: &mut [Op]) -> Vec<Samples> {
     while done < rounds {
         let n = BLOCK.min(rounds - done);
         for (op, samples) in ops.iter_mut().zip(out.iter_mut()) {
+            let mut block = Samples::new();
             for _ in 0..n {
                 let t = Instant::now();
                 op().await;
-                samples.record(t.elapsed());
+                block.record(t.elapsed());
             }
+            samples.merge(&block);
+            samples.1.push(block.pct(0.5));
         }
         done += n;
     }

@@ -249,8 +249,7 @@ pub async fn redis_cluster_rows(args: &Args) {
         "Uncontended acquire + release, {} rounds (interleaved in blocks of 50):\n",
         args.rounds
     );
-    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs bare SET NX PX |");
-    crate::emit!("|---|---:|---:|---:|");
+    super::latency_header("bare SET NX PX");
     let backend = cluster.backend().await;
     let rslock = Arc::new(rslock_with(&cluster.url(), Duration::from_millis(1)));
     let mut ops = [
@@ -259,7 +258,6 @@ pub async fn redis_cluster_rows(args: &Args) {
         super::redis::rslock_op_with(rslock.clone(), "bench:rslock"),
     ];
     let samples = time_interleaved(args.rounds, &mut ops).await;
-    let base = samples[1].pct(0.5);
     super::latency_rows(
         &[
             "fencelock Mutex lock + release",
@@ -267,7 +265,7 @@ pub async fn redis_cluster_rows(args: &Args) {
             "rslock lock + unlock (cluster client)",
         ],
         &samples,
-        base,
+        1,
     );
     super::summary(
         "Redis Cluster",

@@ -143,8 +143,7 @@ pub async fn zookeeper_rows(args: &Args) {
 
 async fn uncontended_rows(rounds: usize, connect: &str) {
     crate::emit!("Uncontended acquire + release, {rounds} rounds (interleaved in blocks of 50):\n");
-    crate::emit!("| implementation | p50 ms | p99 ms | p50 vs recipe |");
-    crate::emit!("|---|---:|---:|---:|");
+    super::latency_header("recipe");
     let client = zk_client(connect).await;
     client
         .mkdir(
@@ -174,7 +173,6 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
     let mut ops = [ours, raw, recipe];
     let samples = time_interleaved(rounds, &mut ops).await;
     super::summary("ZooKeeper", "uncontended p50 ms", ms(samples[0].pct(0.5)));
-    let base = samples[2].pct(0.5);
     super::latency_rows(
         &[
             "fencelock Mutex lock + release",
@@ -182,7 +180,7 @@ async fn uncontended_rows(rounds: usize, connect: &str) {
             "zookeeper-client Client::lock + delete",
         ],
         &samples,
-        base,
+        2,
     );
 }
 

@@ -9,7 +9,7 @@ use fencelock::{Error, Result, SessionEnd};
 use crate::error::{unexpected, NAME};
 use crate::layout::{Group, Groups};
 use crate::lifecycle::RedisSession;
-use crate::reply::{arg, array, int, ms};
+use crate::reply::{args, array, int, ms};
 use crate::scripts;
 
 /// Renews the session (see the module's documentation).
@@ -80,11 +80,11 @@ async fn beat(session: &RedisSession) -> Result<()> {
             .heartbeat_call(
                 &scripts::KEEP_ALIVE,
                 group,
-                vec![
-                    arg(&session.sid),
-                    arg(ms(session.ttl)),
-                    arg(*known),
-                    arg(if *confirmed { "1" } else { "0" }),
+                args![
+                    &session.sid,
+                    ms(session.ttl),
+                    *known,
+                    if *confirmed { "1" } else { "0" },
                 ],
             )
             .await?;

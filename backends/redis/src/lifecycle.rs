@@ -18,7 +18,7 @@ use crate::own_channel::OwnChannel;
 use crate::owned::Owned;
 use crate::primary::Primary;
 use crate::replicas::Acks;
-use crate::reply::{arg, array, bytes, entry, int, ms, text, Args};
+use crate::reply::{args, array, bytes, entry, int, ms, text, Args};
 use crate::scripts::{self, Op};
 use crate::watch::Notifier;
 
@@ -106,7 +106,7 @@ impl RedisSession {
                 "open session",
                 &scripts::OPEN,
                 &single,
-                vec![arg(&session.sid), arg(ms(ttl))],
+                args![&session.sid, ms(ttl)],
             )
             .await?;
         if int(&reply) != Some(1) {
@@ -242,8 +242,10 @@ impl RedisSession {
                 .collect::<Vec<_>>();
             (o.known(group), names)
         };
-        let mut args = vec![arg(&self.sid), arg(known)];
-        args.extend(names.iter().map(arg));
+        let mut args = args![&self.sid, known];
+        for name in &names {
+            args.push(name);
+        }
         let reply = self
             .call("reconcile", &scripts::RECONCILE, group, args)
             .await?;
@@ -273,11 +275,7 @@ impl RedisSession {
                 "read entry",
                 &scripts::READ_OWN,
                 &self.entry_group(&own.key)?,
-                vec![
-                    arg(&own.key),
-                    arg(own.token.get()),
-                    arg(if value { "1" } else { "0" }),
-                ],
+                args![&own.key, own.token.get(), if value { "1" } else { "0" },],
             )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("read entry"))?;
@@ -298,7 +296,7 @@ impl RedisSession {
                 "leader",
                 &scripts::HEAD,
                 &self.groups.of_queue(queue),
-                vec![arg(queue_path(queue))],
+                args![queue_path(queue)],
             )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("leader"))?;
@@ -331,7 +329,7 @@ pub(crate) async fn close(session: &RedisSession) -> Result<()> {
     let bound = session.primary.timeout();
     let until = tokio::time::Instant::now() + bound;
     let closes = groups.iter().map(|g| async move {
-        let once = || session.call("close", &scripts::CLOSE, g, vec![arg(&session.sid)]);
+        let once = || session.call("close", &scripts::CLOSE, g, args![&session.sid]);
         if session.groups != Groups::Cluster {
             return once().await;
         }

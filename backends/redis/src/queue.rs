@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::error::unexpected;
 use crate::layout::{chan_entry, filter_code, kind_code, queue_path, Group};
 use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
-use crate::reply::{arg, array, entry, int, int_line, lines, ms, peer_lines, peers};
+use crate::reply::{args, array, entry, int, int_line, lines, ms, peer_lines, peers};
 use crate::scripts;
 
 /// The time an entry is created at, as inspection shows it: this client's clock, in ms since
@@ -39,18 +39,18 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         }
         o.entering(&group)
     };
-    let args = vec![
-        arg(&session.sid),
-        arg(queue_path(req.queue)),
-        arg(&name),
-        arg(kind_code(req.kind)),
-        req.value.to_vec(),
-        arg(ms(session.ttl)),
-        arg(filter_code(req.ahead.kind)),
-        arg(req.ahead.nearest),
-        arg(session.known(&group)),
-        arg(if entering { "1" } else { "0" }),
-        arg(now_ms()),
+    let args = args![
+        &session.sid,
+        queue_path(req.queue),
+        &name,
+        kind_code(req.kind),
+        req.value,
+        ms(session.ttl),
+        filter_code(req.ahead.kind),
+        req.ahead.nearest,
+        session.known(&group),
+        if entering { "1" } else { "0" },
+        now_ms(),
     ];
     // Before it is sent: a deletion after the create is published there from then on.
     let epoch = session.own_channel.epoch(session.primary.generation());
@@ -145,20 +145,18 @@ async fn enqueue_group(
         }
         o.entering(group)
     };
-    let mut args = vec![
-        arg(&session.sid),
-        arg(ms(session.ttl)),
-        arg(session.known(group)),
-        arg(if entering { "1" } else { "0" }),
-        arg(now_ms()),
+    let mut args = args![
+        &session.sid,
+        ms(session.ttl),
+        session.known(group),
+        if entering { "1" } else { "0" },
+        now_ms(),
     ];
     for (r, name) in reqs.iter().zip(&names) {
-        args.extend([
-            arg(queue_path(r.queue)),
-            arg(name),
-            arg(kind_code(r.kind)),
-            r.value.to_vec(),
-        ]);
+        args.push(queue_path(r.queue))
+            .push(name)
+            .push(kind_code(r.kind))
+            .push(r.value);
     }
     let untrack = |names: &[String]| {
         let mut o = session.owned();
@@ -235,12 +233,7 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
                 "wait",
                 &scripts::CHECK_WAIT,
                 &group,
-                vec![
-                    arg(&own.key),
-                    arg(own.token.get()),
-                    arg(&target.key),
-                    arg(target.order),
-                ],
+                args![&own.key, own.token.get(), &target.key, target.order,],
             )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
@@ -287,12 +280,12 @@ pub(crate) async fn still_ahead(
             "read queue",
             &scripts::STILL_AHEAD,
             &session.groups.of_queue(queue),
-            vec![
-                arg(queue_path(queue)),
-                arg(&own.key),
-                arg(own.token.get()),
-                arg(filter_code(kind)),
-                arg(nearest),
+            args![
+                queue_path(queue),
+                &own.key,
+                own.token.get(),
+                filter_code(kind),
+                nearest,
             ],
         )
         .await?;
@@ -349,11 +342,7 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
             "release",
             &scripts::REMOVE,
             &group,
-            vec![
-                arg(&entry.key),
-                arg(entry.token.get()),
-                arg(session.known(&group)),
-            ],
+            args![&entry.key, entry.token.get(), session.known(&group),],
         )
         .await?;
     let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
@@ -383,11 +372,11 @@ pub(crate) async fn abandon(
             "abandon",
             &scripts::ABANDON,
             &group,
-            vec![
-                arg(queue_path(queue)),
-                arg(&name),
-                arg(&session.sid),
-                arg(session.known(&group)),
+            args![
+                queue_path(queue),
+                &name,
+                &session.sid,
+                session.known(&group),
             ],
         )
         .await?;
@@ -409,7 +398,7 @@ pub(crate) async fn set_value(session: &RedisSession, entry: &Entry, value: &[u8
             "proclaim",
             &scripts::SET_VALUE,
             &session.entry_group(&entry.key)?,
-            vec![arg(&entry.key), arg(entry.token.get()), value.to_vec()],
+            args![&entry.key, entry.token.get(), value],
         )
         .await?;
     Ok(int(&reply) == Some(1))

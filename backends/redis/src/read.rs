@@ -11,7 +11,7 @@ use crate::cluster;
 use crate::error::unexpected;
 use crate::layout::{chan_head, entries_glob, kind_of, queue_path, Group, Groups};
 use crate::lifecycle::{RedisSession, EXPIRY_SLACK};
-use crate::reply::{arg, array, bytes, int, text};
+use crate::reply::{args, array, bytes, int, text};
 use crate::scripts;
 
 /// How many entry names one `LIVE` check takes.
@@ -50,7 +50,7 @@ pub(crate) async fn inspect(session: &RedisSession, queue: &QueueId) -> Result<V
             "inspect",
             &scripts::INSPECT,
             &session.groups.of_queue(queue),
-            vec![arg(queue_path(queue))],
+            args![queue_path(queue)],
         )
         .await?;
     let rows = array(&reply).ok_or_else(|| unexpected("inspect"))?;
@@ -124,12 +124,7 @@ pub(crate) async fn list(session: &RedisSession, namespace: &str) -> Result<Vec<
     for (group, names) in &by_group {
         for chunk in names.chunks(LIST_CHUNK) {
             let reply = session
-                .call(
-                    "list",
-                    &scripts::LIVE,
-                    group,
-                    chunk.iter().map(arg).collect(),
-                )
+                .call("list", &scripts::LIVE, group, chunk.iter().collect())
                 .await?;
             let a = array(&reply).ok_or_else(|| unexpected("list"))?;
             live.extend(a.iter().filter_map(text));

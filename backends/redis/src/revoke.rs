@@ -6,7 +6,7 @@ use fencelock::{FencingToken, Result};
 
 use crate::layout::chan_entry;
 use crate::lifecycle::RedisSession;
-use crate::reply::{arg, int};
+use crate::reply::{args, int};
 use crate::scripts;
 
 pub(crate) async fn request_revoke(
@@ -23,7 +23,7 @@ pub(crate) async fn request_revoke(
             "request revoke",
             &scripts::SET_VALUE,
             &group,
-            vec![arg(key), arg(token.get()), REVOKE_MARKER.to_vec()],
+            args![key, token.get(), REVOKE_MARKER],
         )
         .await?;
     Ok(int(&reply) == Some(1))

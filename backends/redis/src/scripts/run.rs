@@ -8,6 +8,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 use super::LIBRARY;
+use crate::reply::Args;
 
 /// Helpers every script starts with (a Lua file of its own: the key helpers, the guard of a
 /// migrating slot, `drop`, `ahead`, `create` and the session's version).
@@ -60,12 +61,17 @@ impl Runner {
         con: &mut C,
         op: &Op,
         key: &str,
-        args: &[Vec<u8>],
+        args: &Args,
     ) -> RedisResult<Value> {
         if self.0.load(Ordering::Relaxed) != SCRIPTS {
-            let mut fcall = redis::cmd("FCALL");
-            fcall.arg(op.function()).arg(1).arg(key);
-            for a in args {
+            let function = op.function();
+            // Sized at once: grown argument by argument, it would be copied again and again.
+            let mut fcall = Cmd::with_capacity(
+                args.len() + 4,
+                args.bytes() + function.len() + key.len() + 6,
+            );
+            fcall.arg("FCALL").arg(function).arg(1).arg(key);
+            for a in args.iter() {
                 fcall.arg(a);
             }
             match self.fcall(con, &fcall).await? {
@@ -77,7 +83,7 @@ impl Runner {
             }
         }
         let mut inv = op.script.key(key);
-        for a in args {
+        for a in args.iter() {
             inv.arg(a);
         }
         inv.invoke_async(con).await
