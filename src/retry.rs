@@ -45,8 +45,9 @@ impl Backoff {
     }
 
     /// The policy of a loop that works for a session of `ttl`: pauses grow up to a twentieth
-    /// of the TTL (between 20 ms and 1 s), and jitter adds up to as much again (a tenth of the
-    /// TTL at most). A session's deadline keeps a fifth of its TTL in
+    /// of the TTL (at most 1 s; from 20 ms, or from the twentieth if that is less, at least
+    /// 1 ms), and jitter adds up to as much again (a tenth of the TTL at most, for a TTL of
+    /// 20 ms or more). A session's deadline keeps a fifth of its TTL in
     /// hand, and what such a loop waits for (a new leader, a member back) must be noticed
     /// within a small part of that: a second's pause after an election would add a second
     /// without a grant.
@@ -60,10 +61,12 @@ impl Backoff {
         Self::capped((ttl / 20).min(MAX_DELAY))
     }
 
-    /// The same policy with pauses growing only up to `max` (at least the first pause): for a
-    /// loop that must notice a recovery sooner than a second later.
+    /// The same policy with pauses growing only up to `max`: for a loop that must notice a
+    /// recovery sooner than a second later. The first pause is 20 ms, or `max` if that is
+    /// less (at least 1 ms: a loop never spins): a session of a short TTL (the in-memory
+    /// backend takes 10 ms) must be able to retry a heartbeat before its deadline.
     pub fn capped(max: Duration) -> Self {
-        Self::between(MIN_DELAY, max)
+        Self::between(MIN_DELAY.min(max).max(Duration::from_millis(1)), max)
     }
 
     /// The same policy with its first pause `min` (instead of 20 ms) and pauses growing up
@@ -320,6 +323,22 @@ mod tests {
         );
         let mut until_now = Retry::new(Backoff::new()).until(Instant::now());
         assert_eq!(until_now.after_failure(&"failed", |_| true), None);
+    }
+
+    #[test]
+    fn a_short_ttl_retries_within_its_margin() {
+        // A session of 10 ms keeps 5 ms in hand: one failed heartbeat must not cost it.
+        let mut b = Backoff::for_ttl(Duration::from_millis(10));
+        let pauses: Vec<Duration> = (0..20).map(|_| b.next_delay()).collect();
+        assert!(
+            pauses.iter().all(|&d| d <= Duration::from_millis(2)),
+            "{pauses:?}"
+        );
+        let mut floor = Backoff::capped(Duration::ZERO);
+        assert!(
+            floor.next_delay() >= Duration::from_millis(1),
+            "a loop must not spin"
+        );
     }
 
     #[tokio::test(start_paused = true)]

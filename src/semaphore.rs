@@ -106,9 +106,18 @@ impl Semaphore {
         let at_gate = match wait {
             Wait::No => self.gate.try_lock().await,
             Wait::Forever => self.gate.lock().await.map(Some),
-            Wait::Until { deadline, .. } => {
+            Wait::Until { deadline, after } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                self.gate.lock_timeout(left).await.map(Some)
+                // Timed out at the gate: the caller's timeout, as among the leases (not what
+                // was left of it when the gate's wait began).
+                self.gate
+                    .lock_timeout(left)
+                    .await
+                    .map(Some)
+                    .map_err(|e| match e {
+                        Error::Timeout { op, .. } => Error::Timeout { op, after },
+                        e => e,
+                    })
             }
         };
         // Ended at the gate: the semaphore's outcome (the gate records none of its own).

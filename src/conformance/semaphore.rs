@@ -145,7 +145,33 @@ pub async fn cancelled_acquire_leaves_no_permit(f: &dyn Factory) {
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    // Timed out at the gate (b waits among the leases, holding it): the same error, with the
+    // timeout asked for.
+    let c = open(f, &ns, TTL).await;
+    // Boxed, not pinned on the stack: dropped below, it is cancelled there.
+    let mut b_waits = Box::pin(sb.acquire());
+    let at_leases = async {
+        while a.list_entries().await.unwrap().len() < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut b_waits => panic!("granted while a holds the permit: {r:?}"),
+        () = bounded(WAIT, "b's gate and lease entries", at_leases) => {}
+    }
+    let (asked, sc) = (Duration::from_millis(100), c.semaphore("s", 1).unwrap());
+    let e = tokio::select! {
+        r = &mut b_waits => panic!("granted while a holds the permit: {r:?}"),
+        r = sc.acquire_timeout(asked) => r.unwrap_err(),
+    };
+    assert!(
+        matches!(e, Error::Timeout { after, .. } if after == asked),
+        "{e:?}"
+    );
+    drop(b_waits);
     bounded(WAIT, "flush", b.flush()).await;
+    bounded(WAIT, "flush", c.flush()).await;
+    c.close().await.unwrap();
     assert_eq!(a.list_entries().await.unwrap(), vec![p.key().to_string()]);
     p.release().await.unwrap();
     let q = bounded(WAIT, "acquire", sb.acquire()).await.unwrap();
