@@ -46,10 +46,10 @@ async fn all_gone(label: &str, pids: &[i32], dir: &Path) {
         assert!(!alive(pid), "{label}: process {pid} outlived fencelock");
     }
     let out = dir.join("out");
-    let before = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let before = size_of(&out);
     // The loop appends every 50 ms: 500 ms without growth means it is gone.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let after = size_of(&out);
     assert_eq!(before, after, "{label}: the work went on without the lock");
 }
 
@@ -440,30 +440,24 @@ async fn job_control_stops_the_command_with_fencelock() {
     let _left = KillOnDrop(vec![command, daemon]);
     let fencelock = r.child.pid().unwrap() as i32;
     let out = d.join("out");
-    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     file_contains(&out, "x").await;
     // Stopped and continued within the TTL: all stop, all go on.
     assert!(r.child.signal(Signal::TSTP));
     until_stopped(&[fencelock, command, daemon], true, "stopped").await;
     assert!(r.child.signal(Signal::CONT));
     until_stopped(&[fencelock, command, daemon], false, "continued").await;
-    let before = size();
-    let start = Instant::now();
-    while size() == before {
-        assert!(start.elapsed() < WITHIN, "the command did not go on");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    grows_past(&out, size_of(&out), String::new).await;
     // Stopped past the TTL (3 s): the grant is lost; continued, the command never runs again.
     assert!(r.child.signal(Signal::TTIN));
     until_stopped(&[fencelock, command, daemon], true, "stopped again").await;
-    let stopped_at = size();
+    let stopped_at = size_of(&out);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(r.child.signal(Signal::CONT));
     assert_eq!(r.code(WITHIN).await, 76, "{}", r.output());
     assert!(!alive(command), "the command outlived the lost grant");
     assert!(!alive(daemon), "the daemon outlived the lost grant");
     assert_eq!(
-        size(),
+        size_of(&out),
         stopped_at,
         "the command ran again after the grant was lost"
     );
@@ -989,17 +983,7 @@ async fn a_targeted_tstp_stops_the_command_of_a_job() {
     signal(fencelock, Signal::CONT);
     until_stopped(&[fencelock, command], false, "continued").await;
     let out = d.join("out");
-    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
-    let before = size();
-    let start = Instant::now();
-    while size() == before {
-        assert!(
-            start.elapsed() < WITHIN,
-            "the command did not go on: {}",
-            sh.run.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    grows_past(&out, size_of(&out), || sh.run.output()).await;
 }
 
 /// fencelock leading its session on a terminal (`ssh -t host fencelock …`): its process group
@@ -1035,10 +1019,13 @@ async fn a_tstp_is_ignored_where_nothing_could_continue_it() {
         assert_ne!(state(pid), Some('T'), "{pid} stopped: {}", r.output());
     }
     let out = d.join("out");
-    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
-    let before = size();
+    let before = size_of(&out);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(size() > before, "the command stopped: {}", r.output());
+    assert!(
+        size_of(&out) > before,
+        "the command stopped: {}",
+        r.output()
+    );
 }
 
 /// A job started in the background whose command reads the terminal: the shell's `fg` brings
@@ -1300,17 +1287,7 @@ async fn a_job_brought_to_the_foreground_stops_on_ctrl_z() {
     sh.type_in("fg\n");
     until_stopped(&[fencelock, command], false, "fg").await;
     let out = d.join("out");
-    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
-    let before = size();
-    let start = Instant::now();
-    while size() == before {
-        assert!(
-            start.elapsed() < WITHIN,
-            "not going on: {}",
-            sh.run.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    grows_past(&out, size_of(&out), || sh.run.output()).await;
 }
 
 /// A Ctrl-Z at a terminal, fencelock and its command the shell's foreground job (one process

@@ -149,6 +149,26 @@ pub async fn file_contains(path: &Path, needle: &str) -> String {
     }
 }
 
+/// The size of the file at `path` (0 if there is none).
+pub fn size_of(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Waits (bounded) until the file at `path` grows past `before` bytes: the command writing it
+/// goes on. `context` (the run's output, say) is shown if it does not.
+pub async fn grows_past(path: &Path, before: u64, context: impl Fn() -> String) {
+    let start = Instant::now();
+    while size_of(path) == before {
+        assert!(
+            start.elapsed() < WITHIN,
+            "{} stayed at {before} bytes: the command did not go on: {}",
+            path.display(),
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether the process `pid` still runs (a zombie does not).
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
