@@ -9,17 +9,22 @@ use redis::Script;
 use crate::error::map;
 use crate::layout::{Groups, KEY_PREFIX};
 
-/// `SET KEYS[1] ARGV[2]` only if entry KEYS[2] is live with token ARGV[1]: its hash is there
-/// and so is its session's key (under the entry key's prefix, `fencelock` or `fencelock{G}`).
+/// `SET KEYS[1] ARGV[2]` only if entry KEYS[2] is live with token ARGV[1]: its hash is there,
+/// so is its session's key (under the entry key's prefix, `fencelock` or `fencelock{G}`), and
+/// it is still a member of its queue.
 /// Both keys declared: on a cluster they must share a slot, or the server refuses the script
 /// (`CROSSSLOT`) before it runs.
 static GUARDED_SET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local P = string.sub(KEYS[2], 1, string.find(KEYS[2], ':e:', 1, true) - 1)
-local e = redis.call('HMGET', KEYS[2], 's', 't')
+local at = string.find(KEYS[2], ':e:', 1, true)
+local P, name = string.sub(KEYS[2], 1, at - 1), string.sub(KEYS[2], at + 3)
+local e = redis.call('HMGET', KEYS[2], 's', 't', 'q')
 if not e[1] or tonumber(e[2]) ~= tonumber(ARGV[1]) then return 0 end
 if redis.call('EXISTS', P .. ':s:' .. e[1]) == 0 then return 0 end
+-- Out of its queue (the queue's key deleted by hand, or evicted) it holds nothing: the next
+-- acquirer finds the queue empty, and is granted.
+if e[3] and not redis.call('ZSCORE', P .. ':q:' .. e[3], name) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
 "#,

@@ -151,8 +151,7 @@ pub(crate) static STILL_AHEAD: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "still_ahead",
         r#"
-local e = live(ARGV[2])
-if not e or e[2] ~= ARGV[3] then return {0} end
+if not held(ARGV[2], ARGV[3]) then return {0} end
 local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 local wait = -1
 if ARGV[4] == '' and ARGV[5] == '1' then wait = first or -1 end
@@ -168,8 +167,8 @@ pub(crate) static CHECK_WAIT: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "check_wait",
         r#"
-local own = live(ARGV[1])
-if not own or own[2] ~= ARGV[2] then return {0} end
+local own = held(ARGV[1], ARGV[2])
+if not own then return {0} end
 local path = own[4]
 local score = redis.call('ZSCORE', qkey(path), ARGV[3])
 if not score or score ~= ARGV[4] then return {1, 0} end
@@ -189,11 +188,7 @@ pub(crate) static READ_OWN: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "read_own",
         r#"
-local e = live(ARGV[1])
-if not e or e[2] ~= ARGV[2] then return {0} end
--- Out of its queue (the queue's key deleted or evicted), an entry holds nothing: the next
--- acquirer finds the queue empty.
-if e[4] and not redis.call('ZSCORE', qkey(e[4]), ARGV[1]) then return {0} end
+if not held(ARGV[1], ARGV[2]) then return {0} end
 if ARGV[3] ~= '1' then return {1} end
 return {1, redis.call('HGET', ekey(ARGV[1]), 'v')}
 "#,
@@ -252,17 +247,21 @@ return '1\n' .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1'
     )
 });
 
-/// ARGV: entry name, token, value. Replaces the value of the live entry with that token; 1 if
-/// it did.
+/// ARGV: entry name, token, value. Replaces the value of the live entry with that token, still
+/// in its queue; 1 if it did.
 pub(crate) static SET_VALUE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "set_value",
         r#"
 local e = live(ARGV[1])
 if not e or e[2] ~= ARGV[2] then return 0 end
+-- Out of its queue, it holds nothing (see `held`); its rank, read before the write, also
+-- says whether it heads the queue.
+local rank = redis.call('ZRANK', qkey(e[4]), ARGV[1])
+if not rank then return 0 end
 redis.call('HSET', ekey(ARGV[1]), 'v', ARGV[3])
 redis.call('PUBLISH', C .. ':c:' .. ARGV[1], 'value')
-if redis.call('ZRANK', qkey(e[4]), ARGV[1]) == 0 then
+if rank == 0 then
   redis.call('PUBLISH', C .. ':h:' .. e[4], 'value')
 end
 return 1

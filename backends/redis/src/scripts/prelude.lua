@@ -57,6 +57,15 @@ local function live(name)
   e[5] = left
   return e
 end
+-- `live(name)` if it has token `token` (as text) and is still a member of its queue, else nil.
+-- Out of its queue (the queue's key deleted by hand, or evicted) an entry holds nothing: the
+-- next acquirer finds the queue empty, and is granted.
+local function held(name, token)
+  local e = live(name)
+  if not e or e[2] ~= token then return nil end
+  if e[4] and not redis.call('ZSCORE', qkey(e[4]), name) then return nil end
+  return e
+end
 -- Deletes entry `name` of queue `path`, and wakes whoever waits on it: its owner and the
 -- queue's observers (if it headed the queue) on their channels, and the entry right behind
 -- it on its session's own channel ('NAME TOKEN head', or '... ahead' if something is still
