@@ -34,6 +34,7 @@ impl ClusterUrl {
         } else {
             return Ok(None);
         };
+        crate::hosts::no_slash_in_userinfo(url, rest)?;
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if !path.is_empty() && path != "0" {
             return Err(Error::invalid_config(

@@ -5,6 +5,21 @@ use fencelock::{Error, Result};
 
 use crate::config::redact;
 
+/// Refuses a URL whose user info holds a raw `/` (what follows `scheme://` is `rest`). The
+/// user info ends at the last `@`, as [`redact`] reads it; split at the first `/` instead, a
+/// password `12/x` would be read as a host `user:12` and a path, and shown in errors.
+pub(crate) fn no_slash_in_userinfo(url: &str, rest: &str) -> Result<()> {
+    match rest.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains('/') => Err(Error::invalid_config(
+            redact(url),
+            "a '/' in the user or password must be percent-encoded (%2F), and a name after \
+             the hosts may not hold an '@'"
+                .to_string(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The user info (still percent-encoded) and the `host:port`s of `authority`, a part of `url`
 /// (for messages, redacted); a host without a port gets `default_port`; at most `max` hosts,
 /// called `what` in messages.

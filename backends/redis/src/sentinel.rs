@@ -58,6 +58,7 @@ impl SentinelUrl {
             return Ok(None);
         };
         let bad = |why: &str| Error::invalid_config(redact(url), why.to_string());
+        crate::hosts::no_slash_in_userinfo(url, rest)?;
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (userinfo, sentinels) =
             crate::hosts::parse(url, authority, DEFAULT_PORT, MAX_SENTINELS, "sentinel")?;
@@ -341,6 +342,8 @@ mod tests {
             "redis+sentinel://a/m/x",
             "redis+sentinel://a/m/1/extra",
             "redis+sentinel://a/m\u{7f}",
+            // A raw '/' in the password: read as a sentinel `app:1234` and shown (review).
+            "redis+sentinel://app:1234/xyz@s1",
             // One sentinel named twice would count twice toward the majority.
             "redis+sentinel://s1,s1:26379,s2/m",
         ] {
@@ -352,8 +355,13 @@ mod tests {
             .collect::<Vec<_>>()
             .join(",");
         assert!(SentinelUrl::parse(&format!("redis+sentinel://{many}/m")).is_err());
-        // The password never shows.
-        let e = SentinelUrl::parse("redis+sentinel://u:s3cret@a:1").unwrap_err();
-        assert!(!format!("{e} {e:?}").contains("s3cret"));
+        // The password never shows, whatever it holds.
+        for url in [
+            "redis+sentinel://u:s3cret@a:1",
+            "redis+sentinel://u:s3cret/x@a:1/m",
+        ] {
+            let e = SentinelUrl::parse(url).unwrap_err();
+            assert!(!format!("{e} {e:?}").contains("s3cret"), "{url}: {e}");
+        }
     }
 }
