@@ -699,6 +699,76 @@ async fn an_entry_deleted_behind_our_back_is_lost() {
     b.close().await.unwrap();
 }
 
+/// A holder's entry hash deleted by hand (or evicted) while another waits: the holder learns
+/// it lost, and its release, finding the hash gone, drops the member it left in the queue and
+/// wakes the waiter at once. Before, the waiter was granted only at its own next check of the
+/// holder's session (a TTL later: 9 s in a black-box round), and a read-write lock's waiter
+/// likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_its_hash_was_deleted_wakes_the_next() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("hash_deleted");
+    let start = || async {
+        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+            .namespace(&ns)
+            .ttl(Duration::from_secs(10))
+            .start()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (start().await, start().await);
+    for rw in [false, true] {
+        let (held, waiting) = if rw {
+            let la = a.rwlock("rw").unwrap();
+            let lb = b.rwlock("rw").unwrap();
+            let g = la.write().await.unwrap();
+            let w = tokio::spawn(async move { lb.write().await.map(|g| g.token()) });
+            (g.token(), (Some(g), None, w))
+        } else {
+            let g = a.mutex("m").unwrap().lock().await.unwrap();
+            let mb = b.mutex("m").unwrap();
+            let w = tokio::spawn(async move { mb.lock().await.map(|g| g.token()) });
+            (g.token(), (None, Some(g), w))
+        };
+        let (wg, mg, waiting) = waiting;
+        let key = wg.as_ref().map_or_else(
+            || mg.as_ref().unwrap().key().to_string(),
+            |g| g.key().to_string(),
+        );
+        let queue = if rw {
+            format!("fencelock:q:{ns}/rw//rw")
+        } else {
+            format!("fencelock:q:{ns}/m")
+        };
+        let since = std::time::Instant::now();
+        while server.cli(&["ZCARD", &queue]).unwrap().trim() != "2" {
+            assert!(since.elapsed() < Duration::from_secs(10), "b never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let hash = format!("fencelock:e:{key}");
+        assert_eq!(server.cli(&["DEL", &hash]).unwrap().trim(), "1");
+        let released = std::time::Instant::now();
+        match (wg, mg) {
+            (Some(g), _) => assert!(g.release().await.is_err(), "rw {rw}: released as held"),
+            (_, Some(g)) => assert!(g.release().await.is_err(), "rw {rw}: released as held"),
+            _ => unreachable!(),
+        }
+        let token = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("rw {rw}: the waiter not woken by the release"))
+            .unwrap()
+            .unwrap();
+        assert!(token > held, "rw {rw}");
+        assert!(released.elapsed() < Duration::from_secs(2));
+        b.flush().await;
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// A queue's key deleted by hand (or evicted) while one holds and another waits: the next
 /// acquirer finds the queue empty and is granted; the waiter, whose entry is out of the queue
 /// too, must not be granted beside it. It was: its read of what is ahead found only the new

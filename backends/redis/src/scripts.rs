@@ -231,7 +231,19 @@ pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
         "remove",
         r#"
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
-if not e[1] or e[1] ~= ARGV[2] then return '0' end
+if not e[1] then
+  -- Its hash gone outside the scripts (deleted by hand, evicted): its member, still in the
+  -- queue with this token, would hold up the entry behind it until that one's next check
+  -- (seconds): dropped, and that one woken. Still `0`: not removed by this release.
+  local path, sid = entry_parts(ARGV[1])
+  if path and redis.call('ZSCORE', qkey(path), ARGV[1]) == ARGV[2] then
+    local s = skey(sid)
+    drop(path, ARGV[1])
+    if redis.call('HDEL', s, ARGV[1]) == 1 then redis.call('HINCRBY', s, 'v', '1') end
+  end
+  return '0'
+end
+if e[1] ~= ARGV[2] then return '0' end
 -- Its session's key looked at before the first write (on a cluster: a script stopped by a
 -- slot moving stops before it changed anything, see `drop`).
 local s = skey(e[3])

@@ -57,6 +57,20 @@ local function live(name)
   e[5] = left
   return e
 end
+-- The queue path and the session of the entry named `name`, from the name alone (names follow
+-- `key_value_entry_key`, read as layout.rs reads them: a read-write lock's leaf is
+-- `{owner}_{attempt}` under `/read` or `/write`, its queue's path ends in `//rw`); nil for a
+-- name that is no entry's.
+local function entry_parts(name)
+  local parent, leaf = string.match(name, '^(.+)/([^/]+)$')
+  if not parent then return nil end
+  local owner = string.match(leaf, '^([^_]+)_') or leaf
+  if owner ~= leaf then
+    local rw = string.match(parent, '^(.+)/read$') or string.match(parent, '^(.+)/write$')
+    if rw then return rw .. '//rw', owner end
+  end
+  return parent, owner
+end
 -- `live(name)` if it has token `token` (as text) and is still a member of its queue, else nil.
 -- Out of its queue (the queue's key deleted by hand, or evicted) an entry holds nothing: the
 -- next acquirer finds the queue empty, and is granted.
