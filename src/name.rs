@@ -139,12 +139,24 @@ pub fn validate_namespace(namespace: &str) -> Result<()> {
     if namespace == "/" {
         return Err(invalid(namespace, "use the empty namespace instead of '/'"));
     }
-    check_segments(namespace)
+    // Said to be the namespace: the same checks as a name's, whose message would blame a name.
+    check_segments(namespace).map_err(|e| match e {
+        Error::InvalidName(i) => {
+            Error::invalid_name(namespace, format!("the namespace {}", i.reason))
+        }
+        e => e,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_namespace_is_said_to_be_the_namespace() {
+        let e = validate_namespace("x/").unwrap_err().to_string();
+        assert!(e.contains("the namespace ends with '/'"), "{e}");
+    }
 
     #[test]
     fn names() {

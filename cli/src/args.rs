@@ -161,7 +161,8 @@ pub(crate) struct ClusterArgs {
     /// fewer, a `SENTINEL FAILOVER` can promote one that did not acknowledge, while the old
     /// primary goes on granting with the others' acknowledgement. Without it, a failover, or a
     /// restart without persistence, can grant a lock twice and hand out a token again, or a
-    /// lower one. (For lock and elect: list, leader and observe create nothing.)
+    /// lower one. (For lock and elect: list, leader and observe take no lock and do not wait
+    /// for replicas, though on Redis they open a session too, and need the same ACL rights.)
     #[arg(
         long,
         env = "FENCELOCK_WAIT_FOR_REPLICAS",
@@ -220,7 +221,8 @@ pub(crate) enum Command {
     /// CMD exits (and what it left running is stopped) the lock is released at once
     /// (the next holder gets it in milliseconds, not after a TTL).
     Lock {
-        /// The lock's name (`/`-separated segments, as in `jobs/reindex`).
+        /// The lock's name (`/`-separated segments, as in `jobs/reindex`; at most 512 bytes; a
+        /// name refused exits 78).
         name: String,
         #[command(flatten)]
         wait: WaitArgs,
@@ -231,7 +233,7 @@ pub(crate) enum Command {
     ///
     /// FENCELOCK_TOKEN is the leader's epoch.
     Elect {
-        /// The election's name.
+        /// The election's name (as a lock's: at most 512 bytes).
         name: String,
         /// The value this candidate publishes while it leads (its address, say).
         #[arg(long, default_value = "")]

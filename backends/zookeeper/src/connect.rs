@@ -326,7 +326,8 @@ impl Resolved {
             }
             Ok(None) => Err(Error::invalid_config(
                 root,
-                "the chroot node does not exist: create it, or set create_chroot(true)",
+                "the chroot node does not exist: create it (zkCli.sh create PATH), or with the library \
+                 set ZooKeeperConfig::create_chroot(true)",
             )),
             Err(e) => Err(error::map("check chroot", e)),
         }

@@ -233,7 +233,7 @@ pub(crate) fn check_zk_path(path: &str, shown: &str, chrooted: bool) -> Result<(
         if seg.ends_with(PROCLAIMED_SUFFIX) {
             return Err(invalid(
                 shown,
-                "names ending with .proclaimed are reserved (they hold elections' proclaimed values)",
+                "a segment ending with .proclaimed is reserved (such nodes hold elections' proclaimed values)",
             ));
         }
     }
