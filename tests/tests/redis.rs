@@ -769,6 +769,52 @@ async fn a_release_after_its_hash_was_deleted_wakes_the_next() {
     b.close().await.unwrap();
 }
 
+/// A revocation request written by hand (`HSET … v __REVOKE__`, which publishes nothing, as a
+/// message lost on a cluster's bus): the holder hears of it all the same, at its next read of
+/// its entry. It waited for a message for ever (review of the Redis backend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_written_by_hand_is_heard() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("revoke_by_hand");
+    let a = Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+        .namespace(&ns)
+        .ttl(Duration::from_secs(3))
+        .start()
+        .await
+        .unwrap();
+    let g = a.mutex("m").unwrap().lock().await.unwrap();
+    let asked = tokio::spawn(g.revoke_requested());
+    // Once the wait listens (subscribed to the entry's channel, then read it).
+    let channel = format!("fencelock:c:{}", g.key());
+    let since = std::time::Instant::now();
+    while server
+        .cli(&["PUBSUB", "NUMSUB", &channel])
+        .unwrap()
+        .lines()
+        .nth(1)
+        .map(str::trim)
+        != Some("1")
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let entry = format!("fencelock:e:{}", g.key());
+    server.cli(&["HSET", &entry, "v", "__REVOKE__"]).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), asked)
+        .await
+        .expect("a revocation written by hand never heard")
+        .unwrap();
+    g.release().await.unwrap();
+    a.close().await.unwrap();
+}
+
 /// A queue's key deleted by hand (or evicted) while one holds and another waits: the next
 /// acquirer finds the queue empty and is granted; the waiter, whose entry is out of the queue
 /// too, must not be granted beside it. It was: its read of what is ahead found only the new

@@ -315,13 +315,21 @@ pub(crate) async fn still_ahead(
 /// `fencelock` command ran on beside the next holder.)
 pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result<()> {
     let reg = session.notifier.register(chan_entry(&own.key)).await?;
-    let every = (session.ttl / 3).clamp(OWN_CHECK_MIN, OWN_CHECK);
+    let every = recheck_every(session.ttl);
     while session.read_own(own, false).await?.is_some() {
         if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
             notified?;
         }
     }
     Ok(())
+}
+
+/// How long a wait that a message ends (a deletion, a value, a queue's new head) waits at most
+/// before it reads again: a change outside the scripts publishes nothing (a `DEL` or `HSET`
+/// by an operator, an eviction), and a message can be lost (on a cluster it crosses the
+/// cluster bus).
+pub(crate) fn recheck_every(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(OWN_CHECK_MIN, OWN_CHECK)
 }
 
 /// The longest time between two reads of an entry whose loss is awaited.

@@ -40,7 +40,16 @@ pub(crate) async fn wait_queue_change(
             r = reg.notified() => r.map(drop),
             _ = tokio::time::sleep(left + EXPIRY_SLACK) => Ok(()),
         },
-        None => reg.notified().await.map(drop),
+        // Empty: an enqueue announces its entry; read again at the latest after
+        // `recheck_every` all the same (a message lost on a cluster's bus).
+        None => {
+            match tokio::time::timeout(crate::queue::recheck_every(session.ttl), reg.notified())
+                .await
+            {
+                Ok(r) => r.map(drop),
+                Err(_) => Ok(()),
+            }
+        }
     }
 }
 

@@ -35,8 +35,13 @@ pub(crate) async fn wait_revoke(session: &RedisSession, own: &Entry) -> Result<(
         match session.read_own(own, true).await? {
             None => return Err(RedisSession::vanished(own)),
             Some(v) if v == REVOKE_MARKER => return Ok(()),
+            // Read again at the latest after `recheck_every` (a change made outside the
+            // scripts publishes nothing).
             Some(_) => {
-                reg.notified().await?;
+                let every = crate::queue::recheck_every(session.ttl);
+                if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
+                    notified?;
+                }
             }
         }
     }
