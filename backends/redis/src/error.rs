@@ -72,6 +72,8 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         // A script that met a key of its slot on another node (the slot migrating): Redis
         // gives this one no code of its own, only its message.
         _ if e.to_string().contains("non local key in a cluster node") => true,
+        // A server at `maxclients` (at connect): others will leave (no code of its own either).
+        _ if e.to_string().contains("max number of clients reached") => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
     };
     Error::backend(NAME, op, temporary, readable(&e))
@@ -115,6 +117,16 @@ pub(crate) fn unexpected(op: &'static str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server at its client limit refuses a connection for now: temporary, so that a
+    /// connect retries (it was taken for a setting the server refused, for good).
+    #[test]
+    fn a_server_full_of_clients_is_temporary() {
+        let e = redis::parse_redis_value(b"-ERR max number of clients reached\r\n")
+            .and_then(redis::Value::extract_error)
+            .expect_err("a server's error");
+        assert!(map("connect", e).is_temporary());
+    }
 
     /// An error is said in words, without redis-rs' kind names.
     #[test]
