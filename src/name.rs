@@ -16,7 +16,7 @@ pub(crate) const MAX_QUEUE_NAME_LEN: usize = MAX_NAME_LEN + 16;
 
 fn check_segments(name: &str) -> Result<()> {
     if name.len() > MAX_NAME_LEN {
-        return Err(invalid(name, "longer than 512 bytes"));
+        return Err(invalid(name, "is longer than 512 bytes"));
     }
     check_rest(name)
 }

@@ -381,7 +381,9 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
 
     /// Resolves when `queue` changes relative to `seen` (the head and value last read by
     /// [`head`](Self::head)): the head is added, removed or replaced, or its value changes.
-    /// Returns at once if the queue already differs from `seen`.
+    /// Returns at once if the queue already differs from `seen`. It may also return without a
+    /// change (a backend that reads again on a timer, where a change can go unannounced): the
+    /// caller reads the head again and waits anew.
     async fn wait_queue_change(
         &self,
         queue: &QueueId,

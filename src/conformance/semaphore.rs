@@ -146,7 +146,10 @@ pub async fn cancelled_acquire_leaves_no_permit(f: &dyn Factory) {
         .unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
     // Timed out at the gate (b waits among the leases, holding it): the same error, with the
-    // timeout asked for.
+    // timeout asked for. (b's cancelled tries flushed first: only its gate and lease entries
+    // are counted below, beside a's lease.)
+    bounded(WAIT, "flush", b.flush()).await;
+    assert_eq!(a.list_entries().await.unwrap(), vec![p.key().to_string()]);
     let c = open(f, &ns, TTL).await;
     // Boxed, not pinned on the stack: dropped below, it is cancelled there.
     let mut b_waits = Box::pin(sb.acquire());
@@ -162,7 +165,7 @@ pub async fn cancelled_acquire_leaves_no_permit(f: &dyn Factory) {
     let (asked, sc) = (Duration::from_millis(100), c.semaphore("s", 1).unwrap());
     let e = tokio::select! {
         r = &mut b_waits => panic!("granted while a holds the permit: {r:?}"),
-        r = sc.acquire_timeout(asked) => r.unwrap_err(),
+        r = bounded(WAIT, "c's acquire_timeout", sc.acquire_timeout(asked)) => r.unwrap_err(),
     };
     assert!(
         matches!(e, Error::Timeout { after, .. } if after == asked),

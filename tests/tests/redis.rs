@@ -847,18 +847,20 @@ async fn a_waiter_out_of_its_deleted_queue_is_not_granted() {
     assert_eq!(server.cli(&["DEL", &queue]).unwrap().trim(), "1");
     let held = c.mutex("m").unwrap().try_lock().await.unwrap();
     let held = held.expect("the queue is empty: c is granted");
-    // a learns that it lost within a TTL; its entry's removal wakes b, which reads the queue.
+    // a learns that it lost within a TTL; its release wakes b, which finds its own entry out
+    // of the queue.
     let lost = tokio::time::timeout(Duration::from_secs(10), g.lost()).await;
     assert!(lost.is_ok(), "a never learnt it lost");
-    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await;
-    if let Ok(done) = outcome {
-        match done.unwrap() {
-            Ok(token) => panic!(
-                "b granted (token {token}) while c holds (token {})",
-                held.token()
-            ),
-            Err(e) => assert!(matches!(e, Error::EntryVanished { .. }), "{e:?}"),
-        }
+    assert!(g.release().await.is_err(), "a released as held");
+    let done = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("b never told that its entry left the queue");
+    match done.unwrap() {
+        Ok(token) => panic!(
+            "b granted (token {token}) while c holds (token {})",
+            held.token()
+        ),
+        Err(e) => assert!(matches!(e, Error::EntryVanished { .. }), "{e:?}"),
     }
     assert!(held.is_held());
     held.release().await.unwrap();

@@ -57,8 +57,8 @@ pub(crate) fn colocated(name: &str, key: &str) -> String {
 
 /// Sets `key` to `value` in the same Redis only while `grant` (a
 /// [`Guard`](fencelock::Guard), a write guard, a [`Leadership`](fencelock::Leadership)) is
-/// held: its entry still exists with its token and its session has not expired, checked by
-/// Redis atomically with the write. Returns whether it was written. A holder paused past its
+/// held: its entry still exists with its token, is still in its queue, and its session has
+/// not expired, checked by Redis atomically with the write. Returns whether it was written. A holder paused past its
 /// session's TTL is refused by Redis itself, even though it does not know yet that it lost.
 ///
 /// On a **Redis Cluster** the key must be in the slot of the grant's entry: build it with

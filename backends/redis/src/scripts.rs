@@ -122,8 +122,15 @@ for i = 6, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
     local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
-    if not first or first == name then break end
-    if live(first) then return {0} end
+    if not first then break end
+    if first == name then
+      -- Ours, made by a try whose reply was lost. Without its hash (deleted by hand, evicted)
+      -- it is a leftover that holds nothing: dropped as any dead head (`create` would move it
+      -- behind the waiters and grant it all the same).
+      if redis.call('HGET', ekey(name), 's') == sid then break end
+    elseif live(first) then
+      return {0}
+    end
     drop(path, first)
   end
 end
