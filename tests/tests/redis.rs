@@ -815,6 +815,123 @@ async fn a_revocation_written_by_hand_is_heard() {
     a.close().await.unwrap();
 }
 
+/// The token counter deleted by hand (or evicted) while a lock is held: it starts again from
+/// 1, and a newcomer's entry scored 1 queued ahead of the holder and was granted beside it
+/// (black-box round 13: 5 of 5). A new entry is now scored above every member of its queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_deleted_under_a_holder_does_not_let_a_newcomer_ahead() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("counter_deleted");
+    let start = || async {
+        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+            .namespace(&ns)
+            .ttl(Duration::from_secs(3))
+            .start()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (start().await, start().await);
+    server.cli(&["SET", "fencelock:t", "100"]).unwrap();
+    let g = a.mutex("m").unwrap().lock().await.unwrap();
+    assert_eq!(g.token().get(), 101);
+    assert_eq!(server.cli(&["DEL", "fencelock:t"]).unwrap().trim(), "1");
+    let tried = b.mutex("m").unwrap().try_lock().await.unwrap();
+    assert!(
+        tried.is_none(),
+        "granted beside the holder (token {:?})",
+        tried.map(|t| t.token())
+    );
+    // Raised past the queue's last member, and the counter with it.
+    let mb = b.mutex("m").unwrap();
+    let waiting = tokio::spawn(async move { mb.lock().await.map(|g| g.token()) });
+    g.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter never granted")
+        .unwrap()
+        .unwrap();
+    assert!(next.get() > 101, "{next}");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A holder whose queue's key (or session's key) was deleted by hand, released before it read
+/// its entry again: its release says that it held nothing (`NotHeld`), so that a command that
+/// exited meanwhile exits 76, not 0 (black-box round 13: exit 0 beside another holder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_its_queue_or_session_was_deleted_is_not_a_release() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("release_deleted");
+    for what in ["queue", "session"] {
+        let a = Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+            .namespace(&ns)
+            .ttl(Duration::from_secs(30))
+            .start()
+            .await
+            .unwrap();
+        let g = a.mutex(what).unwrap().lock().await.unwrap();
+        let key = match what {
+            "queue" => format!("fencelock:q:{ns}/{what}"),
+            _ => format!("fencelock:s:{}", a.id()),
+        };
+        assert_eq!(server.cli(&["DEL", &key]).unwrap().trim(), "1", "{key}");
+        let released = g.release().await;
+        assert!(
+            matches!(released, Err(Error::NotHeld(_))),
+            "{what} deleted: {released:?}"
+        );
+        let _ = a.close().await;
+    }
+}
+
+/// A holder's entry hash deleted by hand while another waits, and the holder's session then
+/// closed without a release (as `fencelock` does when it found the grant lost): the close drops
+/// what the entry left in its queue and wakes the waiter at once. It waited for its own next
+/// check, up to a TTL (black-box round 13: 6.65 s at a TTL of 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_after_a_hash_was_deleted_wakes_the_next() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("close_hash_deleted");
+    let start = || async {
+        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
+            .namespace(&ns)
+            .ttl(Duration::from_secs(10))
+            .start()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (start().await, start().await);
+    let g = a.mutex("m").unwrap().lock().await.unwrap();
+    let mb = b.mutex("m").unwrap();
+    let waiting = tokio::spawn(async move { mb.lock().await.map(|g| g.token()) });
+    let queue = format!("fencelock:q:{ns}/m");
+    let since = std::time::Instant::now();
+    while server.cli(&["ZCARD", &queue]).unwrap().trim() != "2" {
+        assert!(since.elapsed() < Duration::from_secs(10), "b never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hash = format!("fencelock:e:{}", g.key());
+    assert_eq!(server.cli(&["DEL", &hash]).unwrap().trim(), "1");
+    std::mem::forget(g);
+    a.close().await.unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the waiter not woken by the close")
+        .unwrap()
+        .unwrap();
+    assert!(token.get() > 1);
+    b.close().await.unwrap();
+}
+
 /// A queue's key deleted by hand (or evicted) while one holds and another waits: the next
 /// acquirer finds the queue empty and is granted; the waiter, whose entry is out of the queue
 /// too, must not be granted beside it. It was: its read of what is ahead found only the new

@@ -68,11 +68,11 @@ skey(sid); qkey(path); ekey(name)
 local v = enter(sid, ARGV[10], ARGV[6])
 if not v then return '-1' end
 local late = behind(v, ARGV[9])
-local token, created, after = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
+local token, created, after, empty = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
 local want, nearest = ARGV[7], tonumber(ARGV[8])
 -- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
--- one call instead of `ahead`'s range (callgrind: about 4,000 of the server's instructions).
-local alone = created == 1 and redis.call('ZCARD', qkey(path)) == 1
+-- no range read of what is ahead (callgrind: about 4,000 of the server's instructions).
+local alone = created == 1 and empty
 local out, first = {}, nil
 if not alone then out, first = ahead(path, token, want, nearest) end
 local wait = -1
@@ -231,8 +231,9 @@ return {v, late}
 });
 
 /// ARGV: entry name, token, the version its owner's client knows. Deletes the entry if it is
-/// still the one with that token. Returns `0` if it did not, else the lines `1`, the owner's
-/// version (-1 if the owner's session is gone), `behind` (one bulk string, as `ENQUEUE`'s).
+/// still the one with that token. Returns `0` if it did not, or if the entry held nothing any
+/// more (out of its queue, or its session gone: deleted all the same), else the lines `1`, the
+/// owner's version, `behind` (one bulk string, as `ENQUEUE`'s).
 pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "remove",
@@ -254,13 +255,15 @@ if e[1] ~= ARGV[2] then return '0' end
 -- Its session's key looked at before the first write (on a cluster: a script stopped by a
 -- slot moving stops before it changed anything, see `drop`).
 local s = skey(e[3])
-drop(e[2], ARGV[1])
+-- Out of its queue (the queue's key deleted by hand, evicted), or its session gone, it held
+-- nothing: removed all the same, but no release (`0`), so that the owner learns the loss
+-- (a command that exited meanwhile exits 76, not 0).
+local present = drop(e[2], ARGV[1])
 -- Owned (a field of its session's key): its deletion says the key is there, and the version
 -- is raised at once. Else asked.
-if redis.call('HDEL', s, ARGV[1]) == 0 and redis.call('EXISTS', s) == 0 then
-  return '1\n-1\n0'
-end
+if redis.call('HDEL', s, ARGV[1]) == 0 and redis.call('EXISTS', s) == 0 then return '0' end
 local v = redis.call('HINCRBY', s, 'v', '1')
+if not present then return '0' end
 return '1\n' .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1' or '\n0')
 "#,
     )

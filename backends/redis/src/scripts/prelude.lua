@@ -96,9 +96,11 @@ local function drop(path, name)
   local first = redis.call('ZRANGE', q, '0', '1')
   local was_head = first[1] == name
   local after = first[2]
+  local present = was_head
   if not was_head then
     -- The entry right behind it (rare: a cancelled or timed-out wait, a dead entry).
     local score = redis.call('ZSCORE', q, name)
+    present = score ~= false
     after = score and redis.call('ZRANGEBYSCORE', q, '(' .. score, '+inf', 'LIMIT', '0', '1')[1]
   end
   -- Read before the first write: on a cluster whose slot is moving, a read of a key gone to
@@ -114,6 +116,14 @@ local function drop(path, name)
   end
   redis.call('PUBLISH', C .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
+  return present
+end
+-- Drops what is left in its queue of our entry `name` whose hash is gone (deleted by hand,
+-- evicted): its member would hold up the entry behind it until that one's next check
+-- (seconds). A live entry always has its hash: a member without one is dead.
+local function drop_leftover(name)
+  local path = entry_parts(name)
+  if path and redis.call('ZSCORE', qkey(path), name) then drop(path, name) end
 end
 -- The version of what session `sid` owns in this group, or false if it has no key here.
 local function version(sid)
@@ -173,10 +183,11 @@ local function ahead(path, below, want, nearest)
 end
 -- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
 -- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
--- queue's expiry); returns its token as text, whether it was created, and the
--- session's version after it (false if unchanged). The session's key holds, besides its
--- version `v`, a field per entry it owns in this group (named by the entry; entry names have
--- a '/', so never 'v'): one key, whose TTL is the session's, for both. Every
+-- queue's expiry); returns its token as text, whether it was created, the session's
+-- version after it (false if unchanged), and whether the queue was empty before it. The
+-- session's key holds, besides its version `v`, a field per entry it owns in this group
+-- (named by the entry; entry names have a '/', so never 'v'): one key, whose TTL is the
+-- session's, for both. Every
 -- change of what a session owns bumps its version (`v` of its key), which the client follows:
 -- a version below the one the client has seen tells it that a failover lost changes. One
 -- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
@@ -185,6 +196,15 @@ end
 local function create(sid, path, name, kind, value, ttl, v, created)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('INCR', K)
+  -- The queue's last member: a new entry must score above every member, or it would queue
+  -- ahead of them, and be granted beside the holder. A counter deleted by hand or evicted
+  -- starts again from 1: the token is raised past the last score, and the counter with it.
+  -- (An empty queue also tells the caller that the entry is alone in it.)
+  local last = redis.call('ZRANGE', q, '-1', '-1', 'WITHSCORES')
+  if last[2] and tonumber(last[2]) >= token then
+    token = tonumber(last[2]) + 1
+    redis.call('SET', K, string.format('%d', token))
+  end
   -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
   if token >= 9007199254740992 then
     error({err = 'ERR fencelock token counter exhausted (2^53)'})
@@ -198,7 +218,7 @@ local function create(sid, path, name, kind, value, ttl, v, created)
       redis.call('PEXPIRE', e, ttl)
       redis.call('HSET', skey(sid), name, '1')
       -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
-      return redis.call('ZSCORE', q, name), 0, false
+      return redis.call('ZSCORE', q, name), 0, false, false
     end
     -- A member without its hash (evicted, or half deleted by hand): replaced.
     redis.call('ZADD', q, t, name)
@@ -207,7 +227,7 @@ local function create(sid, path, name, kind, value, ttl, v, created)
   redis.call('PEXPIRE', e, ttl)
   v = v + 1
   redis.call('HSET', skey(sid), name, '1', 'v', string.format('%d', v))
-  return t, 1, v
+  return t, 1, v, last[1] == nil
 end
 -- Tells the observers of queue `path` that a new entry heads it.
 local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end

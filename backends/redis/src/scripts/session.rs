@@ -44,6 +44,9 @@ for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
       redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
       extend_expiring(P .. ':q:' .. e[2], ttl)
     elseif e[1] or not GUARD then
+      -- Its hash gone (deleted by hand, evicted; on one server, where keys need no guard):
+      -- what it left in its queue is dropped, and the entry behind it woken.
+      if not e[1] then drop_leftover(name) end
       redis.call('HDEL', skey(sid), name)
     end
   end
@@ -89,7 +92,12 @@ local sid = ARGV[1]
 for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
   if name ~= 'v' then
     local e = redis.call('HMGET', ekey(name), 's', 'q')
-    if e[1] == sid then drop(e[2], name) end
+    if e[1] == sid then
+      drop(e[2], name)
+    elseif not e[1] then
+      -- Its hash gone (deleted by hand, evicted): what it left in its queue goes too.
+      drop_leftover(name)
+    end
   end
 end
 redis.call('DEL', skey(sid))
