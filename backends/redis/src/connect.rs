@@ -341,7 +341,8 @@ pub(crate) async fn warn_if_evicting(mut con: crate::RedisConnection) {
             tracing::warn!(
                 policy = %policy,
                 "the Redis server may evict keys (maxmemory-policy is not noeviction): an evicted \
-                 session ends early, an evicted token counter restarts the fencing tokens"
+                 entry, queue or session frees its lock at once (its holder learns it within a \
+                 third of the TTL), an evicted token counter restarts the fencing tokens"
             );
         }
     }
