@@ -294,6 +294,55 @@ async fn until_queued(s: &Session, name: &str, what: &str) {
     }
 }
 
+/// `N` sessions on the Redis at `url`, in namespace `ns`, of TTL `ttl`.
+async fn sessions_on<const N: usize>(url: &str, ns: &str, ttl: Duration) -> [Session; N] {
+    let mut all = Vec::with_capacity(N);
+    for _ in 0..N {
+        let backend = RedisBackend::connect(url).await.unwrap();
+        all.push(
+            Session::builder(backend)
+                .namespace(ns)
+                .ttl(ttl)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    all.try_into().unwrap_or_else(|_| unreachable!())
+}
+
+/// Waits (bounded) until the sorted set `queue` on `server` has `n` members.
+async fn until_members(
+    server: &fencelock_integration::servers::redis::RedisServer,
+    queue: &str,
+    n: usize,
+) {
+    let since = std::time::Instant::now();
+    while server.cli(&["ZCARD", queue]).unwrap().trim() != n.to_string() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "{queue}: never {n} members"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded) until a client listens on `channel` on `server`.
+async fn until_subscribed(
+    server: &fencelock_integration::servers::redis::RedisServer,
+    channel: &str,
+) {
+    let since = std::time::Instant::now();
+    let listening = || server.cli(&["PUBSUB", "NUMSUB", channel]).unwrap();
+    while listening().lines().nth(1).map(str::trim) != Some("1") {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "{channel}: never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// How many clients are subscribed to `channel`.
 async fn subscribers(con: &mut fencelock_redis::RedisConnection, channel: &str) -> i64 {
     let (_, n): (String, i64) = redis::cmd("PUBSUB")
@@ -640,15 +689,7 @@ async fn an_entry_deleted_behind_our_back_is_lost() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("deleted_outside");
-    let start = || async {
-        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(3))
-            .start()
-            .await
-            .unwrap()
-    };
-    let (a, b) = (start().await, start().await);
+    let [a, b] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
     let mut admin = RedisBackend::connect(url.as_str())
         .await
         .unwrap()
@@ -663,15 +704,7 @@ async fn an_entry_deleted_behind_our_back_is_lost() {
         let lost = tokio::spawn(g.lost());
         // Deleted once the wait listens (subscribed to the entry's channel, then read it).
         let channel = format!("fencelock:c:{}", g.key());
-        let listening = || server.cli(&["PUBSUB", "NUMSUB", &channel]).unwrap();
-        let since = std::time::Instant::now();
-        while listening().lines().nth(1).map(str::trim) != Some("1") {
-            assert!(
-                since.elapsed() < Duration::from_secs(10),
-                "never subscribed"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_subscribed(&server, &channel).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let entry = format!("fencelock:e:{}", g.key());
         let key = match what {
@@ -711,15 +744,7 @@ async fn a_release_after_its_hash_was_deleted_wakes_the_next() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("hash_deleted");
-    let start = || async {
-        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(10))
-            .start()
-            .await
-            .unwrap()
-    };
-    let (a, b) = (start().await, start().await);
+    let [a, b] = sessions_on(&url, &ns, Duration::from_secs(10)).await;
     for rw in [false, true] {
         let (held, waiting) = if rw {
             let la = a.rwlock("rw").unwrap();
@@ -743,11 +768,7 @@ async fn a_release_after_its_hash_was_deleted_wakes_the_next() {
         } else {
             format!("fencelock:q:{ns}/m")
         };
-        let since = std::time::Instant::now();
-        while server.cli(&["ZCARD", &queue]).unwrap().trim() != "2" {
-            assert!(since.elapsed() < Duration::from_secs(10), "b never queued");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_members(&server, &queue, 2).await;
         let hash = format!("fencelock:e:{key}");
         assert_eq!(server.cli(&["DEL", &hash]).unwrap().trim(), "1");
         let released = std::time::Instant::now();
@@ -779,31 +800,12 @@ async fn a_revocation_written_by_hand_is_heard() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("revoke_by_hand");
-    let a = Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-        .namespace(&ns)
-        .ttl(Duration::from_secs(3))
-        .start()
-        .await
-        .unwrap();
+    let [a] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
     let g = a.mutex("m").unwrap().lock().await.unwrap();
     let asked = tokio::spawn(g.revoke_requested());
     // Once the wait listens (subscribed to the entry's channel, then read it).
     let channel = format!("fencelock:c:{}", g.key());
-    let since = std::time::Instant::now();
-    while server
-        .cli(&["PUBSUB", "NUMSUB", &channel])
-        .unwrap()
-        .lines()
-        .nth(1)
-        .map(str::trim)
-        != Some("1")
-    {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_subscribed(&server, &channel).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let entry = format!("fencelock:e:{}", g.key());
     server.cli(&["HSET", &entry, "v", "__REVOKE__"]).unwrap();
@@ -825,15 +827,7 @@ async fn a_counter_deleted_under_a_holder_does_not_let_a_newcomer_ahead() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("counter_deleted");
-    let start = || async {
-        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(3))
-            .start()
-            .await
-            .unwrap()
-    };
-    let (a, b) = (start().await, start().await);
+    let [a, b] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
     server.cli(&["SET", "fencelock:t", "100"]).unwrap();
     let g = a.mutex("m").unwrap().lock().await.unwrap();
     assert_eq!(g.token().get(), 101);
@@ -869,12 +863,7 @@ async fn a_release_after_its_queue_or_session_was_deleted_is_not_a_release() {
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("release_deleted");
     for what in ["queue", "session"] {
-        let a = Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(30))
-            .start()
-            .await
-            .unwrap();
+        let [a] = sessions_on(&url, &ns, Duration::from_secs(30)).await;
         let g = a.mutex(what).unwrap().lock().await.unwrap();
         let key = match what {
             "queue" => format!("fencelock:q:{ns}/{what}"),
@@ -901,24 +890,12 @@ async fn a_close_after_a_hash_was_deleted_wakes_the_next() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("close_hash_deleted");
-    let start = || async {
-        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(10))
-            .start()
-            .await
-            .unwrap()
-    };
-    let (a, b) = (start().await, start().await);
+    let [a, b] = sessions_on(&url, &ns, Duration::from_secs(10)).await;
     let g = a.mutex("m").unwrap().lock().await.unwrap();
     let mb = b.mutex("m").unwrap();
     let waiting = tokio::spawn(async move { mb.lock().await.map(|g| g.token()) });
     let queue = format!("fencelock:q:{ns}/m");
-    let since = std::time::Instant::now();
-    while server.cli(&["ZCARD", &queue]).unwrap().trim() != "2" {
-        assert!(since.elapsed() < Duration::from_secs(10), "b never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_members(&server, &queue, 2).await;
     let hash = format!("fencelock:e:{}", g.key());
     assert_eq!(server.cli(&["DEL", &hash]).unwrap().trim(), "1");
     std::mem::forget(g);
@@ -943,24 +920,12 @@ async fn a_waiter_out_of_its_deleted_queue_is_not_granted() {
     };
     let url = format!("redis://{}", server.addr());
     let ns = fencelock::conformance::unique_namespace("queue_deleted");
-    let start = || async {
-        Session::builder(RedisBackend::connect(url.as_str()).await.unwrap())
-            .namespace(&ns)
-            .ttl(Duration::from_secs(3))
-            .start()
-            .await
-            .unwrap()
-    };
-    let (a, b, c) = (start().await, start().await, start().await);
+    let [a, b, c] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
     let g = a.mutex("m").unwrap().lock().await.unwrap();
     let mb = b.mutex("m").unwrap();
     let waiting = tokio::spawn(async move { mb.lock().await.map(|g| g.token()) });
     let queue = format!("fencelock:q:{ns}/m");
-    let since = std::time::Instant::now();
-    while server.cli(&["ZCARD", &queue]).unwrap().trim() != "2" {
-        assert!(since.elapsed() < Duration::from_secs(10), "b never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_members(&server, &queue, 2).await;
     assert_eq!(server.cli(&["DEL", &queue]).unwrap().trim(), "1");
     let held = c.mutex("m").unwrap().try_lock().await.unwrap();
     let held = held.expect("the queue is empty: c is granted");
