@@ -233,7 +233,8 @@ return {v, late}
 /// ARGV: entry name, token, the version its owner's client knows. Deletes the entry if it is
 /// still the one with that token. Returns `0` if it did not, or if the entry held nothing any
 /// more (out of its queue, or its session gone: deleted all the same), else the lines `1`, the
-/// owner's version, `behind` (one bulk string, as `ENQUEUE`'s).
+/// owner's version, `behind` (one bulk string, as `ENQUEUE`'s); an entry out of its queue
+/// gives those lines with `0` first.
 pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "remove",
@@ -263,8 +264,8 @@ local present = drop(e[2], ARGV[1])
 -- is raised at once. Else asked.
 if redis.call('HDEL', s, ARGV[1]) == 0 and redis.call('EXISTS', s) == 0 then return '0' end
 local v = redis.call('HINCRBY', s, 'v', '1')
-if not present then return '0' end
-return '1\n' .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1' or '\n0')
+-- (With its version all the same: the client follows every change of what it owns.)
+return (present and '1\n' or '0\n') .. string.format('%d', v) .. (behind(v - 1, ARGV[3]) == 1 and '\n1' or '\n0')
 "#,
     )
 });

@@ -201,14 +201,15 @@ local function create(sid, path, name, kind, value, ttl, v, created)
   -- starts again from 1: the token is raised past the last score, and the counter with it.
   -- (An empty queue also tells the caller that the entry is alone in it.)
   local last = redis.call('ZRANGE', q, '-1', '-1', 'WITHSCORES')
-  if last[2] and tonumber(last[2]) >= token then
-    token = tonumber(last[2]) + 1
-    redis.call('SET', K, string.format('%d', token))
-  end
-  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order.
+  local raised = last[2] and tonumber(last[2]) >= token
+  if raised then token = tonumber(last[2]) + 1 end
+  -- Scores are doubles and Lua numbers too: past 2^53 tokens would lose their order. Checked
+  -- before the counter is raised: an error undoes no write before it (a score written by
+  -- hand must not leave the counter past the bound, or formatted past `%d`'s range).
   if token >= 9007199254740992 then
     error({err = 'ERR fencelock token counter exhausted (2^53)'})
   end
+  if raised then redis.call('SET', K, string.format('%d', token)) end
   -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
   local t = string.format('%d', token)
   if redis.call('ZADD', q, 'NX', t, name) == 0 then
