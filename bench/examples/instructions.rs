@@ -3,7 +3,9 @@
 //!
 //! `instructions serve` starts one etcd member, one ZooKeeper server and one Redis server
 //! (natively, not under valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
-//! releases one uncontended lock `n` times in one session on a single-threaded runtime.
+//! releases one uncontended lock `n` times in one session on a single-threaded runtime
+//! (`redis-fencelock-4`: four sessions contend for one lock, `n` acquisitions in all, each
+//! handed over by the release before it).
 //! The script runs each `what` twice (`n` = 50 and 250) under callgrind: the difference over
 //! 200 acquisitions leaves out the start (connecting, the session, TLS provider set-up).
 
@@ -17,7 +19,7 @@ use fencelock_integration::servers::Cluster;
 use zookeeper_client as zk;
 
 /// Every `what`: ours and the peers', on etcd, ZooKeeper and Redis.
-const WHAT: [&str; 9] = [
+const WHAT: [&str; 10] = [
     "etcd-fencelock",
     "etcd-client-lock",
     "etcd-raw-txn",
@@ -25,6 +27,7 @@ const WHAT: [&str; 9] = [
     "zookeeper-client-lock",
     "zookeeper-raw",
     "redis-fencelock",
+    "redis-fencelock-4",
     "redis-rslock",
     "redis-bare",
 ];
@@ -132,6 +135,20 @@ async fn run(what: &str, n: usize, address: &str) {
                 .await
                 .unwrap();
             mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
+        }
+        "redis-fencelock-4" => {
+            // Four sessions contending: `n` acquisitions in all, each a handoff.
+            let mut rounds = Vec::new();
+            for _ in 0..4 {
+                let b = fencelock_redis::RedisBackend::connect(address)
+                    .await
+                    .unwrap();
+                rounds.push(mutex_rounds(
+                    Session::builder(b).namespace("instructions"),
+                    n / 4,
+                ));
+            }
+            futures::future::join_all(rounds).await;
         }
         "redis-rslock" => {
             let lm = rslock::LockManager::new(vec![address.to_string()]);
