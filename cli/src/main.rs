@@ -54,6 +54,17 @@ fn main() -> ExitCode {
 }
 
 fn start() -> ExitCode {
+    // Caught first: a signal that comes while the arguments are read and the runtime starts
+    // is then handled as one that comes while connecting (SIGQUIT: exit 131, no core). One
+    // that comes before `main` (the process still loading) finds the default action, as for
+    // any program.
+    let signals = match Signals::catch() {
+        Ok(s) => s,
+        Err(e) => {
+            say!("cannot catch signals: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
     let cli = Cli::parsed();
     if let Command::Completions { shell } = cli.command {
         // Written here, not by clap_complete, which panics on a closed stdout.
@@ -87,7 +98,7 @@ fn start() -> ExitCode {
             return ExitCode::from(exit::SOFTWARE);
         }
     };
-    let status = runtime.block_on(run(cli));
+    let status = runtime.block_on(run(cli, signals));
     // Every task stopped (the session is closed) before ending by a signal. Bounded: a
     // blocking task of a client library still running must not hold up the exit. (A CI run
     // once saw `list` still running 10 s after SIGHUP while connecting to a silent server;
@@ -103,15 +114,8 @@ fn start() -> ExitCode {
 /// ends fencelock: whatever it queued is removed and it exits 128 + N (`observe`: 0). While the command runs they are passed on to
 /// it (see `child::run_under`). While releasing and closing they are held back: both are
 /// bounded, and they are what hands the lock to the next holder at once.
-async fn run(mut cli: Cli) -> u8 {
+async fn run(mut cli: Cli, mut signals: Signals) -> u8 {
     message::remember_secrets(&cli.cluster);
-    let mut signals = match Signals::catch() {
-        Ok(s) => s,
-        Err(e) => {
-            say!("cannot catch signals: {e}");
-            return exit::SOFTWARE;
-        }
-    };
     // Releasing and closing wait at most this long for the cluster (past it, the TTL removes
     // what is left).
     let bound = cli.cluster.connect_timeout.max(Duration::from_secs(1));
