@@ -189,7 +189,9 @@ impl Mutex {
     /// TTL (at least a second, at most twenty) past the timeout with a temporary
     /// [`Error::Backend`](crate::Error::Backend), and [`try_lock`](Self::try_lock) as long
     /// after its call: whatever the attempt may have created is then removed by the session's
-    /// background task once the cluster answers, or goes with the session.
+    /// background task once the cluster answers, or goes with the session. A session lost
+    /// before the removal was confirmed (its local deadline passed meanwhile) ends the call
+    /// with [`Error::SessionLost`](crate::Error::SessionLost), not the timeout.
     ///
     /// The timeout bounds the waiting, not the first request: `lock_timeout(Duration::ZERO)`
     /// grants a free lock, like [`try_lock`](Self::try_lock), and fails with a timeout on a

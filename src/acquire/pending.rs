@@ -87,15 +87,21 @@ impl Drop for Pending {
 
 /// Carries out `left` now, each request retried while the session lives; a lost session takes
 /// what is left with it. What fails stays in `left` for the background task, and a permanent
-/// failure is returned.
+/// failure is returned; so is the session's loss if it came before the undo was done (a
+/// `lock_timeout` whose cluster went silent during its wait, its session lost while the
+/// removal went unanswered: "timed out" would tell its caller that someone else held the
+/// lock, where the cluster was out of reach and the entry is left to the session's expiry).
 async fn undo_now(shared: &Shared, left: &mut Option<Undo>) -> Result<()> {
     let again = |e: &Error| e.is_temporary() && shared.end().is_none();
     let retry = || Retry::new(shared.backoff()).counted(shared.backend_name());
     let undo = Undo::carry_out(left, &*shared.remote, retry, again);
     let done = shared.unless_lost(undo).await;
-    if shared.end().is_some() {
+    if let Some(end) = shared.end() {
         *left = None;
-        return Ok(());
+        return match done {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Error::SessionLost(end)),
+        };
     }
     done?
 }
