@@ -188,6 +188,15 @@ impl EtcdConfig {
                         format!("unknown scheme {other:?}: use http:// or https://"),
                     )),
                 }
+                // Refused here, naming the endpoint: the client's own parse said only
+                // "invalid uri" (black-box round 14: `bücher.example:2379`).
+                .and_then(|uri| match uri.parse::<tonic::codegen::http::Uri>() {
+                    Ok(_) => Ok(uri),
+                    Err(e) => Err(Error::invalid_config(
+                        fencelock_net::redact(ep),
+                        format!("not an endpoint: {e} (a host name is ASCII: punycode for an international one)"),
+                    )),
+                })
             })
             .collect::<Result<Vec<String>>>()
             .map(|mut uris| {
@@ -222,6 +231,16 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
         assert!(!e.to_string().contains("Hunter2"), "{e}");
+    }
+
+    /// A host name the URI grammar refuses is refused with the endpoint named.
+    #[test]
+    fn a_host_name_out_of_the_uri_grammar_names_the_endpoint() {
+        let e = EtcdConfig::new(["bücher.example:2379"])
+            .validate()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        assert!(e.to_string().contains("bücher.example"), "{e}");
     }
 
     #[test]
