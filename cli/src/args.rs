@@ -5,11 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// The longest duration any option accepts (a day): longer values are refused, not clamped.
-const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
-
-/// The longest connect timeout accepted (an hour, as the backends' configurations accept).
-const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
+use crate::duration::{connect_timeout, duration, positive_duration};
 
 /// Run a command under a distributed lock, or while leader, on etcd, ZooKeeper or Redis, with
 /// the fencing token in its environment.
@@ -303,54 +299,10 @@ pub(crate) struct RunArgs {
     pub(crate) command: Vec<std::ffi::OsString>,
 }
 
-/// A human duration (`500ms`, `10s`, `2m`), at most a day.
-fn duration(s: &str) -> Result<Duration, String> {
-    at_most(s, MAX_DURATION, "24h")
-}
-
-/// A human duration, at most `max` (`longest`, as the error names it).
-fn at_most(s: &str, max: Duration, longest: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if d > max {
-        return Err(format!(
-            "{s} is longer than the longest accepted, {longest}"
-        ));
-    }
-    Ok(d)
-}
-
-/// [`duration`], more than zero (a TTL): refused here, a usage error as every other value out
-/// of range, not once connected (78, and "0ns" for what was typed as "0").
-fn positive_duration(s: &str) -> Result<Duration, String> {
-    match duration(s)? {
-        Duration::ZERO => Err(format!("{s} is no time: it must be more than zero")),
-        d => Ok(d),
-    }
-}
-
-/// A connect timeout: more than zero, at most an hour (past a day it was said to be longer
-/// than a day's limit: black-box round 14).
-fn connect_timeout(s: &str) -> Result<Duration, String> {
-    match at_most(s, MAX_CONNECT_TIMEOUT, "1h")? {
-        Duration::ZERO => Err(format!("{s} is no time: it must be more than zero")),
-        d => Ok(d),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
-
-    #[test]
-    fn a_connect_timeout_past_a_day_names_its_own_limit() {
-        for s in ["2h", "25h", "86401s", "1w"] {
-            let e = connect_timeout(s).unwrap_err();
-            assert!(e.ends_with("longest accepted, 1h"), "{s}: {e}");
-        }
-        assert!(connect_timeout("0s").unwrap_err().contains("no time"));
-        assert_eq!(connect_timeout("1h"), Ok(Duration::from_secs(3600)));
-    }
 
     #[test]
     fn the_command_line_is_consistent() {
@@ -374,21 +326,6 @@ mod tests {
             assert!(!shown.contains(secret), "{shown}");
         }
         assert!(shown.contains("redis://***@h:1/0"), "{shown}");
-    }
-
-    #[test]
-    fn durations_are_bounded() {
-        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert!(duration("25h").is_err());
-        assert!(duration("99999999999999999999years").is_err());
-        assert!(duration("soon").is_err());
-        assert_eq!(duration("0s"), Ok(Duration::ZERO));
-        for zero in ["0", "0s", "0ms"] {
-            assert!(positive_duration(zero).is_err(), "{zero}");
-        }
-        assert_eq!(connect_timeout("1h"), Ok(Duration::from_secs(3600)));
-        assert!(connect_timeout("2h").is_err());
-        assert!(connect_timeout("0s").is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod args;
 mod child;
 mod cluster;
 mod credentials;
+mod duration;
 mod exit;
 mod grant;
 mod keeper;
