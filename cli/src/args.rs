@@ -94,11 +94,13 @@ pub(crate) struct ClusterArgs {
     /// less a safety margin of max(TTL/5, 1s) (at most half the TTL) after the last heartbeat,
     /// which goes every TTL/3 or sooner. A stop (Ctrl-Z, SIGSTOP) well short of the TTL can
     /// lose the lock (from about 5s at 10s).
-    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = positive_duration, global = true)]
+    // Hyphen values allowed: `--ttl -1s` is a negative duration, refused by the parser as one
+    // (clap said "unexpected argument '-1'": black-box round 14).
+    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = positive_duration, allow_hyphen_values = true, global = true)]
     pub(crate) ttl: Duration,
 
     /// How long connecting may take.
-    #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = connect_timeout, global = true)]
+    #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = connect_timeout, allow_hyphen_values = true, global = true)]
     pub(crate) connect_timeout: Duration,
 
     /// Output format of leader, observe and list.
@@ -277,7 +279,7 @@ pub(crate) struct WaitArgs {
     /// Wait at most this long (e.g. 30s, 5m), then exit 75 (69 if the cluster then does not
     /// answer within --connect-timeout more, or half the TTL (1-20 s) if less, and a second
     /// more to close the session).
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = duration, allow_hyphen_values = true)]
     pub(crate) timeout: Option<Duration>,
 }
 
@@ -286,7 +288,7 @@ pub(crate) struct WaitArgs {
 pub(crate) struct RunArgs {
     /// How long what CMD left running when it exited has to exit after SIGTERM before
     /// SIGKILL (a lost grant kills the whole tree at once).
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     pub(crate) grace: Duration,
     /// The command and its arguments (after `--`).
     // Not `String`: a file name need not be UTF-8, and the command is passed on as given.

@@ -93,9 +93,7 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                         "two different namespaces: the URL's path and --namespace",
                     ))
                 }
-                (Some(a), _) => a,
-                (None, Some(b)) => b.clone(),
-                (None, None) => fencelock::DEFAULT_NAMESPACE.to_string(),
+                (a, _) => namespace_of(a.as_ref().or(args.namespace.as_ref()))?,
             };
             let scheme = if tls.is_some() { "https" } else { "http" };
             let endpoints: Vec<String> = endpoints
@@ -126,10 +124,7 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             if let Some(c) = &credentials {
                 config = config.sasl_digest_md5(&c.user, &c.password);
             }
-            let namespace = args
-                .namespace
-                .clone()
-                .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
+            let namespace = namespace_of(args.namespace.as_ref())?;
             Ok((Arc::new(config.connect().await?), namespace))
         }
         Url::Redis {
@@ -290,9 +285,14 @@ async fn redis(
     if let Some(password) = &args.sentinel_password {
         config = config.sentinel_credentials("", password.as_str());
     }
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| fencelock::DEFAULT_NAMESPACE.to_string());
+    let namespace = namespace_of(args.namespace.as_ref())?;
     Ok((Arc::new(config.connect().await?), namespace))
+}
+
+/// The namespace given (the default if none), checked before anything connects: a bad one is
+/// a usage error, not one reported after the connect (or, with the cluster away, never).
+fn namespace_of(given: Option<&String>) -> fencelock::Result<String> {
+    let namespace = given.map_or(fencelock::DEFAULT_NAMESPACE, String::as_str);
+    fencelock::validate_namespace(namespace)?;
+    Ok(namespace.to_string())
 }

@@ -15,6 +15,17 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 
 /// A human duration, at most `max` (`longest`, as the error names it).
 fn at_most(s: &str, max: Duration, longest: &str) -> Result<Duration, String> {
+    // (The options take values that start with '-', so that a negative one is named as such.)
+    if s.starts_with("--") {
+        return Err(format!(
+            "{s} is not a duration (e.g. 10s): the option needs a value"
+        ));
+    }
+    if s.trim_start().starts_with('-') {
+        return Err(format!(
+            "{s} is negative: a duration is 0 or more (e.g. 10s)"
+        ));
+    }
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d > max {
         return Err(format!(
@@ -58,6 +69,11 @@ mod tests {
         for zero in ["0", "0s", "0ms"] {
             assert!(positive_duration(zero).is_err(), "{zero}");
         }
+        for negative in ["-1s", "-0s", " -5ms"] {
+            let e = duration(negative).unwrap_err();
+            assert!(e.contains("negative"), "{negative}: {e}");
+        }
+        assert!(duration("--try").unwrap_err().contains("needs a value"));
         assert_eq!(connect_timeout("1h"), Ok(Duration::from_secs(3600)));
         assert!(connect_timeout("0s").unwrap_err().contains("no time"));
         // Past a day too, it names its own limit (it said 24h: black-box round 14).

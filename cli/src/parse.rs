@@ -39,11 +39,25 @@ impl Cli {
                 .and_then(std::env::var_os)
                 .is_some_and(|v| v.is_empty())
         };
-        let matches = Cli::command()
-            .mut_args(|a| match given.contains(a.get_id()) || empty(&a) {
-                true => a.env(None),
-                false => a,
-            })
+        let command = Cli::command().mut_args(|a| match given.contains(a.get_id()) || empty(&a) {
+            true => a.env(None),
+            false => a,
+        });
+        // A variable still read that is not UTF-8 is named (clap said only "invalid UTF-8 was
+        // detected in one or more arguments": black-box round 14). Its value is not shown: it
+        // may be a password.
+        let not_utf8 = command
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .find(|var| std::env::var_os(var).is_some_and(|v| v.to_str().is_none()));
+        if let Some(var) = not_utf8 {
+            let mut command = Cli::command();
+            not_run(command.error(
+                clap::error::ErrorKind::InvalidUtf8,
+                format!("{} is not valid UTF-8", var.to_string_lossy()),
+            ));
+        }
+        let matches = command
             .try_get_matches_from(&args)
             .unwrap_or_else(|e| not_run(e));
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| not_run(e))

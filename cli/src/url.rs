@@ -108,7 +108,11 @@ impl Url {
 
     /// Parses what follows `scheme://` and the user info.
     fn parse_plain(url: &str, scheme: &str, rest: &str) -> Result<Url, Error> {
+        // A path may end in '/' (`zk://h/apps/`, `redis://h/0/`), except an etcd namespace,
+        // kept as typed so that `etcd://h/a/` is refused as `--namespace a/` is (it was read
+        // as `a`, and `etcd://h//` as the default namespace: black-box round 14).
         let (hosts, path) = match rest.split_once('/') {
+            Some((h, p)) if scheme == "etcd" => (h, Some(p)),
             Some((h, p)) => (h, Some(p.trim_end_matches('/'))),
             None => (rest, None),
         };
@@ -135,6 +139,17 @@ impl Url {
                     return Err(bad(url, "a port must be a number from 1 to 65535"));
                 }
             }
+        }
+        // Said of what was typed (the backend saw `http://HOST`, and echoed that).
+        let no_port = |h: &&str| {
+            h.rsplit_once(':')
+                .is_none_or(|(_, port)| port.contains(']'))
+        };
+        if scheme == "etcd" && hosts.iter().any(no_port) {
+            return Err(bad(
+                url,
+                "an etcd endpoint needs its port: HOST:PORT (often 2379)",
+            ));
         }
         let path = path.filter(|p| !p.is_empty());
         // A namespace or chroot is percent-decoded, as the user info is (`my%20app`); a '%'
@@ -259,6 +274,21 @@ mod tests {
                 namespace: None
             }
         );
+        // An etcd namespace is kept as typed, to be refused as `--namespace a/` is.
+        for (url, namespace) in [
+            ("etcd://a:1/a/", Some("a/")),
+            ("etcd://a:1//", Some("/")),
+            ("etcd://a:1/", None),
+        ] {
+            assert_eq!(
+                Url::parse(url).unwrap().url,
+                Url::Etcd {
+                    endpoints: vec!["a:1".into()],
+                    namespace: namespace.map(str::to_string)
+                },
+                "{url}"
+            );
+        }
         assert_eq!(
             Url::parse("zk://a:2181,b:2181/apps/billing/").unwrap().url,
             Url::ZooKeeper {
@@ -337,6 +367,9 @@ mod tests {
             "etcd://[::1",
             "etcd://u:pw@[::1",
             "etcd://::1]:2379",
+            "etcd://127.0.0.1",
+            "etcd://a:1,b",
+            "etcd://[::1]",
         ] {
             assert!(
                 matches!(Url::parse(bad), Err(Error::InvalidConfig(_))),

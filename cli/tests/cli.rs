@@ -741,6 +741,71 @@ fn an_option_overrides_a_malformed_variable() {
     }
 }
 
+/// Inputs refused before anything connects, each named (black-box round 14): a negative
+/// duration (clap said "unexpected argument '-1'"), a variable that is not UTF-8 (clap named
+/// none), an etcd namespace in the URL ending in '/' (read as another namespace), an etcd
+/// endpoint without its port (the message echoed `http://HOST`). Port 1 on loopback: nothing
+/// is connected to, and the usage errors come before any attempt.
+#[test]
+fn bad_inputs_are_named_before_connecting() {
+    use std::os::unix::ffi::OsStrExt;
+    let run = |args: &[&str], var: Option<&std::ffi::OsStr>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+        cmd.env_remove("FENCELOCK_ENDPOINTS")
+            .env_remove("FENCELOCK_NAMESPACE")
+            .args(args);
+        if let Some(v) = var {
+            cmd.env("FENCELOCK_NAMESPACE", v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let etcd = [
+        "--endpoints",
+        "etcd://127.0.0.1:1",
+        "--connect-timeout",
+        "1s",
+    ];
+    for (option, value) in [
+        ("--ttl", "-1s"),
+        ("--connect-timeout", "-2s"),
+        ("--timeout", "-3s"),
+        ("--grace", "-4s"),
+    ] {
+        let args = [&etcd[..], &["lock", option, value, "x", "--", "true"]].concat();
+        let (code, err) = run(&args, None);
+        assert_eq!(code, Some(2), "{option} {value}: {err}");
+        assert!(
+            err.contains(&format!("{value} is negative")),
+            "{option}: {err}"
+        );
+    }
+    let (code, err) = run(
+        &[&etcd[..], &["list"]].concat(),
+        Some(std::ffi::OsStr::from_bytes(b"a\xff")),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("FENCELOCK_NAMESPACE is not valid UTF-8"),
+        "{err}"
+    );
+    for (url, says) in [
+        ("etcd://127.0.0.1:1/a/", "ends with '/'"),
+        ("etcd://127.0.0.1:1//", "use the empty namespace"),
+        ("etcd://127.0.0.1", "needs its port"),
+    ] {
+        let (code, err) = run(&["--endpoints", url, "list"], None);
+        assert_eq!(code, Some(78), "{url}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("http://"),
+            "{url}: {err}"
+        );
+    }
+}
+
 /// A TTL the cluster lowers (a ZooKeeper server's maxSessionTimeout, 60 s here) is said, not
 /// taken silently (black-box round 7: `--ttl 1h` held sessions of 40 s). (One it raises, to
 /// a minSessionTimeout above the 2 s the backend asks at least, is said the same way: the test
