@@ -221,15 +221,30 @@ pub async fn etcd_family(args: &Args, cluster: &EtcdCluster) {
     .await;
 }
 
-/// etcd's own server-side Campaign API through etcd-client, the same measurements.
 /// etcd's own server-side Campaign API through etcd-client, the same measurements as the
-/// election rows.
-pub async fn etcd_campaign_row(args: &Args, ep: &str) {
+/// election rows; its latency measured in blocks interleaved with our campaign's (a session of
+/// its own), so that the two compare side by side (returned: ours and theirs, for
+/// [`campaign_ratio`]).
+pub async fn etcd_campaign_row(args: &Args, ep: &str) -> [super::Samples; 2] {
     use etcd_client::{Client, ResignOptions};
+    let b = EtcdBackend::connect([ep]).await.unwrap();
+    let s = Session::builder(b)
+        .namespace("bench")
+        .start()
+        .await
+        .unwrap();
+    let e = Arc::new(s.election("lat-side-by-side").unwrap());
+    let ours: Op = Box::new(move || {
+        let e = e.clone();
+        Box::pin(async move {
+            let l = e.campaign(b"v").await.unwrap();
+            l.resign().await.unwrap();
+        })
+    });
     let mut c = Client::connect([ep], None).await.unwrap();
     let lease = c.lease_grant(10, None).await.unwrap().id();
     let c2 = c.clone();
-    let mut op: Op = Box::new(move || {
+    let theirs: Op = Box::new(move || {
         let mut c = c2.clone();
         Box::pin(async move {
             let r = c.campaign("bench-campaign/lat", "v", lease).await.unwrap();
@@ -239,9 +254,12 @@ pub async fn etcd_campaign_row(args: &Args, ep: &str) {
                 .unwrap();
         })
     });
-    let lat = time_interleaved((args.rounds / 2).max(1), std::slice::from_mut(&mut op))
+    let mut both = [ours, theirs];
+    let [ours, lat]: [super::Samples; 2] = time_interleaved((args.rounds / 2).max(1), &mut both)
         .await
-        .remove(0);
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("two ops, two samples"));
+    s.close().await.unwrap();
     let mut closed = Vec::new();
     let mut killed = Vec::new();
     for i in 0..args.failovers * 2 {
@@ -281,4 +299,32 @@ pub async fn etcd_campaign_row(args: &Args, ep: &str) {
         let _ = c.lease_revoke(lb).await;
     }
     election_row("etcd Campaign API (etcd-client)", &lat, closed, killed);
+    [ours, lat]
+}
+
+/// Prints our campaign's p50 against the Campaign API's, measured side by side (the election
+/// rows above each come from a run of their own).
+pub fn campaign_ratio([ours, theirs]: &[super::Samples; 2]) {
+    let blocks: Vec<f64> = ours
+        .1
+        .iter()
+        .zip(&theirs.1)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    crate::emit!(
+        "\nCampaign + resign side by side (blocks of {} interleaved): fencelock p50 {} ms, the Campaign API's {} ms: {:.2}x (per block: {}).",
+        super::BLOCK,
+        ms(ours.pct(0.5)),
+        ms(theirs.pct(0.5)),
+        ours.pct(0.5).as_secs_f64() / theirs.pct(0.5).as_secs_f64(),
+        super::spread(&blocks, "x")
+    );
+    super::summary(
+        "etcd",
+        "campaign p50 vs the Campaign API (side by side)",
+        format!(
+            "{:.2}x",
+            ours.pct(0.5).as_secs_f64() / theirs.pct(0.5).as_secs_f64()
+        ),
+    );
 }

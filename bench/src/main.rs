@@ -6,7 +6,7 @@
 
 use clap::Parser;
 use fencelock_bench::alloc::Counting;
-use fencelock_bench::etcd::{etcd_campaign_row, etcd_family, etcd_rows};
+use fencelock_bench::etcd::{campaign_ratio, etcd_campaign_row, etcd_family, etcd_rows};
 use fencelock_bench::{election_header, election_rows, Args};
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
 use fencelock_integration::servers::Cluster;
@@ -45,7 +45,8 @@ async fn main() {
             if !args.family_only && !args.scale_only && !args.contended_only {
                 election_header("etcd");
                 election_rows(args.rounds, args.failovers, &cluster.target()).await;
-                etcd_campaign_row(&args, &cluster.endpoint(0)).await;
+                let side_by_side = etcd_campaign_row(&args, &cluster.endpoint(0)).await;
+                campaign_ratio(&side_by_side);
             }
             if !args.family_only && !args.no_scale && !args.contended_only {
                 fencelock_bench::scale::etcd_scale(&args.held, &args.waiters, &cluster.endpoint(0))
