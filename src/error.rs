@@ -69,6 +69,21 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// The cluster refused to store more: it is at its memory or space limit (a Redis server at
+    /// `maxmemory` under `noeviction`, an etcd cluster past its space quota). New entries and
+    /// sessions are refused; what exists lives on (heartbeats and releases still run). Not
+    /// temporary: an operator must make room (raise the limit; on etcd, compact, defragment
+    /// and disarm the alarm), so a wait does not retry it for as long as its session lives.
+    #[error("{backend}: {op} refused: the cluster is out of space")]
+    OutOfSpace {
+        /// Backend tag.
+        backend: &'static str,
+        /// The operation that was refused.
+        op: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
     /// An operation did not finish within its deadline (for example
     /// [`Mutex::lock_timeout`](crate::Mutex::lock_timeout)).
     #[error("{op} timed out after {after:?}")]

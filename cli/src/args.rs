@@ -46,7 +46,7 @@ use crate::duration::{connect_timeout, duration, positive_duration};
 /// a shell; a signal that dumps a core, such as SIGQUIT or SIGSEGV, gives 128 + N without
 /// ending fencelock by it); 75 the lock or leadership
 /// was not acquired (--try, --timeout); 76 it was lost while the command ran (also when found
-/// lost as the command exited); 69 the cluster could not be reached, or the session (or the waiting entry) was lost
+/// lost as the command exited); 69 the cluster could not be reached or is out of space, or the session (or the waiting entry) was lost
 /// before the command started; 78 bad configuration or input (names, TLS files, a server certificate not trusted, a host
 /// that does not resolve, credentials,
 /// permissions); 70 an internal failure (or output that cannot be written); 126 / 127 the command could not be run / was not found;

@@ -40,7 +40,10 @@ pub(crate) fn of_error(e: &Error) -> u8 {
         } => CONFIG,
         // (A waiting entry deleted by someone else, or lost with a server's data: as a lost
         // session, not an internal failure.)
+        // A cluster out of space (Redis at `maxmemory`, etcd past its quota) cannot serve:
+        // it said 70, an internal failure.
         Error::Connect { .. }
+        | Error::OutOfSpace { .. }
         | Error::SessionLost(_)
         | Error::NotHeld(_)
         | Error::EntryVanished { .. } => UNAVAILABLE,

@@ -1200,3 +1200,22 @@ async fn a_closed_stdout_stays_closed() {
     held.release().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// A Redis server at `maxmemory` (no eviction) refuses a new session: the command says the
+/// cluster is out of space and exits 69, as for a cluster that cannot serve (it exited 70, an
+/// internal failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_memory_is_unavailable() {
+    use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
+    if !harness::available() {
+        return;
+    }
+    let server = tokio::task::block_in_place(|| RedisServer::start(Durability::None));
+    let limit = server.cli(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    assert_eq!(limit.trim(), "OK");
+    let ns = unique_namespace("cli_oom");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = run(&server.url(), &ns, dir.path(), &["lock", "x", "--", "true"]).await;
+    assert_eq!(code, 69, "{out}");
+    assert!(out.contains("out of space"), "{out}");
+}

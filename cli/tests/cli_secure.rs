@@ -40,6 +40,7 @@ async fn mutual_tls_from_the_environment() {
             key: server.key,
             client_ca: Some(pki.ca()),
         }),
+        ..Default::default()
     };
     let cluster = Arc::new(
         tokio::task::spawn_blocking(move || EtcdCluster::start_with(1, options))

@@ -401,3 +401,66 @@ async fn an_endpoint_that_is_not_etcd_is_a_wrong_setting() {
     }
     server.abort();
 }
+
+/// A cluster past its space quota (the NOSPACE alarm) refuses what adds data with
+/// [`Error::OutOfSpace`], at once (a wait does not retry it): a new session, a new entry. What
+/// exists lives on: the session's heartbeats go on for several TTLs, and its lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_space_quota_sessions_live_and_new_entries_are_refused() {
+    use fencelock_integration::servers::etcd::{self as harness, EtcdCluster, EtcdOptions};
+    use fencelock_integration::servers::Cluster;
+    if harness::shared().is_none() {
+        return;
+    }
+    let options = EtcdOptions {
+        quota_bytes: Some(256 << 10),
+        ..Default::default()
+    };
+    let cluster = tokio::task::spawn_blocking(move || EtcdCluster::start_with(1, options))
+        .await
+        .unwrap();
+    let ep = cluster.endpoint(0);
+    let connect = || EtcdBackend::connect([ep.as_str()]);
+    let ttl = Duration::from_secs(2);
+    let s = Session::builder(connect().await.unwrap())
+        .ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let g = s.mutex("held").unwrap().lock().await.unwrap();
+    // Filled past the quota (bounded: 64 puts of 64 KiB are four times the quota).
+    let mut client = etcd_client::Client::connect([ep.as_str()], None)
+        .await
+        .unwrap();
+    let mut refused = None;
+    for i in 0..64 {
+        if let Err(e) = client
+            .put(format!("fill/{i}"), vec![b'x'; 64 << 10], None)
+            .await
+        {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("the quota was reached");
+    assert!(refused.to_string().contains("space exceeded"), "{refused}");
+    let out_of_space = |r: &fencelock::Result<()>| matches!(r, Err(Error::OutOfSpace { .. }));
+    let within = Duration::from_secs(10);
+    let lock = tokio::time::timeout(within, s.mutex("new").unwrap().lock())
+        .await
+        .expect("a lock at the quota returns at once")
+        .map(drop);
+    assert!(out_of_space(&lock), "{lock:?}");
+    let start = tokio::time::timeout(within, async {
+        Session::builder(connect().await?).ttl(ttl).start().await
+    })
+    .await
+    .expect("a session start at the quota returns")
+    .map(drop);
+    assert!(out_of_space(&start), "{start:?}");
+    // Several TTLs of heartbeats at the quota: the session and its lock stay.
+    let lost = tokio::time::timeout(ttl * 4, s.lost()).await;
+    assert!(lost.is_err(), "the session ended at the quota: {lost:?}");
+    g.release().await.expect("a release at the quota");
+    s.close().await.unwrap();
+}

@@ -28,6 +28,7 @@ async fn tls_cluster(pki: &TestPki) -> Arc<EtcdCluster> {
             key: server.key,
             client_ca: Some(pki.ca()),
         }),
+        ..Default::default()
     };
     Arc::new(
         tokio::task::spawn_blocking(move || EtcdCluster::start_with(1, options))

@@ -586,8 +586,8 @@ async fn scripts_run_as_functions_or_without_them() {
     s.close().await.unwrap();
 }
 
-/// A server at its memory limit (`maxmemory`, no eviction) refuses new entries, but keeps the
-/// sessions it has: heartbeats and releases still run (the library's functions that add
+/// A server at its memory limit (`maxmemory`, no eviction) refuses new entries and sessions
+/// ([`Error::OutOfSpace`]), but keeps the sessions it has: heartbeats and releases still run (the library's functions that add
 /// nothing may run at the limit, as scripts could), a held lock outlives several TTLs and is
 /// released; once memory is allowed again, locks are granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,8 +615,19 @@ async fn at_the_memory_limit_sessions_live_and_new_entries_are_refused() {
         .await
         .expect("an answer within the bound");
     assert!(
-        matches!(&refused, Err(e) if !e.is_temporary()),
+        matches!(&refused, Err(Error::OutOfSpace { .. })),
         "a new entry at the limit: {refused:?}"
+    );
+    let other_session = tokio::time::timeout(Duration::from_secs(10), async {
+        let b = RedisBackend::connect(server.url()).await?;
+        Session::builder(b).ttl(ttl).start().await
+    })
+    .await
+    .expect("an answer within the bound")
+    .map(drop);
+    assert!(
+        matches!(&other_session, Err(Error::OutOfSpace { .. })),
+        "a new session at the limit: {other_session:?}"
     );
     // Several TTLs of heartbeats at the limit: the session and its lock stay.
     let lost = tokio::time::timeout(ttl * 5, s.lost()).await;

@@ -51,6 +51,15 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
                     "a user is set, but authentication is not enabled on the etcd cluster",
                 )
             }
+            // Past the space quota (the NOSPACE alarm): writes that add data are refused until
+            // an operator makes room.
+            Code::ResourceExhausted if s.message().ends_with("mvcc: database space exceeded") => {
+                return Error::OutOfSpace {
+                    backend: NAME,
+                    op,
+                    source: readable(e),
+                }
+            }
             _ if tls_problem(s).is_some() => {
                 return Error::Connect {
                     backend: NAME,
@@ -70,7 +79,7 @@ pub(crate) fn map(op: &'static str, e: E) -> Error {
             Code::FailedPrecondition => s.message().contains("not leader"),
             // etcd sends two errors with this code: "too many requests" (its apply loop lags
             // behind commits: back off and retry, as etcd's own client does) and "database
-            // space exceeded" (an operator must compact and defragment: permanent).
+            // space exceeded" (above).
             Code::ResourceExhausted => s.message().ends_with("etcdserver: too many requests"),
             _ => false,
         },
@@ -266,11 +275,13 @@ mod tests {
             "etcdserver: too many requests"
         ))
         .is_temporary());
-        assert!(!m(status(
-            Code::ResourceExhausted,
-            "etcdserver: mvcc: database space exceeded"
-        ))
-        .is_temporary());
+        assert!(matches!(
+            m(status(
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded"
+            )),
+            Error::OutOfSpace { op: "op", .. }
+        ));
         assert!(matches!(
             m(status(
                 Code::NotFound,

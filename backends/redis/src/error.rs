@@ -7,8 +7,9 @@
 //! script running long), `MISCONF` (a server that cannot persist refuses writes), `NOREPLICAS`
 //! (too few replicas follow the primary for it to accept writes). Authentication failures
 //! (`NOAUTH`, `WRONGPASS`, a failed `AUTH` at connect) are [`Error::Unauthenticated`], `NOPERM`
-//! is [`Error::PermissionDenied`], a bad URL is [`Error::InvalidConfig`]; every other server
-//! error (a script error, `OOM`) is permanent.
+//! is [`Error::PermissionDenied`], a bad URL is [`Error::InvalidConfig`], `OOM` (at
+//! `maxmemory`) is [`Error::OutOfSpace`]; every other server error (a script error) is
+//! permanent.
 
 use fencelock::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -36,6 +37,15 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => {
             return Error::Unauthenticated {
                 backend: NAME,
+                source: readable(&e).into(),
+            }
+        }
+        // A server at `maxmemory` that may not evict: refuses what adds data (new entries,
+        // sessions), and runs what does not (see `scripts::run`).
+        _ if e.code() == Some("OOM") => {
+            return Error::OutOfSpace {
+                backend: NAME,
+                op,
                 source: readable(&e).into(),
             }
         }

@@ -44,6 +44,9 @@ pub use super::ServerTls;
 pub struct EtcdOptions {
     /// Serve clients over TLS only.
     pub tls: Option<ServerTls>,
+    /// The space quota (`--quota-backend-bytes`): past it, the cluster refuses writes that
+    /// add data (the NOSPACE alarm).
+    pub quota_bytes: Option<u64>,
 }
 
 /// An etcd cluster of one or more members on distinct loopback ports.
@@ -126,6 +129,9 @@ impl EtcdCluster {
             // adversity suite's kill-leader bound (the election plus our share) follows.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "error"]);
+        if let Some(bytes) = self.options.quota_bytes {
+            cmd.arg("--quota-backend-bytes").arg(bytes.to_string());
+        }
         if let Some(tls) = &self.options.tls {
             cmd.arg("--cert-file").arg(&tls.cert);
             cmd.arg("--key-file").arg(&tls.key);
