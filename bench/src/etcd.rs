@@ -150,12 +150,7 @@ pub async fn etcd_contended_rows(args: &Args, ep: &str) {
         let mut ours_ops = Vec::new();
         let mut their_ops = Vec::new();
         for _ in 0..n {
-            let b = EtcdBackend::connect([ep]).await.unwrap();
-            let s = Session::builder(b)
-                .namespace("bench")
-                .start()
-                .await
-                .unwrap();
+            let s = bench_session(ep).await;
             let m = Arc::new(s.mutex("contended").unwrap());
             let op: Op = Box::new(move || {
                 let (m, _s) = (m.clone(), s.clone());
@@ -203,20 +198,23 @@ pub async fn etcd_contended_rows(args: &Args, ep: &str) {
     super::limit_rows("etcd-client lock()", &limits, &rows);
 }
 
+/// A session of its own (a connection of its own) on the member at `ep`, in namespace `bench`.
+async fn bench_session(ep: &str) -> Session {
+    let b = EtcdBackend::connect([ep]).await.unwrap();
+    Session::builder(b)
+        .namespace("bench")
+        .start()
+        .await
+        .unwrap()
+}
+
 /// Prints the lock family's rows on etcd (see [`super::family`]).
 pub async fn etcd_family(args: &Args, cluster: &EtcdCluster) {
     let ep = cluster.endpoint(0);
     let e = ep.clone();
     super::family::etcd_family_rows(args.seconds, &ep, move || {
         let e = e.clone();
-        Box::pin(async move {
-            let b = EtcdBackend::connect([e.as_str()]).await.unwrap();
-            Session::builder(b)
-                .namespace("bench")
-                .start()
-                .await
-                .unwrap()
-        })
+        Box::pin(async move { bench_session(&e).await })
     })
     .await;
 }
@@ -227,12 +225,7 @@ pub async fn etcd_family(args: &Args, cluster: &EtcdCluster) {
 /// [`campaign_ratio`]).
 pub async fn etcd_campaign_row(args: &Args, ep: &str) -> [super::Samples; 2] {
     use etcd_client::{Client, ResignOptions};
-    let b = EtcdBackend::connect([ep]).await.unwrap();
-    let s = Session::builder(b)
-        .namespace("bench")
-        .start()
-        .await
-        .unwrap();
+    let s = bench_session(ep).await;
     let e = Arc::new(s.election("lat-side-by-side").unwrap());
     let ours: Op = Box::new(move || {
         let e = e.clone();
