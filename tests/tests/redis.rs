@@ -743,6 +743,50 @@ async fn an_entry_deleted_behind_our_back_is_lost() {
     b.close().await.unwrap();
 }
 
+/// A waiter's own entry hash deleted by hand (or evicted) while it waits behind a holder that
+/// lives on: its session's next heartbeat (a third of its TTL) drops what the entry left in
+/// the queue and tells the wait on the session's own channel, which reads and fails with
+/// `EntryVanished`. Before, it waited until the holder's session would have expired (a TTL of
+/// the holder's: 8.5 s after the deletion, by hand, at 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_entry_was_deleted_learns_it_at_its_heartbeat() {
+    let Some(server) = server_with(&[]).await else {
+        return;
+    };
+    let url = format!("redis://{}", server.addr());
+    let ns = fencelock::conformance::unique_namespace("waiter_deleted");
+    let [a] = sessions_on(&url, &ns, Duration::from_secs(30)).await;
+    let [b] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
+    // b's first wait (which makes it listen on its own channel) out of the way.
+    let g = a.mutex("warm").unwrap().lock().await.unwrap();
+    let bw = b.clone();
+    let w = tokio::spawn(async move { bw.mutex("warm").unwrap().lock().await.unwrap() });
+    until_queued(&a, "warm", "warm: never queued").await;
+    g.release().await.unwrap();
+    w.await.unwrap().release().await.unwrap();
+
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    let bw = b.clone();
+    let waiting = tokio::spawn(async move { bw.mutex("m").unwrap().lock().await.map(drop) });
+    until_queued(&a, "m", "never queued").await;
+    let entry = format!("fencelock:e:{ns}/m/{}", b.id());
+    assert_eq!(server.cli(&["DEL", &entry]).unwrap().trim(), "1", "{entry}");
+    // A heartbeat of b's (every second) and its message; the holder's session has 30 s.
+    let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the wait learned of its deleted entry within its session's TTL")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(Error::EntryVanished { .. })),
+        "{ended:?}"
+    );
+    assert!(held.is_held());
+    held.release().await.unwrap();
+    assert!(b.mutex("m").unwrap().try_lock().await.unwrap().is_some());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// A holder's entry hash deleted by hand (or evicted) while another waits: the holder learns
 /// it lost, and its release, finding the hash gone, drops the member it left in the queue and
 /// wakes the waiter at once. Before, the waiter was granted only at its own next check of the

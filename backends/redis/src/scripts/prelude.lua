@@ -120,10 +120,13 @@ local function drop(path, name)
 end
 -- Drops what is left in its queue of our entry `name` whose hash is gone (deleted by hand,
 -- evicted): its member would hold up the entry behind it until that one's next check
--- (seconds). A live entry always has its hash: a member without one is dead.
+-- (seconds). A live entry always has its hash: a member without one is dead. Returns the
+-- member's score (its token), if it was there.
 local function drop_leftover(name)
   local path = entry_parts(name)
-  if path and redis.call('ZSCORE', qkey(path), name) then drop(path, name) end
+  local score = path and redis.call('ZSCORE', qkey(path), name)
+  if score then drop(path, name) end
+  return score
 end
 -- The version of what session `sid` owns in this group, or false if it has no key here.
 local function version(sid)

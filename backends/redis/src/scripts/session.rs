@@ -45,8 +45,14 @@ for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
       extend_expiring(P .. ':q:' .. e[2], ttl)
     elseif e[1] or not GUARD then
       -- Its hash gone (deleted by hand, evicted; on one server, where keys need no guard):
-      -- what it left in its queue is dropped, and the entry behind it woken.
-      if not e[1] then drop_leftover(name) end
+      -- what it left in its queue is dropped, and the entry behind it woken. So is our wait
+      -- on it, if it listens on the session's own channel: told that something is ahead, it
+      -- reads, and finds its entry gone (it waited on until its predecessor's session would
+      -- have expired: a TTL).
+      if not e[1] then
+        local token = drop_leftover(name)
+        if token then redis.call('PUBLISH', C .. ':w:' .. sid, name .. ' ' .. token .. ' ahead') end
+      end
       redis.call('HDEL', skey(sid), name)
     end
   end
