@@ -39,9 +39,8 @@ pub(crate) fn of_error(e: &Error) -> u8 {
             temporary: false, ..
         } => CONFIG,
         // (A waiting entry deleted by someone else, or lost with a server's data: as a lost
-        // session, not an internal failure.)
-        // A cluster out of space (Redis at `maxmemory`, etcd past its quota) cannot serve:
-        // it said 70, an internal failure.
+        // session, not an internal failure. A cluster out of space, Redis at `maxmemory` or
+        // etcd past its quota, cannot serve: it said 70, an internal failure.)
         Error::Connect { .. }
         | Error::OutOfSpace { .. }
         | Error::SessionLost(_)

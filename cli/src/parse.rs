@@ -49,17 +49,16 @@ impl Cli {
         let not_utf8 = command
             .get_arguments()
             .filter_map(|a| a.get_env())
-            .find(|var| std::env::var_os(var).is_some_and(|v| v.to_str().is_none()));
-        if let Some(var) = not_utf8 {
-            let mut command = Cli::command();
-            not_run(command.error(
-                clap::error::ErrorKind::InvalidUtf8,
-                format!("{} is not valid UTF-8", var.to_string_lossy()),
-            ));
-        }
+            .find(|var| std::env::var_os(var).is_some_and(|v| v.to_str().is_none()))
+            .map(|var| var.to_string_lossy().into_owned());
         let matches = command
             .try_get_matches_from(&args)
-            .unwrap_or_else(|e| not_run(e));
+            .unwrap_or_else(|e| match not_utf8 {
+                Some(var) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
+                    not_run(Cli::command().error(e.kind(), format!("{var} is not valid UTF-8")))
+                }
+                _ => not_run(e),
+            });
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| not_run(e))
     }
 }
