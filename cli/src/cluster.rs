@@ -286,7 +286,16 @@ async fn redis(
         config = config.sentinel_credentials("", password.as_str());
     }
     let namespace = namespace_of(args.namespace.as_ref())?;
-    Ok((Arc::new(config.connect().await?), namespace))
+    let backend = config.connect().await?;
+    if let Some(policy) = backend.eviction_policy() {
+        // The library's warning is a log line, which the command does not show.
+        say!(
+            "warning: the Redis server may evict keys (maxmemory-policy {policy}): an evicted \
+             entry frees its lock at once, and an evicted token counter restarts the fencing \
+             tokens"
+        );
+    }
+    Ok((Arc::new(backend), namespace))
 }
 
 /// The namespace given (the default if none), checked before anything connects: a bad one is

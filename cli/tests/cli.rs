@@ -1203,9 +1203,9 @@ async fn a_closed_stdout_stays_closed() {
 
 /// A Redis server at `maxmemory` (no eviction) refuses a new session: the command says the
 /// cluster is out of space and exits 69, as for a cluster that cannot serve (it exited 70, an
-/// internal failure).
+/// internal failure). One that may evict keys is warned of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_out_of_memory_is_unavailable() {
+async fn a_server_out_of_memory_is_unavailable_and_one_that_evicts_is_warned_of() {
     use fencelock_integration::servers::redis::{self as harness, Durability, RedisServer};
     if !harness::available() {
         return;
@@ -1218,4 +1218,18 @@ async fn a_server_out_of_memory_is_unavailable() {
     let (code, out) = run(&server.url(), &ns, dir.path(), &["lock", "x", "--", "true"]).await;
     assert_eq!(code, 69, "{out}");
     assert!(out.contains("out of space"), "{out}");
+    // A server that may evict keys instead is warned of (the library's warning is a log line,
+    // which the command does not show: black-box round 15).
+    for setting in [["maxmemory", "0"], ["maxmemory-policy", "allkeys-lru"]] {
+        let set = server
+            .cli(&["CONFIG", "SET", setting[0], setting[1]])
+            .unwrap();
+        assert_eq!(set.trim(), "OK");
+    }
+    let (code, out) = run(&server.url(), &ns, dir.path(), &["lock", "x", "--", "true"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("may evict keys (maxmemory-policy allkeys-lru)"),
+        "{out}"
+    );
 }

@@ -328,22 +328,23 @@ const PROBE_AFTER: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Warns when the server may evict keys: an evicted session key ends a session early, an
-/// evicted token counter starts tokens again from 1. (Servers that forbid `CONFIG` say
-/// nothing.)
-pub(crate) async fn warn_if_evicting(mut con: crate::RedisConnection) {
+/// evicted token counter starts tokens again from 1. Returns the policy if it may evict.
+/// (Servers that forbid `CONFIG` say nothing.)
+pub(crate) async fn warn_if_evicting(mut con: crate::RedisConnection) -> Option<String> {
     let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(&mut con)
         .await;
-    if let Ok(v) = policy {
-        if let Some(policy) = v.get(1).filter(|p| p.as_str() != "noeviction") {
-            tracing::warn!(
-                policy = %policy,
-                "the Redis server may evict keys (maxmemory-policy is not noeviction): an evicted \
-                 entry, queue or session frees its lock at once (its holder learns it within a \
-                 third of the TTL), an evicted token counter restarts the fencing tokens"
-            );
-        }
+    let policy = policy.ok()?.into_iter().nth(1)?;
+    if policy == "noeviction" {
+        return None;
     }
+    tracing::warn!(
+        policy = %policy,
+        "the Redis server may evict keys (maxmemory-policy is not noeviction): an evicted \
+         entry, queue or session frees its lock at once (its holder learns it within a \
+         third of the TTL), an evicted token counter restarts the fencing tokens"
+    );
+    Some(policy)
 }

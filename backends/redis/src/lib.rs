@@ -169,6 +169,8 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 pub struct RedisBackend {
     primary: Arc<primary::Primary>,
     config: Arc<RedisConfig>,
+    /// The server's `maxmemory-policy` at connect, if it may evict keys.
+    evicting: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -194,8 +196,23 @@ impl RedisBackend {
         let target = config.validate()?;
         let config = Arc::new(config);
         let primary = primary::Primary::connect(config.clone(), target).await?;
-        connect::warn_if_evicting(primary.con()).await;
-        Ok(RedisBackend { primary, config })
+        let evicting = connect::warn_if_evicting(primary.con())
+            .await
+            .map(Arc::from);
+        Ok(RedisBackend {
+            primary,
+            config,
+            evicting,
+        })
+    }
+
+    /// The server's `maxmemory-policy` found at connect, if it may evict keys (any policy but
+    /// `noeviction`; `None` too where `CONFIG GET` is refused). Under it, an evicted entry,
+    /// queue or session frees its lock at once, and an evicted token counter restarts the
+    /// fencing tokens: the connect warns of it (a `tracing` warning), and so can a program
+    /// that shows no logs (the `fencelock` command says it).
+    pub fn eviction_policy(&self) -> Option<&str> {
+        self.evicting.as_deref()
     }
 
     /// The connection the sessions use, for operations fencelock does not cover (such as a
