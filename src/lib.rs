@@ -59,6 +59,7 @@ mod supervisor;
 mod tenure;
 mod token;
 
+pub use acquire::validate_value;
 pub use backend::{EntryInfo, EntryKind, QueueKind};
 pub use election::{Election, LeaderInfo, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};
@@ -66,7 +67,9 @@ pub use inspect::{QueueInfo, QueueListing};
 pub use memory::{MemoryBackend, Request as MemoryRequest};
 pub use multilock::{MultiGuard, MultiLock};
 pub use mutex::{Guard, Mutex};
-pub use name::{validate_name, validate_namespace, MAX_NAME_LEN, RESERVED_LAST_SEGMENTS};
+pub use name::{
+    validate_name, validate_name_in, validate_namespace, MAX_NAME_LEN, RESERVED_LAST_SEGMENTS,
+};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 pub use session::{

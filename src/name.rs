@@ -91,7 +91,7 @@ pub fn validate_name(name: &str) -> Result<()> {
 /// name of one segment in a namespace is below another segment too, and may not be one of
 /// [`RESERVED_LAST_SEGMENTS`] either (`read` in `ns` would queue among the readers of the
 /// read-write lock `ns` of the root namespace).
-pub(crate) fn validate_name_in(namespace: &str, name: &str) -> Result<()> {
+pub fn validate_name_in(namespace: &str, name: &str) -> Result<()> {
     validate_name(name)?;
     if !namespace.trim_matches('/').is_empty() && RESERVED_LAST_SEGMENTS.contains(&name) {
         return Err(invalid(

@@ -174,6 +174,19 @@ pub(crate) struct ClusterArgs {
     /// someone wants to look. (Set from the subcommand, not an option.)
     #[arg(skip)]
     pub(crate) reads_only: bool,
+
+    /// The lock or election name the subcommand asks for, and the value it campaigns with:
+    /// checked with the namespace before anything connects. (Set from the subcommand.)
+    #[arg(skip)]
+    pub(crate) asked: Asked,
+}
+
+/// What a subcommand asks for, checked before connecting (a refused name exits 78 at once,
+/// not after a connect timeout against a cluster away).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Asked {
+    pub(crate) name: Option<String>,
+    pub(crate) value: Option<String>,
 }
 
 /// Without the secrets: the URL's user info and the passwords (a failed assertion or a
@@ -234,7 +247,8 @@ pub(crate) enum Command {
         /// The election's name (as a lock's: at most 512 bytes).
         name: String,
         /// The value this candidate publishes while it leads (its address, say).
-        #[arg(long, default_value = "")]
+        // Any text, `-1` or `--x` too (clap took `-1s` for an option).
+        #[arg(long, default_value = "", allow_hyphen_values = true)]
         value: String,
         #[command(flatten)]
         wait: WaitArgs,

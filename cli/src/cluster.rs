@@ -93,7 +93,7 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                         "two different namespaces: the URL's path and --namespace",
                     ))
                 }
-                (a, _) => namespace_of(a.as_ref().or(args.namespace.as_ref()))?,
+                (a, _) => namespace_of(a.as_ref().or(args.namespace.as_ref()), args)?,
             };
             let scheme = if tls.is_some() { "https" } else { "http" };
             let endpoints: Vec<String> = endpoints
@@ -124,7 +124,10 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             if let Some(c) = &credentials {
                 config = config.sasl_digest_md5(&c.user, &c.password);
             }
-            let namespace = namespace_of(args.namespace.as_ref())?;
+            let namespace = namespace_of(args.namespace.as_ref(), args)?;
+            // ZooKeeper's own rules too (no chroot: nothing under `/zookeeper`), before the
+            // connect: against a cluster away they came after it, as 69.
+            config.check_names(&namespace, args.asked.name.as_deref())?;
             Ok((Arc::new(config.connect().await?), namespace))
         }
         Url::Redis {
@@ -285,7 +288,7 @@ async fn redis(
     if let Some(password) = &args.sentinel_password {
         config = config.sentinel_credentials("", password.as_str());
     }
-    let namespace = namespace_of(args.namespace.as_ref())?;
+    let namespace = namespace_of(args.namespace.as_ref(), args)?;
     let backend = config.connect().await?;
     if let Some(policy) = backend.eviction_policy() {
         // The library's warning is a log line, which the command does not show.
@@ -298,10 +301,17 @@ async fn redis(
     Ok((Arc::new(backend), namespace))
 }
 
-/// The namespace given (the default if none), checked before anything connects: a bad one is
-/// a usage error, not one reported after the connect (or, with the cluster away, never).
-fn namespace_of(given: Option<&String>) -> fencelock::Result<String> {
+/// The namespace given (the default if none), checked before anything connects with the name
+/// and value the subcommand asks for: a bad one is bad input (78), not one reported after the
+/// connect (or, with the cluster away, never: 69 after the connect timeout).
+fn namespace_of(given: Option<&String>, args: &ClusterArgs) -> fencelock::Result<String> {
     let namespace = given.map_or(fencelock::DEFAULT_NAMESPACE, String::as_str);
     fencelock::validate_namespace(namespace)?;
+    if let Some(name) = &args.asked.name {
+        fencelock::validate_name_in(namespace, name)?;
+    }
+    if let Some(value) = &args.asked.value {
+        fencelock::validate_value(value.as_bytes())?;
+    }
     Ok(namespace.to_string())
 }

@@ -16,7 +16,7 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 /// A human duration, at most `max` (`longest`, as the error names it).
 fn at_most(s: &str, max: Duration, longest: &str) -> Result<Duration, String> {
     // (The options take values that start with '-', so that a negative one is named as such.)
-    if s.starts_with("--") {
+    if s.starts_with("--") || s.trim() == "-" {
         return Err(format!(
             "{s} is not a duration (e.g. 10s): the option needs a value"
         ));

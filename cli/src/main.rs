@@ -121,6 +121,19 @@ async fn run(mut cli: Cli, mut signals: Signals) -> u8 {
     // what is left).
     let bound = cli.cluster.connect_timeout.max(Duration::from_secs(1));
     cli.cluster.reads_only = !matches!(cli.command, Command::Lock { .. } | Command::Elect { .. });
+    cli.cluster.asked = match &cli.command {
+        Command::Lock { name, .. } | Command::Leader { name } | Command::Observe { name } => {
+            args::Asked {
+                name: Some(name.clone()),
+                value: None,
+            }
+        }
+        Command::Elect { name, value, .. } => args::Asked {
+            name: Some(name.clone()),
+            value: Some(value.clone()),
+        },
+        Command::List { .. } | Command::Completions { .. } => args::Asked::default(),
+    };
     let session = match signals.until(cluster::session(&cli.cluster)).await {
         Stopped::Signal(sig) => return status_of(sig),
         Stopped::Done(Ok(s)) => s,

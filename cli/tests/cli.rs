@@ -792,6 +792,41 @@ fn bad_inputs_are_named_before_connecting() {
         err.contains("FENCELOCK_NAMESPACE is not valid UTF-8"),
         "{err}"
     );
+    // Names, values and ZooKeeper's reserved namespace too (they were checked once connected:
+    // with the cluster away, 69 after the connect timeout: black-box round 15).
+    for (url, args, says) in [
+        (
+            "etcd://127.0.0.1:1",
+            &["lock", "", "--", "true"][..],
+            "empty",
+        ),
+        (
+            "redis://127.0.0.1:1",
+            &["lock", "a/./b", "--", "true"],
+            "'.'",
+        ),
+        (
+            "etcd://127.0.0.1:1",
+            &["-n", "a", "leader", "read"],
+            "read-write",
+        ),
+        (
+            "zk://127.0.0.1:1",
+            &["elect", "--value", "__REVOKE__", "e", "--", "true"],
+            "revocation",
+        ),
+        (
+            "zk://127.0.0.1:1",
+            &["-n", "zookeeper", "observe", "e"],
+            "reserved by ZooKeeper",
+        ),
+    ] {
+        let all = [&["--endpoints", url, "--connect-timeout", "5s"][..], args].concat();
+        // (Nothing listens on port 1: had it connected first, it would say so, and exit 69.)
+        let (code, err) = run(&all, None);
+        assert_eq!(code, Some(78), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
     for (url, says) in [
         ("etcd://127.0.0.1:1/a/", "ends with '/'"),
         ("etcd://127.0.0.1:1//", "use the empty namespace"),

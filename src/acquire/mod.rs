@@ -159,13 +159,31 @@ pub(crate) fn check_value(shared: &Shared, value: &[u8]) -> Result<()> {
     value_fits(shared.backend_name(), value)
 }
 
-/// Checks an entry value against the limit of the backend named `backend`.
+/// Checks a value (a candidate's, one proclaimed, a semaphore permit's) as every backend
+/// does, before anything is connected: at most
+/// [`MAX_VALUE_LEN`](crate::backend::MAX_VALUE_LEN) bytes, and not the value a revocation
+/// request writes ([`REVOKE_MARKER`](crate::backend::REVOKE_MARKER)). Fails with
+/// [`Error::InvalidValue`].
+///
+/// ```
+/// assert!(fencelock::validate_value(b"10.0.0.7:8080").is_ok());
+/// assert!(fencelock::validate_value(b"__REVOKE__").is_err());
+/// ```
+pub fn validate_value(value: &[u8]) -> Result<()> {
+    value_fits("", value)
+}
+
+/// Checks an entry value against the limit of the backend named `backend` (any, if empty).
 pub(crate) fn value_fits(backend: &str, value: &[u8]) -> Result<()> {
     let max = crate::backend::MAX_VALUE_LEN;
     if value.len() > max {
+        let whose = match backend {
+            "" => String::new(),
+            b => format!("{b} backend's "),
+        };
         return Err(Error::InvalidValue(crate::error::InvalidInput::new(
             format!("{} bytes", value.len()),
-            format!("longer than the {backend} backend's limit of {max} bytes"),
+            format!("longer than the {whose}limit of {max} bytes"),
         )));
     }
     if value == crate::backend::REVOKE_MARKER {

@@ -178,6 +178,22 @@ impl ZooKeeperConfig {
         self
     }
 
+    /// Checks `namespace`, and `name` in it if given, as a backend of these settings would when
+    /// a lock or election is made, without connecting: the core's rules, and ZooKeeper's own
+    /// (without a chroot, nothing under the server's `/zookeeper`). Fails with
+    /// [`Error::InvalidName`]. A program that takes names from its user can refuse a bad one
+    /// before it waits for a cluster.
+    pub fn check_names(&self, namespace: &str, name: Option<&str>) -> Result<()> {
+        let chrooted = self.chroot.is_some() || split_chroot(&self.connect_string).1.is_some();
+        fencelock::validate_namespace(namespace)?;
+        crate::layout::namespace_root(namespace, chrooted)?;
+        if let Some(name) = name {
+            fencelock::validate_name_in(namespace, name)?;
+            crate::layout::queue_path_of(namespace, name, chrooted)?;
+        }
+        Ok(())
+    }
+
     /// Validates the settings and checks that at least one server can be reached (a TCP
     /// connection, and the TLS handshake when TLS is set: no ZooKeeper session is opened).
     ///
