@@ -747,7 +747,8 @@ async fn an_entry_deleted_behind_our_back_is_lost() {
 /// lives on: its session's next heartbeat (a third of its TTL) drops what the entry left in
 /// the queue and tells the wait on the session's own channel, which reads and fails with
 /// `EntryVanished`. Before, it waited until the holder's session would have expired (a TTL of
-/// the holder's: 8.5 s after the deletion, by hand, at 10 s).
+/// the holder's: 8.5 s after the deletion, by hand, at 10 s), or, the session's first wait,
+/// until the holder released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_entry_was_deleted_learns_it_at_its_heartbeat() {
     let Some(server) = server_with(&[]).await else {
@@ -785,6 +786,28 @@ async fn a_waiter_whose_entry_was_deleted_learns_it_at_its_heartbeat() {
     assert!(b.mutex("m").unwrap().try_lock().await.unwrap().is_some());
     a.close().await.unwrap();
     b.close().await.unwrap();
+
+    // The same on a session's first wait (a command's: one lock, one session), which listened
+    // on the entry ahead of it alone (black-box round 15: it waited for the holder's release).
+    let [c] = sessions_on(&url, &ns, Duration::from_secs(30)).await;
+    let [d] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
+    let held = c.mutex("first").unwrap().lock().await.unwrap();
+    let dw = d.clone();
+    let waiting = tokio::spawn(async move { dw.mutex("first").unwrap().lock().await.map(drop) });
+    until_queued(&c, "first", "never queued").await;
+    let entry = format!("fencelock:e:{ns}/first/{}", d.id());
+    assert_eq!(server.cli(&["DEL", &entry]).unwrap().trim(), "1", "{entry}");
+    let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the first wait learned of its deleted entry within its session's TTL")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(Error::EntryVanished { .. })),
+        "{ended:?}"
+    );
+    held.release().await.unwrap();
+    c.close().await.unwrap();
+    d.close().await.unwrap();
 }
 
 /// A holder's entry hash deleted by hand (or evicted) while another waits: the holder learns

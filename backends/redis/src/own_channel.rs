@@ -63,6 +63,11 @@ impl OwnChannel {
             .map(|h| (h.epoch, h.reg.clone()))
     }
 
+    /// The registration heard now, if any (made while the primary was at `generation`).
+    pub(crate) fn heard(&self, generation: u64) -> Option<Arc<Registration>> {
+        self.current(generation).map(|(_, reg)| reg)
+    }
+
     /// The epoch a read sent now is covered by, if any: taken before the read is sent.
     pub(crate) fn epoch(&self, generation: u64) -> Option<u64> {
         self.current(generation).map(|(epoch, _)| epoch)

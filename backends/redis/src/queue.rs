@@ -227,6 +227,10 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
     // Subscribed before the read: a deletion between the two is not missed.
     let group = session.entry_group(&own.key)?;
     let reg = session.notifier.register(chan_entry(&target.key)).await?;
+    // What the session's own channel says of our entry is heard here too: its heartbeat's
+    // word that the entry's hash was deleted (the core's next read says it vanished), which
+    // this wait, the session's first, took a TTL of the predecessor's to learn.
+    let own_channel = session.own_channel.heard(generation);
     loop {
         let reply = session
             .call(
@@ -245,7 +249,24 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
         };
         // The predecessor's session expires without a message: check again when it would.
         let left = u64::try_from(left).map_or(session.ttl, Duration::from_millis);
+        let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
+        let news = async {
+            match &own_channel {
+                Some(own_reg) => own_reg.news(&own.key, own.token.get(), until).await,
+                None => Ok(std::future::pending().await),
+            }
+        };
         tokio::select! {
+            // A message to our entry: at the head (granted without a read, as below), or the
+            // core's next read says what it means.
+            n = news => {
+                if let Some(head) = n? {
+                    if head {
+                        session.headed(own);
+                    }
+                    return Ok(());
+                }
+            }
             r = reg.notified() => {
                 // Deleted after we subscribed: gone (a newer entry under the same name
                 // would be behind ours). The core's next read confirms it, unless the
@@ -257,7 +278,7 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
                     return Ok(());
                 }
             }
-            _ = tokio::time::sleep(left + EXPIRY_SLACK) => {}
+            _ = tokio::time::sleep_until(until) => {}
         }
     }
 }
