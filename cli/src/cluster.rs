@@ -90,7 +90,7 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                 (Some(a), Some(b)) if &a != b => {
                     return Err(Error::invalid_config(
                         format!("{a} and {b}"),
-                        "two different namespaces: the URL's path and --namespace",
+                        "two different namespaces: the URL's path and --namespace (or FENCELOCK_NAMESPACE)",
                     ))
                 }
                 (a, _) => namespace_of(a.as_ref().or(args.namespace.as_ref()), args)?,

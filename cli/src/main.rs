@@ -71,6 +71,11 @@ fn start() -> ExitCode {
         // Written here, not by clap_complete, which panics on a closed stdout.
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut Cli::command(), "fencelock", &mut script);
+        if stdio::stdout_closed() {
+            // (Rust's runtime put /dev/null there: the write would succeed into nothing.)
+            say!("cannot write the completion script: the standard output is closed");
+            return ExitCode::from(exit::SOFTWARE);
+        }
         return match std::io::stdout().write_all(&script) {
             // The reader took what it wanted (`| head`).
             Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {

@@ -70,6 +70,15 @@ impl Cli {
 /// quietly.
 fn not_run(e: clap::Error) -> ! {
     use std::io::Write as _;
+    // Help or version for a standard output closed at start (`--help >&-`): Rust's runtime put
+    // /dev/null there, and the print succeeded into nothing (exit 0: black-box round 15).
+    if !e.use_stderr() && crate::stdio::stdout_closed() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "fencelock: cannot write the output: the standard output is closed"
+        );
+        std::process::exit(i32::from(crate::exit::SOFTWARE));
+    }
     let printed = e.print().and_then(|()| std::io::stdout().flush());
     let code = match printed {
         Err(w) if !e.use_stderr() && w.kind() != std::io::ErrorKind::BrokenPipe => {
