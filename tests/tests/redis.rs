@@ -766,23 +766,7 @@ async fn a_waiter_whose_entry_was_deleted_learns_it_at_its_heartbeat() {
     g.release().await.unwrap();
     w.await.unwrap().release().await.unwrap();
 
-    let held = a.mutex("m").unwrap().lock().await.unwrap();
-    let bw = b.clone();
-    let waiting = tokio::spawn(async move { bw.mutex("m").unwrap().lock().await.map(drop) });
-    until_queued(&a, "m", "never queued").await;
-    let entry = format!("fencelock:e:{ns}/m/{}", b.id());
-    assert_eq!(server.cli(&["DEL", &entry]).unwrap().trim(), "1", "{entry}");
-    // A heartbeat of b's (every second) and its message; the holder's session has 30 s.
-    let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the wait learned of its deleted entry within its session's TTL")
-        .unwrap();
-    assert!(
-        matches!(ended, Err(Error::EntryVanished { .. })),
-        "{ended:?}"
-    );
-    assert!(held.is_held());
-    held.release().await.unwrap();
+    deleted_while_waiting(&server, &ns, &a, &b, "m").await;
     assert!(b.mutex("m").unwrap().try_lock().await.unwrap().is_some());
     a.close().await.unwrap();
     b.close().await.unwrap();
@@ -791,23 +775,37 @@ async fn a_waiter_whose_entry_was_deleted_learns_it_at_its_heartbeat() {
     // on the entry ahead of it alone (black-box round 15: it waited for the holder's release).
     let [c] = sessions_on(&url, &ns, Duration::from_secs(30)).await;
     let [d] = sessions_on(&url, &ns, Duration::from_secs(3)).await;
-    let held = c.mutex("first").unwrap().lock().await.unwrap();
-    let dw = d.clone();
-    let waiting = tokio::spawn(async move { dw.mutex("first").unwrap().lock().await.map(drop) });
-    until_queued(&c, "first", "never queued").await;
-    let entry = format!("fencelock:e:{ns}/first/{}", d.id());
+    deleted_while_waiting(&server, &ns, &c, &d, "first").await;
+    c.close().await.unwrap();
+    d.close().await.unwrap();
+}
+
+/// `holder` holds `name`, `waiter` waits for it, and the waiter's entry hash is deleted by
+/// hand: the wait ends with `EntryVanished` within a few of the waiter's heartbeats (its TTL is
+/// short, the holder's long), and the holder still holds, then releases.
+async fn deleted_while_waiting(
+    server: &fencelock_integration::servers::redis::RedisServer,
+    ns: &str,
+    holder: &Session,
+    waiter: &Session,
+    name: &str,
+) {
+    let held = holder.mutex(name).unwrap().lock().await.unwrap();
+    let (w, n) = (waiter.clone(), name.to_string());
+    let waiting = tokio::spawn(async move { w.mutex(&n).unwrap().lock().await.map(drop) });
+    until_queued(holder, name, "never queued").await;
+    let entry = format!("fencelock:e:{ns}/{name}/{}", waiter.id());
     assert_eq!(server.cli(&["DEL", &entry]).unwrap().trim(), "1", "{entry}");
     let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
-        .expect("the first wait learned of its deleted entry within its session's TTL")
+        .unwrap_or_else(|_| panic!("{name}: the wait did not learn of its deleted entry"))
         .unwrap();
     assert!(
         matches!(ended, Err(Error::EntryVanished { .. })),
-        "{ended:?}"
+        "{name}: {ended:?}"
     );
+    assert!(held.is_held(), "{name}");
     held.release().await.unwrap();
-    c.close().await.unwrap();
-    d.close().await.unwrap();
 }
 
 /// A holder's entry hash deleted by hand (or evicted) while another waits: the holder learns
