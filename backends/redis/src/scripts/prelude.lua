@@ -10,19 +10,26 @@ local C = 'fencelock'
 -- Whether the server is Redis 7 or later (`PEXPIRE` takes `GT` and `NX`); set by the first
 -- `begin` (while a library loads, `redis` offers only the loading calls).
 local SEVEN
--- The last key of each kind this call made, and what it was made from: a call asks for the
--- same few keys again and again, and each concatenation costs the server about 2,000
--- instructions (callgrind), a comparison of two (interned) strings next to nothing.
+-- The last key of each kind made (by this call, or by an earlier one of the same group: see
+-- `begin`), and what it was made from: calls ask for the same few keys again and again, and
+-- each concatenation costs the server about 2,000 instructions (callgrind), a comparison of
+-- two (interned) strings next to nothing.
 local s_of, s_key, q_of, q_key, e_of, e_key
 local function begin(keys)
   if SEVEN == nil then SEVEN = (redis.REDIS_VERSION_NUM or 0) >= 0x070000 end
-  K = keys[1]
-  P = string.sub(K, 1, -3)
-  GUARD = string.find(P, '{', 1, true) ~= nil
+  -- The same group as the last call (of a library, whose helpers outlive a call; strings are
+  -- interned, so comparing them costs next to nothing): its prefix and its last keys kept.
+  if keys[1] ~= K then
+    K = keys[1]
+    P = string.sub(K, 1, -3)
+    GUARD = string.find(P, '{', 1, true) ~= nil
+    s_of, q_of, e_of = nil, nil, nil
+    s_key, q_key, e_key = nil, nil, nil
+  end
   -- Made at the first guarded key: a table costs about 1,300 instructions.
   guarded = nil
-  s_of, q_of, e_of = nil, nil, nil
-  s_key, q_key, e_key = nil, nil, nil
+  -- On a cluster each call guards every key it uses (see `guard`): none is kept.
+  if GUARD then s_of, q_of, e_of = nil, nil, nil end
 end
 local function guard(key)
   if GUARD then
