@@ -75,6 +75,16 @@ async fn exit_statuses(t: Target) {
         let (code, out) = run(&t.url, &ns, d, args).await;
         assert_eq!(code, *want, "{args:?}: {out}");
     }
+    // A zero timeout is a try, and said as one (not "timed out after 0ns").
+    let (code, out) = run(
+        &t.url,
+        &ns,
+        d,
+        &["lock", "held", "--timeout", "0s", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 75, "{out}");
+    assert!(out.contains("\"held\" is held: not acquired"), "{out}");
     // Nothing of the refused attempts is left: only our holder's entry.
     assert_eq!(
         s.list_entries().await.unwrap(),
@@ -441,6 +451,12 @@ async fn elections_and_listing(t: Target) {
     assert_eq!(code, 0, "{out}");
     let q: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!(q["name"], "jobs/a");
+    // As the text says it: a lock and an election are kept alike on etcd and Redis.
+    let kind = match t.url.starts_with("zk") {
+        true => "lock",
+        false => "lock or election",
+    };
+    assert_eq!(q["kind"], kind, "{out}");
     assert_eq!(q["entries"][0]["role"], "holder");
     assert_eq!(q["entries"][0]["token"], g.token().get());
     assert_eq!(q["entries"][0]["session"], s.id());
@@ -519,6 +535,71 @@ async fn redis_cut_off_holder_is_stopped() {
     let upstream = t.url.trim_start_matches("redis://").to_string();
     lost_by_cut_off(t.clone(), &upstream, Mode::BlackHole).await;
     lost_by_cut_off(t, &upstream, Mode::BlackHoleReplies).await;
+}
+
+/// A connection whose answers are lost (a middlebox that drops one direction of a stream) is
+/// not waited on for the whole connect timeout: a new one is opened beside it after a second
+/// (then two, four, …), and once the path heals the command runs. fencelock waited on its
+/// first connection and exited 69 at the connect timeout, and so did `observe` replacing a
+/// lost session (black-box round 16).
+async fn connects_past_lost_answers(t: Target, upstream: &str) {
+    let ns = unique_namespace("cli_lost_answers");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    proxy.set(Mode::DropReplies);
+    let scheme = t.url.split("://").next().unwrap();
+    let mut cmd = command(&format!("{scheme}://{}", proxy.addr()), &ns);
+    // The default connect timeout, and a TTL whose ZooKeeper connection timeout (0.6 of it)
+    // is longer: the client library gives up on no connection of its own meanwhile.
+    cmd.args([
+        "--connect-timeout",
+        "5s",
+        "--ttl",
+        "10s",
+        "lock",
+        "m",
+        "--",
+        "true",
+    ]);
+    let started = Instant::now();
+    let mut r = Run::spawn(cmd, dir.path(), "lost_answers");
+    // The fault's length, not a synchronisation: the first two connections (at 0 s and 1 s)
+    // are opened during it, and lose their answers for good.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.set(Mode::Pass);
+    assert_eq!(r.code(WITHIN).await, 0, "{scheme}: {}", r.output());
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "{scheme}: granted {took:?} after the start: a connection opened after the heal was not tried at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_connects_past_lost_answers() {
+    let Some(t) = Target::etcd().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("etcd://").to_string();
+    connects_past_lost_answers(t, &upstream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_connects_past_lost_answers() {
+    let Some(t) = Target::zookeeper().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("zk://").to_string();
+    connects_past_lost_answers(t, &upstream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connects_past_lost_answers() {
+    let Some(t) = Target::redis().await else {
+        return;
+    };
+    let upstream = t.url.trim_start_matches("redis://").to_string();
+    connects_past_lost_answers(t, &upstream).await;
 }
 
 /// `etcdctl` (Debian's `etcd-client`), the etcd Go `concurrency` recipes' own command: the same

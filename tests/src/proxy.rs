@@ -1,6 +1,6 @@
 //! A TCP proxy the tests control, placed between a client and a server on loopback: it can
-//! pass traffic, delay it, black-hole it (connections stay open, nothing flows), hold a gRPC
-//! client's requests and deliver them late, or reset every connection.
+//! pass traffic, delay it, black-hole it (connections stay open, nothing flows), lose the
+//! replies, hold a gRPC client's requests and deliver them late, or reset every connection.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +26,10 @@ pub enum Mode {
     /// Forward the client's traffic but nothing back (a one-way partition: requests arrive,
     /// replies wait).
     BlackHoleReplies,
+    /// Forward the client's traffic, and read the server's and throw it away (a middlebox
+    /// that loses one direction of a stream: what is lost never comes, even once the mode
+    /// changes back).
+    DropReplies,
     /// Close every connection and refuse new ones.
     Reset,
     /// Nothing flows, but the client's bytes are read and kept; at the next mode they are
@@ -213,6 +217,7 @@ async fn pipe(
             }
             // Replies read before a pause began are delivered.
             Mode::Hold => {}
+            Mode::DropReplies if replies => continue,
             // Data read just before a black-hole is dropped, like a lost packet.
             m if held(m) => continue,
             _ => {}

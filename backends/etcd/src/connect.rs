@@ -14,7 +14,7 @@ use std::time::Duration;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, Result};
-use fencelock_net::{connect_error, probe, split_host_port, Probe};
+use fencelock_net::{connect_error, hedged, probe, split_host_port, Probe};
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, info};
 
@@ -222,14 +222,16 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
         ),
         other => other,
     };
-    let probe = async {
+    // Each attempt on a client (a connection) of its own: one left unanswered is joined by
+    // another (see `hedged`).
+    let probe = || async {
         let mut c = Client::connect([endpoint], Some(options(&unauthenticated)))
             .await
             .map_err(|e| not_etcd(map("connect", e)))?;
         let status = c.status().await.map_err(|e| not_etcd(map("connect", e)))?;
         Ok(status.header().map_or(0, |h| h.member_id()))
     };
-    match timeout_at(deadline, probe).await {
+    match hedged(deadline, || timeout_at(deadline, probe())).await {
         Ok(r) => r,
         Err(_) => Err(Error::Connect {
             backend: NAME,

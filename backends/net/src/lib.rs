@@ -5,17 +5,20 @@
 //! cannot be used ([`probe`]), which turns "it did not connect" into a typed error with its
 //! cause: a name that does not resolve, a refused or unreachable port, a server certificate
 //! from an unknown authority, a client certificate the server rejected, a plaintext client at a
-//! TLS port or the reverse. Whether the error is temporary follows from the cause.
+//! TLS port or the reverse. Whether the error is temporary follows from the cause. And
+//! connection attempts hedged in time ([`hedged`]): one left unanswered is joined by another.
 //!
 //! An implementation detail of the backends: use it through them.
 #![forbid(unsafe_code)]
 
+mod hedge;
 mod probe;
 mod redact;
 mod tls;
 
 use std::sync::Arc;
 
+pub use hedge::{hedged, FIRST_HEDGE};
 pub use probe::{certificate_failure, connect_error, probe, split_host_port, Probe};
 pub use redact::redact;
 pub use tls::TlsConfig;

@@ -36,11 +36,9 @@ async fn connect_node(config: &RedisConfig, client: &redis::Client) -> Result<Co
         .set_response_timeout(Some(config.timeout))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_secs(1));
-    checked(
-        config,
-        client,
-        client.get_connection_manager_with_config(manager),
-    )
+    checked(config, client, || {
+        client.get_connection_manager_with_config(manager.clone())
+    })
     .await
 }
 
@@ -65,7 +63,7 @@ pub(crate) async fn connect_cluster(
     cluster: &redis::cluster::ClusterClient,
     probe: &redis::Client,
 ) -> Result<redis::cluster_async::ClusterConnection> {
-    let failed = match checked(config, probe, cluster.get_async_connection()).await {
+    let failed = match checked(config, probe, || cluster.get_async_connection()).await {
         Ok(con) => return Ok(con),
         Err(e) => e,
     };
@@ -85,15 +83,17 @@ pub(crate) async fn connect_cluster(
     }
 }
 
-/// The connection that `open` makes, checked within the timeout (see [`connect`]), with a
-/// failure typed (probing `client`'s server for a wrong setting).
-async fn checked<C: ConnectionLike + Send>(
-    config: &RedisConfig,
-    client: &redis::Client,
-    open: impl std::future::Future<Output = redis::RedisResult<C>> + Send,
-) -> Result<C> {
-    let connect = async {
-        let mut con = open.await?;
+/// A connection that `open` makes, checked within the timeout (see [`connect`]), with a
+/// failure typed (probing `client`'s server for a wrong setting). One left unanswered is
+/// joined by another (see [`fencelock_net::hedged`]): `open` makes a new one each time.
+async fn checked<C, F, O>(config: &RedisConfig, client: &redis::Client, open: O) -> Result<C>
+where
+    C: ConnectionLike + Send,
+    F: std::future::Future<Output = redis::RedisResult<C>> + Send,
+    O: Fn() -> F + Sync,
+{
+    let connect = || async {
+        let mut con = open().await?;
         redis::cmd("PING").query_async::<()>(&mut con).await?;
         // Every release publishes on a `fencelock:*` channel from inside its script, and
         // Redis does not undo a script's earlier writes when a later command fails: a user
@@ -116,7 +116,9 @@ async fn checked<C: ConnectionLike + Send>(
         Ok::<_, redis::RedisError>(con)
     };
     let attempt = async {
-        let failed = match tokio::time::timeout(config.timeout, connect).await {
+        let deadline = tokio::time::Instant::now() + config.timeout;
+        let attempt = || tokio::time::timeout_at(deadline, connect());
+        let failed = match fencelock_net::hedged(deadline, attempt).await {
             Ok(Ok(con)) => return Ok(con),
             Ok(Err(e)) => {
                 // The server refused a setting of ours while the connection was being set up

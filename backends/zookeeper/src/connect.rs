@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fencelock::backend::{Backoff, Retry};
 use fencelock::{Error, Result};
-use fencelock_net::{connect_error, probe, Probe};
+use fencelock_net::{connect_error, probe, Probe, FIRST_HEDGE};
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, warn};
 use zookeeper_client as zk;
@@ -154,8 +154,9 @@ impl Resolved {
     }
 
     /// One try at a session: the servers from `next` on, each asked [`HEDGE_AFTER`] after the
-    /// one before (at once if it failed) while those asked before are still waited for, until
-    /// one takes it (the others' attempts are dropped: a session a slow server opens meanwhile
+    /// one before (at once if it failed) while those asked before are still waited for, then
+    /// asked again on new connections while none answers (see [`FIRST_HEDGE`]), until one
+    /// takes it (the others' attempts are dropped: a session a slow server opens meanwhile
     /// owns nothing and expires); if none does, the servers are probed to say why (the error
     /// is temporary only if waiting can help).
     async fn try_each_server(
@@ -169,20 +170,36 @@ impl Resolved {
         let n = self.each.len();
         let mut running = futures::stream::FuturesUnordered::new();
         let (mut asked, mut due) = (0, Instant::now());
+        // Once every server was asked, those still silent are asked again, on new
+        // connections, after `FIRST_HEDGE`, then twice as long each time (as `hedged` does):
+        // a connection whose answers are lost (a middlebox dropping one direction) stays
+        // silent for good, one opened once the path healed is answered (black-box round 16).
+        // Only beside attempts still running: a server that failed is asked again by the
+        // caller's retry, after its backoff.
+        let mut again = FIRST_HEDGE;
         loop {
-            if asked < n && (running.is_empty() || Instant::now() >= due) {
+            let now = Instant::now();
+            let first_round = asked < n && (running.is_empty() || now >= due);
+            let hedge = asked >= n && !running.is_empty() && now >= due && due < deadline;
+            if first_round || hedge {
                 let server = next.fetch_add(1, Ordering::Relaxed) % n;
                 asked += 1;
-                due = Instant::now() + HEDGE_AFTER;
+                due = if asked < n {
+                    now + HEDGE_AFTER
+                } else {
+                    let at = now + again;
+                    again *= 2;
+                    at
+                };
                 // Within the deadline (the client itself waits 0.6 x the TTL).
                 let attempt = timeout_at(deadline, connector.clone().connect(&self.each[server]));
                 running.push(async move { (server, attempt.await) });
                 continue;
             }
-            let done = if asked < n {
+            let done = if due < deadline && !running.is_empty() {
                 match timeout_at(due, running.next()).await {
                     Ok(done) => done,
-                    // The next server is due.
+                    // The next attempt is due.
                     Err(_) => continue,
                 }
             } else {
@@ -205,8 +222,11 @@ impl Resolved {
                 Err(_) if n == 1 => "no session within the connect timeout".to_string(),
                 Err(_) => format!("{}: no session within the connect timeout", self.each[server]),
             };
-            // Failed: the next server at once.
-            due = Instant::now();
+            // Failed: the next server at once, in the first round (later, the schedule of
+            // the silent ones' hedges stands).
+            if asked < n {
+                due = Instant::now();
+            }
         }
         debug!(error = %failure, "no zookeeper session yet: probing the servers");
         let probes = self.probe_all(deadline).await;
