@@ -1005,6 +1005,9 @@ async fn a_waiter_out_of_its_deleted_queue_is_not_granted() {
     assert_eq!(server.cli(&["DEL", &queue]).unwrap().trim(), "1");
     let held = c.mutex("m").unwrap().try_lock().await.unwrap();
     let held = held.expect("the queue is empty: c is granted");
+    // Out of the queue, a's and b's entries hold nothing: not listed (they were, with c's).
+    let listed = c.list_entries().await.unwrap();
+    assert_eq!(listed, vec![held.key().to_string()]);
     // a learns that it lost within a TTL; its release wakes b, which finds its own entry out
     // of the queue.
     let lost = tokio::time::timeout(Duration::from_secs(10), g.lost()).await;

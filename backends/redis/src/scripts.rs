@@ -334,7 +334,8 @@ return out
     )
 });
 
-/// ARGV: entry names. Returns those that are live.
+/// ARGV: entry names. Returns those that are live and in their queue (out of it, the queue's
+/// key deleted by hand or evicted, an entry holds nothing: see `held`).
 pub(crate) static LIVE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "live",
@@ -343,7 +344,8 @@ local out = {}
 for _, name in ipairs(ARGV) do
   -- A foreign key under our prefix that is no hash is no entry (and HMGET on it would fail
   -- the whole listing).
-  if redis.call('TYPE', ekey(name)).ok == 'hash' and live(name) then out[#out + 1] = name end
+  local e = redis.call('TYPE', ekey(name)).ok == 'hash' and live(name)
+  if e and e[4] and redis.call('ZSCORE', qkey(e[4]), name) then out[#out + 1] = name end
 end
 return out
 "#,

@@ -591,12 +591,17 @@ impl Layout<'_> {
             let prefix = (self.prefix)(name);
             let key = format!("{prefix}:e:{name}");
             let skey = format!("{prefix}:s:{session}");
+            // A member of the queue its hash names, as an entry is (out of its queue, an entry
+            // is no live one, and is not listed at all).
+            let queue = format!("{prefix}:q:{namespace}");
             redis::pipe()
                 .hset_multiple(
                     &key,
                     &[("q", namespace), ("t", "1"), ("s", session), ("k", "x")],
                 )
                 .pexpire(&key, 60_000)
+                .zadd(&queue, name, 1)
+                .pexpire(&queue, 60_000)
                 .cmd("HSETNX")
                 .arg(&skey)
                 .arg("v")
