@@ -117,8 +117,8 @@ where
     };
     let attempt = async {
         let deadline = tokio::time::Instant::now() + config.timeout;
-        let attempt = || tokio::time::timeout_at(deadline, connect());
-        let failed = match fencelock_net::hedged(deadline, attempt).await {
+        let once = || tokio::time::timeout_at(deadline, connect());
+        let failed = match fencelock_net::hedged(deadline, once).await {
             Ok(Ok(con)) => return Ok(con),
             Ok(Err(e)) => {
                 // The server refused a setting of ours while the connection was being set up

@@ -345,7 +345,7 @@ for _, name in ipairs(ARGV) do
   -- A foreign key under our prefix that is no hash is no entry (and HMGET on it would fail
   -- the whole listing).
   local e = redis.call('TYPE', ekey(name)).ok == 'hash' and live(name)
-  if e and e[4] and redis.call('ZSCORE', qkey(e[4]), name) then out[#out + 1] = name end
+  if e and queued(name, e) then out[#out + 1] = name end
 end
 return out
 "#,

@@ -78,13 +78,16 @@ local function entry_parts(name)
   end
   return parent, owner
 end
+-- Whether live entry `e` (named `name`) is still a member of its queue. Out of it (the
+-- queue's key deleted by hand, or evicted) an entry holds nothing: the next acquirer finds the
+-- queue empty, and is granted.
+local function queued(name, e)
+  return not e[4] or redis.call('ZSCORE', qkey(e[4]), name) ~= false
+end
 -- `live(name)` if it has token `token` (as text) and is still a member of its queue, else nil.
--- Out of its queue (the queue's key deleted by hand, or evicted) an entry holds nothing: the
--- next acquirer finds the queue empty, and is granted.
 local function held(name, token)
   local e = live(name)
-  if not e or e[2] ~= token then return nil end
-  if e[4] and not redis.call('ZSCORE', qkey(e[4]), name) then return nil end
+  if not e or e[2] ~= token or not queued(name, e) then return nil end
   return e
 end
 -- Deletes entry `name` of queue `path`, and wakes whoever waits on it: its owner and the
