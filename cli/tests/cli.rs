@@ -912,6 +912,9 @@ fn bad_inputs_are_named_before_connecting() {
         ("etcd://127.0.0.1:1/a/", "ends with '/'"),
         ("etcd://127.0.0.1:1//", "use the empty namespace"),
         ("etcd://127.0.0.1", "needs its port"),
+        // A client library's URL inside ours: its port was masked as a password.
+        ("etcd://https://127.0.0.1:1", "second scheme"),
+        ("redis://redis://127.0.0.1:1", "second scheme"),
     ] {
         let (code, err) = run(&["--endpoints", url, "list"], None);
         assert_eq!(code, Some(78), "{url}: {err}");

@@ -224,6 +224,10 @@ pub async fn run(
     cluster: &dyn Cluster,
     cfg: &RunConfig,
 ) -> Summary {
+    // Every member back in step from the scenario before (a member restarted or resumed at
+    // its end may still be catching up): a fault on top of that is two faults, and a killed
+    // leader could leave no quorum (CI once saw no leader for 30 s after one).
+    cluster.caught_up().await;
     let target = cluster.target();
     let w = Workload {
         lock: "jepsen".into(),

@@ -19,6 +19,10 @@ use crate::target::Kind;
 /// How long a member may take to listen after its start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the members may take to agree on a leader (ZooKeeper's harness allows as long):
+/// on a loaded machine an election can fail a few times over before one member wins.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What is missing to run etcd, if anything.
 pub fn missing() -> Option<String> {
     let ok = Command::new("etcd")
@@ -35,6 +39,8 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     child: Option<ManagedChild>,
+    /// Its raft id once a status named it (kept across restarts: the data dir keeps it).
+    id: Option<u64>,
 }
 
 pub use super::ServerTls;
@@ -80,6 +86,7 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 child: None,
+                id: None,
             })
             .collect();
         let initial = members
@@ -128,7 +135,7 @@ impl EtcdCluster {
             // A killed leader then stops the cluster for about half as long, which the
             // adversity suite's kill-leader bound (the election plus our share) follows.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .args(["--logger", "zap", "--log-level", "error"]);
+            .args(["--logger", "zap", "--log-level", "warn"]);
         if let Some(bytes) = self.options.quota_bytes {
             cmd.arg("--quota-backend-bytes").arg(bytes.to_string());
         }
@@ -197,6 +204,12 @@ impl EtcdCluster {
             .and_then(ManagedChild::pid)
     }
 
+    /// The last `lines` lines of member `i`'s log, or why there are none.
+    fn log_tail(&self, i: usize, lines: usize) -> String {
+        let name = self.members.lock().unwrap()[i].name.clone();
+        crate::process::log_tail(&self.dir.path().join(format!("{name}.log")), lines)
+    }
+
     fn running(&self, i: usize) -> bool {
         self.members.lock().unwrap()[i]
             .child
@@ -222,14 +235,15 @@ impl Cluster for EtcdCluster {
     async fn leader(&self) -> usize {
         let start = Instant::now();
         loop {
-            let mut ids = Vec::new();
+            // What each member said, for the failure message.
+            let mut seen = Vec::new();
             // The leader every answering member names: a member just resumed from a pause may
             // still name the old one (or itself) until it hears the new term.
             let mut leader = None;
             let mut agreed = true;
             for i in 0..self.size() {
                 if !self.running(i) {
-                    ids.push(None);
+                    seen.push(format!("member {i}: not running"));
                     continue;
                 }
                 let status = async {
@@ -238,23 +252,44 @@ impl Cluster for EtcdCluster {
                 };
                 match tokio::time::timeout(Duration::from_secs(2), status).await {
                     Ok(Ok(s)) => {
-                        ids.push(s.header().map(|h| h.member_id()));
+                        let id = s.header().map(|h| h.member_id());
+                        if id.is_some() {
+                            self.members.lock().unwrap()[i].id = id;
+                        }
+                        seen.push(format!(
+                            "member {i}: id {id:x?}, names leader {:x} in term {}, errors {:?}",
+                            s.leader(),
+                            s.raft_term(),
+                            s.errors()
+                        ));
                         match leader {
                             None => leader = Some(s.leader()),
                             Some(l) if l != s.leader() => agreed = false,
                             Some(_) => {}
                         }
                     }
-                    _ => ids.push(None),
+                    Ok(Err(e)) => seen.push(format!("member {i}: {e}")),
+                    Err(_) => seen.push(format!("member {i}: no status within 2 s")),
                 }
             }
-            if let Some(i) = leader
-                .filter(|l| agreed && *l != 0)
-                .and_then(|l| ids.iter().position(|id| *id == Some(l)))
-            {
+            // The member named, found by its id, which may be from an earlier round: a busy
+            // leader on a loaded machine may not return its own status this round.
+            let known = |l: u64| {
+                (0..self.size())
+                    .find(|&i| self.running(i) && self.members.lock().unwrap()[i].id == Some(l))
+            };
+            if let Some(i) = leader.filter(|l| agreed && *l != 0).and_then(known) {
                 return i;
             }
-            assert!(start.elapsed() < START_TIMEOUT, "no etcd leader elected");
+            if start.elapsed() >= LEADER_TIMEOUT {
+                let logs: String = (0..self.size())
+                    .map(|i| format!("\n--- member {i}'s log:\n{}", self.log_tail(i, 15)))
+                    .collect();
+                panic!(
+                    "no etcd leader within {LEADER_TIMEOUT:?}: {}{logs}",
+                    seen.join("; ")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
