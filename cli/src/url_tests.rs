@@ -188,4 +188,33 @@ fn user_info() {
         Url::parse("etcd://u:%ff@a:1"),
         Err(Error::InvalidConfig(_))
     ));
+    // A '%' that starts no escape, in the user or the password: refused as in the path (it
+    // was sent as typed: black-box round 18), the password unshown.
+    for url in ["etcd://us%zzer:s3cret@a:1", "zk://u:s3cret%@a:1"] {
+        let e = Url::parse(url).unwrap_err().to_string();
+        assert!(
+            e.contains("starts no escape") && !e.contains("s3cret"),
+            "{e}"
+        );
+    }
+}
+
+/// A port that is not a number from 1 to 65535 is refused here: the client's own message
+/// showed `http://`, which was not typed, and masked the port (black-box round 18).
+#[test]
+fn ports_are_numbers() {
+    for url in [
+        "etcd://u:s3cret@127.0.0.1:2379%00",
+        "etcd://h:",
+        "zk://h:x1",
+        "redis://h:0",
+        "redis://h:65536",
+    ] {
+        let e = Url::parse(url).unwrap_err().to_string();
+        assert!(e.contains("a port must be a number"), "{url}: {e}");
+        assert!(!e.contains("s3cret") && !e.contains("http://"), "{e}");
+    }
+    for url in ["etcd://[::1]:2379", "zk://[::1]", "redis://h"] {
+        assert!(Url::parse(url).is_ok(), "{url}");
+    }
 }

@@ -193,7 +193,7 @@ impl TlsConfig {
                     .map_err(|e| Error::invalid_config("client key", e.to_string()))?;
                 builder
                     .with_client_auth_cert(certs, key)
-                    .map_err(|e| Error::invalid_config("client certificate", e.to_string()))
+                    .map_err(identity_refused)
             }
         }
     }
@@ -208,6 +208,21 @@ pub(crate) fn any_server_config() -> ClientConfig {
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAny))
         .with_no_client_auth()
+}
+
+/// Why rustls refused a client certificate and key, said of the part at fault: the key is
+/// parsed only here (PEM that holds junk), and rustls said "unexpected error" of it.
+fn identity_refused(e: rustls::Error) -> Error {
+    match e {
+        rustls::Error::InconsistentKeys(_) => Error::invalid_config(
+            "client key",
+            "the key does not belong to the client certificate",
+        ),
+        rustls::Error::General(why) => {
+            Error::invalid_config("client key", format!("not a usable private key: {why}"))
+        }
+        e => Error::invalid_config("client certificate", e.to_string()),
+    }
 }
 
 /// Accepts every certificate: used only to learn whether a port speaks TLS.
@@ -318,10 +333,17 @@ mod tests {
         let (cert, key) = self_signed();
         let ca = TlsConfig::from_ca_pem(cert.clone()).unwrap();
         assert!(ca.clone().with_identity_pem(&*cert, &*key).is_ok());
-        invalid(ca.clone().with_identity_pem(&*cert, garbage("PRIVATE KEY")));
-        invalid(ca.clone().with_identity_pem(garbage("CERTIFICATE"), &*key));
-        // A key that is not the certificate's.
+        // Each said of the part at fault, in words (black-box round 18: a junk key was "client
+        // certificate: unexpected error", another certificate's key "KeyMismatch").
+        let e = invalid(ca.clone().with_identity_pem(&*cert, garbage("PRIVATE KEY")));
+        assert!(e.contains("client key") && !e.contains("unexpected"), "{e}");
+        let e = invalid(ca.clone().with_identity_pem(garbage("CERTIFICATE"), &*key));
+        assert!(e.contains("client certificate"), "{e}");
         let (_, other_key) = self_signed();
-        invalid(ca.with_identity_pem(&*cert, &*other_key));
+        let e = invalid(ca.with_identity_pem(&*cert, &*other_key));
+        assert!(
+            e.contains("does not belong to the client certificate"),
+            "{e}"
+        );
     }
 }

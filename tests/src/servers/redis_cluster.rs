@@ -255,16 +255,27 @@ impl RedisCluster {
         assert_ne!(from, to, "slot {slot} is already on node {to}");
         let (from_id, to_id) = (self.id_of(from), self.id_of(to));
         let s = slot.to_string();
-        let ok = |out: std::io::Result<String>, what: &str| {
-            let out = out.unwrap();
-            assert!(out.trim() == "OK" || out.trim().is_empty(), "{what}: {out}");
+        // A node may refuse a moment (a node id it has not heard of yet by gossip, on a loaded
+        // machine): asked again for up to 10 s before the move fails.
+        let ok = |node: usize, args: &[&str], what: &str| {
+            let start = Instant::now();
+            loop {
+                let out = self.nodes[node].cli(args).unwrap();
+                if out.trim() == "OK" || out.trim().is_empty() {
+                    return;
+                }
+                assert!(start.elapsed() < Duration::from_secs(10), "{what}: {out}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
         };
         ok(
-            self.nodes[to].cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]),
+            to,
+            &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id],
             "importing",
         );
         ok(
-            self.nodes[from].cli(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]),
+            from,
+            &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id],
             "migrating",
         );
         let mut between = Some(between);
@@ -292,10 +303,7 @@ impl RedisCluster {
             b();
         }
         for i in self.primaries() {
-            ok(
-                self.nodes[i].cli(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]),
-                "node",
-            );
+            ok(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id], "node");
         }
         self.wait_ok();
     }
