@@ -153,6 +153,7 @@ macro_rules! conformance_tests {
             mutex_and_election_of_one_name,
             one_name_several_primitives,
             lock_timeout_zero_behaves_as_try_lock,
+            a_waiter_learns_its_entry_was_deleted,
             huge_durations_never_panic,
             oversized_values_are_refused,
             largest_values_of_many_candidates,

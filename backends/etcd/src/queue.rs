@@ -147,7 +147,7 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
         .register(&target.key, target.order as i64)
         .await?;
     if reg.covered {
-        let res = reg.wait().await;
+        let res = until_gone_or_vanished(session, own, reg.wait()).await;
         session.watcher.prune_if_large().await;
         return res;
     }
@@ -165,7 +165,7 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
         .and_then(|kvs| kvs.first().map(|kv| kv.create_revision() as u64))
         == Some(target.order);
     let res = if still_there {
-        reg.wait().await
+        until_gone_or_vanished(session, own, reg.wait()).await
     } else {
         if target.key.contains(char::REPLACEMENT_CHARACTER) {
             // Most likely a key that is not UTF-8 (written by hand: ours and Go's are UTF-8),
@@ -177,6 +177,17 @@ pub(crate) async fn wait(session: &EtcdSession, own: &Entry, target: &Peer) -> R
     };
     session.watcher.prune_if_large().await;
     res
+}
+
+/// Awaits `gone` (the key ahead deleted), looking at `own` now and then: a waiter watches
+/// only the key ahead of it, so that an operator's delete of its own entry would be learnt
+/// only at its turn (black-box: 7 s behind a holder of 8 s).
+async fn until_gone_or_vanished(
+    session: &EtcdSession,
+    own: &Entry,
+    gone: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
+    fencelock_net::unless_own_vanishes(session.ttl, &own.key, gone, || exists(session, own)).await
 }
 
 /// Whether `own` still exists as the same entry (its key, created at its revision).

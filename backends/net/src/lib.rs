@@ -7,12 +7,14 @@
 //! from an unknown authority, a client certificate the server rejected, a plaintext client at a
 //! TLS port or the reverse. Whether the error is temporary follows from the cause. And
 //! connection attempts hedged in time ([`hedged`]): one left unanswered is joined by another.
+//! And waits that look again at their own entry now and then ([`unless_own_vanishes`]).
 //!
 //! An implementation detail of the backends: use it through them.
 #![forbid(unsafe_code)]
 
 mod hedge;
 mod probe;
+mod recheck;
 mod redact;
 mod tls;
 
@@ -20,6 +22,7 @@ use std::sync::Arc;
 
 pub use hedge::{hedged, FIRST_HEDGE};
 pub use probe::{certificate_failure, connect_error, probe, split_host_port, Probe};
+pub use recheck::{recheck_every, unless_own_vanishes};
 pub use redact::redact;
 pub use tls::TlsConfig;
 

@@ -208,6 +208,20 @@ async fn enqueue_group(
 }
 
 pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
+    // Our entry read now and then: its heartbeat tells the wait of a hash deleted while its
+    // member stays in the queue, but not of both gone (an operator's delete that took the
+    // member too: the wait lasted until the session ahead would expire).
+    let still_there = || async move { Ok(session.read_own(own, false).await?.is_some()) };
+    fencelock_net::unless_own_vanishes(
+        session.ttl,
+        &own.key,
+        wait_for(session, own, target),
+        still_there,
+    )
+    .await
+}
+
+async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
     let generation = session.primary.generation();
     if let Some((reg, left)) = session.own_channel.covering(own, generation) {
         // The read that named `target` was sent while the session's own channel was heard,
@@ -336,7 +350,7 @@ pub(crate) async fn still_ahead(
 /// `fencelock` command ran on beside the next holder.)
 pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result<()> {
     let reg = session.notifier.register(chan_entry(&own.key)).await?;
-    let every = recheck_every(session.ttl);
+    let every = fencelock_net::recheck_every(session.ttl);
     while session.read_own(own, false).await?.is_some() {
         if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
             notified?;
@@ -344,19 +358,6 @@ pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result
     }
     Ok(())
 }
-
-/// How long a wait that a message ends (a deletion, a value, a queue's new head) waits at most
-/// before it reads again: a change outside the scripts publishes nothing (a `DEL` or `HSET`
-/// by an operator, an eviction), and a message can be lost (on a cluster it crosses the
-/// cluster bus).
-pub(crate) fn recheck_every(ttl: Duration) -> Duration {
-    (ttl / 3).clamp(OWN_CHECK_MIN, OWN_CHECK)
-}
-
-/// The longest time between two reads of an entry whose loss is awaited.
-const OWN_CHECK: Duration = Duration::from_secs(5);
-/// The shortest.
-const OWN_CHECK_MIN: Duration = Duration::from_millis(500);
 
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.

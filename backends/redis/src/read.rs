@@ -43,7 +43,7 @@ pub(crate) async fn wait_queue_change(
         // Empty: an enqueue announces its entry; read again at the latest after
         // `recheck_every` all the same (a message lost on a cluster's bus).
         None => {
-            match tokio::time::timeout(crate::queue::recheck_every(session.ttl), reg.notified())
+            match tokio::time::timeout(fencelock_net::recheck_every(session.ttl), reg.notified())
                 .await
             {
                 Ok(r) => r.map(drop),

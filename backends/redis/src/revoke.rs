@@ -38,7 +38,7 @@ pub(crate) async fn wait_revoke(session: &RedisSession, own: &Entry) -> Result<(
             // Read again at the latest after `recheck_every` (a change made outside the
             // scripts publishes nothing).
             Some(_) => {
-                let every = crate::queue::recheck_every(session.ttl);
+                let every = fencelock_net::recheck_every(session.ttl);
                 if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
                     notified?;
                 }

@@ -86,7 +86,22 @@ pub(crate) async fn wait(session: &ZkSession, own: &Entry, target: &Peer) -> Res
                 own: Some(own),
                 gone: || Ok(()),
             };
-            session.watch_data(w, |_, _| None).await
+            // Our node is checked as the watch is set, then now and then: a waiter watches
+            // only the node ahead of it, so an operator's delete of ours would be learnt only
+            // at our turn.
+            let still_there = || async move {
+                match session.client()?.check_stat(&own.key).await {
+                    Ok(stat) => Ok(stat.is_some_and(|s| s.czxid as u64 == own.token.get())),
+                    Err(e) => Err(error::map("check entry", e)),
+                }
+            };
+            fencelock_net::unless_own_vanishes(
+                session.ttl,
+                &own.key,
+                session.watch_data(w, |_, _| None),
+                still_there,
+            )
+            .await
         })
         .await
 }
