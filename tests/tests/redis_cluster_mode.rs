@@ -262,9 +262,18 @@ async fn cluster_settings() {
         .await
         .unwrap()
         .expect("redis");
+    // A standalone server first in a cluster URL whose next node is the cluster's: the
+    // cluster connects through the next node, and the server took the pub/sub connections
+    // (every handoff waited for a re-check: black-box round 20).
+    let mixed = format!(
+        "redis+cluster://{},{}",
+        server.addr(),
+        f.cluster.node(0).addr()
+    );
     for (url, why) in [
         (format!("redis+cluster://{}", server.addr()), "not a node"),
         (format!("redis://{}", f.cluster.node(0).addr()), "a node"),
+        (mixed, "a standalone server first"),
     ] {
         let r = RedisBackend::connect(&url).await;
         match r {

@@ -83,6 +83,27 @@ pub(crate) async fn connect_cluster(
     }
 }
 
+/// Whether the node of `client` answers, within `within`, that it runs without cluster mode
+/// (`INFO cluster`); `false` if it does not answer or does not say. A standalone server named
+/// in a cluster URL would take the session's pub/sub connection, and hear none of the
+/// cluster's messages: every handoff then waited for a re-check (black-box round 20).
+pub(crate) async fn not_a_cluster_node(client: &redis::Client, within: Duration) -> bool {
+    let ask = async {
+        let mut con = client.get_multiplexed_async_connection().await.ok()?;
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("cluster");
+        let info = cmd.query_async::<String>(&mut con).await.ok()?;
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix("cluster_enabled:"))
+            .map(|v| v == "0")
+    };
+    tokio::time::timeout(within, ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
 /// A connection that `open` makes, checked within the timeout (see [`connect`]), with a
 /// failure typed (probing `client`'s server for a wrong setting). One left unanswered is
 /// joined by another (see [`fencelock_net::hedged`]): `open` makes a new one each time.

@@ -58,6 +58,9 @@ pub(crate) struct Primary {
     pub(crate) runner: Runner,
 }
 
+/// How long a cluster node is given to say whether it runs in cluster mode.
+pub(crate) const NODE_CHECK: Duration = Duration::from_secs(1);
+
 /// The primary in use.
 struct Current {
     /// The primary's client; on a cluster, the client of the node for pub/sub connections.
@@ -82,6 +85,19 @@ impl Primary {
                     .cloned()
                     .ok_or_else(|| Error::invalid_config(redact(&config.url), "no node"))?;
                 let con = connect::connect_cluster(&config, &cluster, &first).await?;
+                // The node that pub/sub connections go to first: a server that answers it
+                // runs without cluster mode is a wrong URL (one that does not answer is
+                // passed over later, as a node that failed).
+                let within = config.timeout.min(NODE_CHECK);
+                if connect::not_a_cluster_node(&first, within).await {
+                    return Err(Error::invalid_config(
+                        redact(&config.url),
+                        format!(
+                            "{} is not a node of a Redis Cluster",
+                            first.get_connection_info().addr()
+                        ),
+                    ));
+                }
                 return Ok(Arc::new(Primary {
                     config,
                     base: first.clone(),
@@ -170,6 +186,11 @@ impl Primary {
     /// takes it).
     pub(crate) fn con(&self) -> RedisConnection {
         self.current().con.clone()
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        !self.nodes.is_empty()
     }
 
     /// Where the queues' keys live: one group, or a cluster's groups.

@@ -211,7 +211,16 @@ pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> 
     // Our entry read now and then: its heartbeat tells the wait of a hash deleted while its
     // member stays in the queue, but not of both gone (an operator's delete that took the
     // member too: the wait lasted until the session ahead would expire).
-    let still_there = || async move { Ok(session.read_own(own, false).await?.is_some()) };
+    let still_there = || async move {
+        if session.read_own(own, false).await?.is_some() {
+            return Ok(true);
+        }
+        // Gone: what its hash's delete left in the queue is dropped now, as its release
+        // would (the next waiter woken), not at the session's next heartbeat. The heartbeat
+        // drops it all the same if this fails.
+        let _ = remove(session, own).await;
+        Ok(false)
+    };
     fencelock_net::unless_own_vanishes(
         session.ttl,
         &own.key,

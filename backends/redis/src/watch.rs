@@ -290,6 +290,19 @@ impl Notifier {
 
     async fn connect(&self) -> Result<Conn> {
         let (client, generation) = self.primary.client();
+        // A cluster URL's next node may be a server without cluster mode, which hears none of
+        // the cluster's messages: passed over as a node that failed.
+        if self.primary.is_cluster() {
+            let within = self.timeout.min(crate::primary::NODE_CHECK);
+            if crate::connect::not_a_cluster_node(&client, within).await {
+                tracing::warn!(node = %client.get_connection_info().addr(), "a node of the cluster URL runs without cluster mode: not used for pub/sub");
+                self.primary.node_failed(&client);
+                return Err(temporary(
+                    "subscribe",
+                    "a node of the URL is not a cluster node",
+                ));
+            }
+        }
         // (On a cluster, a node that fails a connect has the next one tried from then on.)
         let pubsub = match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
             Ok(r) => r.map_err(|e| {
