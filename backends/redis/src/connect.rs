@@ -44,7 +44,7 @@ async fn connect_node(config: &RedisConfig, client: &redis::Client) -> Result<Co
 
 /// Whether the server runs with `cluster-enabled yes` (`INFO cluster`); `None` if it does not
 /// say (a user without the permission).
-async fn cluster_enabled(config: &RedisConfig, con: &mut ConnectionManager) -> Option<bool> {
+async fn cluster_enabled(config: &RedisConfig, con: &mut impl ConnectionLike) -> Option<bool> {
     let mut cmd = redis::cmd("INFO");
     cmd.arg("cluster");
     let info = tokio::time::timeout(config.timeout, cmd.query_async::<String>(con))
@@ -87,21 +87,16 @@ pub(crate) async fn connect_cluster(
 /// (`INFO cluster`); `false` if it does not answer or does not say. A standalone server named
 /// in a cluster URL would take the session's pub/sub connection, and hear none of the
 /// cluster's messages: every handoff then waited for a re-check (black-box round 20).
-pub(crate) async fn not_a_cluster_node(client: &redis::Client, within: Duration) -> bool {
+pub(crate) async fn not_a_cluster_node(
+    config: &RedisConfig,
+    client: &redis::Client,
+    within: Duration,
+) -> bool {
     let ask = async {
         let mut con = client.get_multiplexed_async_connection().await.ok()?;
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg("cluster");
-        let info = cmd.query_async::<String>(&mut con).await.ok()?;
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix("cluster_enabled:"))
-            .map(|v| v == "0")
+        cluster_enabled(config, &mut con).await
     };
-    tokio::time::timeout(within, ask)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
+    tokio::time::timeout(within, ask).await.ok().flatten() == Some(false)
 }
 
 /// A connection that `open` makes, checked within the timeout (see [`connect`]), with a

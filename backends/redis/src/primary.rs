@@ -89,7 +89,7 @@ impl Primary {
                 // runs without cluster mode is a wrong URL (one that does not answer is
                 // passed over later, as a node that failed).
                 let within = config.timeout.min(NODE_CHECK);
-                if connect::not_a_cluster_node(&first, within).await {
+                if connect::not_a_cluster_node(&config, &first, within).await {
                     return Err(Error::invalid_config(
                         redact(&config.url),
                         format!(
@@ -220,6 +220,11 @@ impl Primary {
     pub(crate) fn client(&self) -> (redis::Client, u64) {
         let c = self.current();
         (c.client.clone(), c.generation)
+    }
+
+    /// The settings it connects with.
+    pub(crate) fn config(&self) -> &RedisConfig {
+        &self.config
     }
 
     /// How long a request may wait for the server ([`RedisConfig::timeout`]).

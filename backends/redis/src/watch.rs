@@ -294,7 +294,7 @@ impl Notifier {
         // the cluster's messages: passed over as a node that failed.
         if self.primary.is_cluster() {
             let within = self.timeout.min(crate::primary::NODE_CHECK);
-            if crate::connect::not_a_cluster_node(&client, within).await {
+            if crate::connect::not_a_cluster_node(self.primary.config(), &client, within).await {
                 tracing::warn!(node = %client.get_connection_info().addr(), "a node of the cluster URL runs without cluster mode: not used for pub/sub");
                 self.primary.node_failed(&client);
                 return Err(temporary(
