@@ -67,12 +67,15 @@ impl Url {
     /// Parses `etcd://…`, `zk://…` (also `zookeeper://…`) or `redis://…`, each optionally
     /// with `USER:PASSWORD@` before the hosts.
     pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        let (typed, rest) = url.split_once("://").ok_or_else(|| {
             bad(
                 url,
                 "not a cluster URL: etcd://HOST:PORT[,HOST:PORT...][/NAMESPACE], zk://HOST:PORT[,HOST:PORT...][/CHROOT] or redis://HOST:PORT[/DB]",
             )
         })?;
+        // A scheme is case-insensitive (RFC 3986): `REDIS+CLUSTER://` was an unknown one.
+        let scheme = typed.to_ascii_lowercase();
+        let scheme = scheme.as_str();
         // `etcd://https://h:2379` (a client library's URL, scheme and all): the inner scheme
         // would read as a host and the rest as its port, masked as a possible password.
         if rest.contains("://") {

@@ -218,3 +218,19 @@ fn ports_are_numbers() {
         assert!(Url::parse(url).is_ok(), "{url}");
     }
 }
+
+/// A scheme in capitals is the same scheme (black-box round 20: "unknown scheme").
+#[test]
+fn schemes_ignore_case() {
+    assert_eq!(
+        Url::parse("REDIS+Cluster://a:1").unwrap().url,
+        Url::RedisCluster {
+            nodes: "a:1".into(),
+            tls: false
+        }
+    );
+    assert!(matches!(
+        Url::parse("ETCD://a:1").unwrap().url,
+        Url::Etcd { .. }
+    ));
+}
