@@ -433,34 +433,3 @@ pub async fn dropped_guard_releases(f: &dyn Factory) {
     assert!(tb > t);
     a.close().await.unwrap();
 }
-
-/// A waiter whose entry an operator deletes, while the holder ahead of it holds on, learns it
-/// within two of its TTLs with `EntryVanished` (it watches only the entry ahead, and looks at
-/// its own now and then; on etcd and ZooKeeper it waited as long as the holder held).
-pub async fn a_waiter_learns_its_entry_was_deleted(f: &dyn Factory) {
-    let ns = unique_namespace("waiter_entry_deleted");
-    let a = open(f, &ns, TTL).await;
-    let b = open(f, &ns, f.short_ttl()).await;
-    let held = bounded(WAIT, "lock", a.mutex("m").unwrap().lock())
-        .await
-        .unwrap();
-    let waiter = tokio::spawn({
-        let b = b.clone();
-        async move { b.mutex("m").unwrap().lock().await.map(drop) }
-    });
-    let list = wait_entries(&a, "the waiter queues", |l| l.len() == 2).await;
-    let waiting = list.into_iter().find(|k| k != held.key()).unwrap();
-    f.delete_as_admin(&waiting).await.unwrap();
-    let r = bounded(
-        f.short_ttl() * 2,
-        "the waiter learns its entry was deleted",
-        waiter,
-    )
-    .await
-    .unwrap();
-    assert!(matches!(r, Err(Error::EntryVanished { .. })), "{r:?}");
-    assert!(held.is_held());
-    held.release().await.unwrap();
-    a.close().await.unwrap();
-    b.close().await.unwrap();
-}

@@ -93,6 +93,37 @@ pub async fn entry_deleted_fires_lost(f: &dyn Factory) {
     b.close().await.unwrap();
 }
 
+/// A waiter whose entry an operator deletes, while the holder ahead of it holds on, learns it
+/// within two of its TTLs with `EntryVanished` (it watches only the entry ahead, and looks at
+/// its own now and then; on etcd and ZooKeeper it waited as long as the holder held).
+pub async fn a_waiter_learns_its_entry_was_deleted(f: &dyn Factory) {
+    let ns = unique_namespace("waiter_entry_deleted");
+    let a = open(f, &ns, TTL).await;
+    let b = open(f, &ns, f.short_ttl()).await;
+    let held = bounded(WAIT, "lock", a.mutex("m").unwrap().lock())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.mutex("m").unwrap().lock().await.map(drop) }
+    });
+    let list = wait_entries(&a, "the waiter queues", |l| l.len() == 2).await;
+    let waiting = list.into_iter().find(|k| k != held.key()).unwrap();
+    f.delete_as_admin(&waiting).await.unwrap();
+    let r = bounded(
+        f.short_ttl() * 2,
+        "the waiter learns its entry was deleted",
+        waiter,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(r, Err(Error::EntryVanished { .. })), "{r:?}");
+    assert!(held.is_held());
+    held.release().await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// A leadership and a lock whose entries were deleted from outside, still alive (not yet
 /// dropped), do not hold up the session's next campaign or lock of the same name: it used to
 /// wait behind the lost one's place in the session's local queue, for as long as that was

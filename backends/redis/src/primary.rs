@@ -188,9 +188,10 @@ impl Primary {
         self.current().con.clone()
     }
 
-    /// Whether this is a Redis Cluster.
-    pub(crate) fn is_cluster(&self) -> bool {
-        !self.nodes.is_empty()
+    /// Whether pub/sub connections now go to a node of a cluster URL that the connect did not
+    /// check for cluster mode (it checks the first: see [`Primary::connect`]).
+    pub(crate) fn on_unchecked_node(&self) -> bool {
+        !self.nodes.is_empty() && self.current().node != 0
     }
 
     /// Where the queues' keys live: one group, or a cluster's groups.

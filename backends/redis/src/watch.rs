@@ -291,8 +291,9 @@ impl Notifier {
     async fn connect(&self) -> Result<Conn> {
         let (client, generation) = self.primary.client();
         // A cluster URL's next node may be a server without cluster mode, which hears none of
-        // the cluster's messages: passed over as a node that failed.
-        if self.primary.is_cluster() {
+        // the cluster's messages: passed over as a node that failed. (The first was checked
+        // at connect: a session's first wait pays no extra round trip.)
+        if self.primary.on_unchecked_node() {
             let within = self.timeout.min(crate::primary::NODE_CHECK);
             if crate::connect::not_a_cluster_node(self.primary.config(), &client, within).await {
                 tracing::warn!(node = %client.get_connection_info().addr(), "a node of the cluster URL runs without cluster mode: not used for pub/sub");
