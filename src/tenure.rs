@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info_span, Instrument};
 
-use crate::backend::{BackendSession, Entry, QueueId};
+use crate::backend::{BackendSession, Entry, EntryKind, QueueId};
 use crate::race::{race, First};
 use crate::retry::{Backoff, Retry};
 use crate::session::{Cleanup, LocalSlot, LostReason, Shared, Undo};
@@ -40,6 +40,10 @@ pub(crate) struct Tenure {
     recorded: bool,
     /// Whether its grant had to wait for another holder.
     waited: bool,
+    /// What its grant rule looks at ahead of it (a kind, if one, and how many of the nearest;
+    /// granted while fewer are there): re-checked after a failover (see
+    /// [`BackendSession::wait_grant_lost`]).
+    window: (Option<EntryKind>, usize),
 }
 
 impl Tenure {
@@ -60,7 +64,15 @@ impl Tenure {
             ended: Arc::new(Ended::keeping(local)),
             recorded: true,
             waited: false,
+            window: (None, 1),
         }
+    }
+
+    /// The same, granted by a rule that looks at `window` ahead of it (see
+    /// [`BackendSession::still_ahead`]); an exclusive entry's, nothing ahead, by default.
+    pub(crate) fn with_window(mut self, window: (Option<EntryKind>, usize)) -> Self {
+        self.window = window;
+        self
     }
 
     /// The same, saying whether its grant had to wait for another holder.
@@ -107,14 +119,15 @@ impl Tenure {
         let session_lost = shared.lost();
         let weak = Arc::downgrade(shared);
         let remote = shared.remote.clone();
-        let (entry, queue) = (self.entry.clone(), self.queue.clone());
+        let (entry, queue, window) = (self.entry.clone(), self.queue.clone(), self.window);
         async move {
             let here = ended.wait();
             let known = race(here, session_lost);
-            match race(known, own_entry_gone(remote, entry, weak.clone())).await {
+            let gone = grant_lost(remote, entry, queue.clone(), window, weak.clone());
+            match race(known, gone).await {
                 First::Left(First::Left(r)) => r,
                 First::Left(First::Right(end)) => LostReason::Session(end),
-                First::Right(()) => ended_by_deletion(&ended, weak.upgrade().as_ref(), &queue),
+                First::Right(why) => ended_by(&ended, weak.upgrade().as_ref(), &queue, why),
             }
         }
     }
@@ -123,7 +136,12 @@ impl Tenure {
     /// now, as a `lost()` would have ended it, and `is_held()` says so. The reason it ended
     /// with.
     pub(crate) fn found_deleted(&self) -> LostReason {
-        ended_by_deletion(&self.ended, Some(self.session.shared()), &self.queue)
+        ended_by(
+            &self.ended,
+            Some(self.session.shared()),
+            &self.queue,
+            LostReason::EntryDeleted,
+        )
     }
 
     /// Fails unless the entry is still held.
@@ -200,16 +218,21 @@ impl Tenure {
     }
 }
 
-/// Ends a tenure whose entry was found deleted: for the session's reason if it has one (a
-/// session that is closing or expiring deletes its entries too), for the deletion otherwise.
-/// The reason the tenure ended with (an earlier one, if it had ended already).
+/// Ends a tenure whose entry was found deleted (or its grant gone, `why`): for the session's
+/// reason if it has one (a session that is closing or expiring deletes its entries too), for
+/// `why` otherwise. The reason the tenure ended with (an earlier one, if it had ended already).
 ///
 /// Its local slot goes at once: nothing of it is left on the cluster to wait for, and the
 /// session's next acquisition of the queue (a campaign again, while the lost leadership is
 /// still alive) waited behind the slot until the leadership was dropped, or for ever.
-fn ended_by_deletion(ended: &Ended, shared: Option<&Arc<Shared>>, queue: &QueueId) -> LostReason {
+fn ended_by(
+    ended: &Ended,
+    shared: Option<&Arc<Shared>>,
+    queue: &QueueId,
+    why: LostReason,
+) -> LostReason {
     let session_end = shared.and_then(|s| s.end());
-    let reason = session_end.map_or(LostReason::EntryDeleted, LostReason::Session);
+    let reason = session_end.map_or(why, LostReason::Session);
     if ended.first(reason) {
         crate::metrics::grant_lost(reason);
     }
@@ -220,20 +243,29 @@ fn ended_by_deletion(ended: &Ended, shared: Option<&Arc<Shared>>, queue: &QueueI
     ended.get().unwrap_or(reason)
 }
 
-/// Resolves once `entry` is gone, retrying temporary errors. Never resolves if the entry
-/// cannot be watched (a permanent error) or the session is gone: the session's own loss
-/// covers those.
-async fn own_entry_gone(remote: Arc<dyn BackendSession>, entry: Entry, session: Weak<Shared>) {
+/// Resolves once `entry`'s grant is gone (see [`BackendSession::wait_grant_lost`]), with the
+/// reason, retrying temporary errors. Never resolves if the entry cannot be watched (a
+/// permanent error) or the session is gone: the session's own loss covers those.
+async fn grant_lost(
+    remote: Arc<dyn BackendSession>,
+    entry: Entry,
+    queue: QueueId,
+    (kind, nearest): (Option<EntryKind>, usize),
+    session: Weak<Shared>,
+) -> LostReason {
     let backoff = session.upgrade().map_or_else(Backoff::new, |s| s.backoff());
     let watched = Retry::new(backoff)
         .run(
-            || remote.wait_own_gone(&entry),
+            || remote.wait_grant_lost(&entry, &queue, kind, nearest),
             |e| worth_retrying(e, &session),
         )
         .await;
-    if let Err(e) = watched {
-        debug!(error = %e, "cannot watch our entry");
-        std::future::pending().await
+    match watched {
+        Ok(why) => why,
+        Err(e) => {
+            debug!(error = %e, "cannot watch our entry");
+            std::future::pending().await
+        }
     }
 }
 

@@ -306,7 +306,8 @@ async fn acquire_recorded(
                 pending.maybe_created = false;
                 tracing::Span::current().record("token", entry.token.get());
                 debug!(key = %entry.key, "granted");
-                let tenure = Tenure::new(session.clone(), req.queue.clone(), entry, local);
+                let tenure = Tenure::new(session.clone(), req.queue.clone(), entry, local)
+                    .with_window(req.rule.window());
                 Ok(Some(if req.recorded {
                     tenure
                 } else {

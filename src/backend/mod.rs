@@ -144,7 +144,7 @@ pub use types::{
 
 pub use crate::retry::{Backoff, Retry};
 pub use crate::session::clock::Deadline;
-use crate::Result;
+use crate::{LostReason, Result};
 pub use key_value::{key_value_entry_key, key_value_queue_of};
 
 /// The largest entry value (an election candidate's published value) accepted, in bytes:
@@ -362,6 +362,33 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// a deletion that happens while the call is starting. The core calls it only while a user
     /// awaits a guard's `lost()`: a held entry costs no watch otherwise.
     async fn wait_own_gone(&self, own: &Entry) -> Result<()>;
+
+    /// Resolves once `own`, a granted entry, holds its grant no more, with the reason: gone as
+    /// [`wait_own_gone`](Self::wait_own_gone) says ([`LostReason::EntryDeleted`]), or found,
+    /// after its server was replaced by a failover that may have lost writes, with `nearest`
+    /// or more entries (of `kind`, if given) still ahead of it there: the grant rule's window,
+    /// as [`still_ahead`](Self::still_ahead) takes it ([`LostReason::Superseded`]). The core
+    /// calls it, as `wait_own_gone`, only while a user awaits a guard's `lost()`.
+    ///
+    /// Why: behind Redis Sentinel, a primary demoted by a failover takes writes until the
+    /// sentinels reconfigure it (seconds); a session still there sees the others' sessions
+    /// expire (they moved on) and is granted, then moves to the new primary, where its key is
+    /// live and its entry behind theirs. Without a re-check the two holders overlapped until
+    /// one let go (45 s in a black-box run). The default, for backends whose server is never
+    /// replaced that way (etcd and ZooKeeper replicate before they answer), waits for `own`
+    /// to go.
+    async fn wait_grant_lost(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<LostReason> {
+        let _ = (queue, kind, nearest);
+        self.wait_own_gone(own)
+            .await
+            .map(|()| LostReason::EntryDeleted)
+    }
 
     /// Deletes `entry` if it is still the same entry. Returns whether it deleted anything.
     async fn remove(&self, entry: &Entry) -> Result<bool>;

@@ -37,6 +37,10 @@ pub enum LostReason {
     EntryDeleted,
     /// It was released or resigned by its owner.
     Released,
+    /// Its server was replaced by a failover (Redis behind Sentinel, without
+    /// `wait_for_replicas`), and the new one has other entries ahead of it: the grant was made
+    /// on a server that had lost track of them.
+    Superseded,
 }
 
 impl fmt::Display for LostReason {
@@ -45,6 +49,9 @@ impl fmt::Display for LostReason {
             LostReason::Session(end) => fmt::Display::fmt(end, f),
             LostReason::EntryDeleted => f.write_str("our entry was deleted by someone else"),
             LostReason::Released => f.write_str("released by its owner"),
+            LostReason::Superseded => f.write_str(
+                "after a failover, the new server has others ahead of it: granted on a server that had lost track of them",
+            ),
         }
     }
 }

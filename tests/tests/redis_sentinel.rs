@@ -528,3 +528,92 @@ async fn sentinel_with_a_password() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
 }
+
+/// Without `wait_for_replicas`, `SENTINEL FAILOVER` leaves the old primary taking writes until
+/// the sentinels reconfigure it, seconds later. A session that heartbeats seldom (TTL 60 s)
+/// and waits there behind a holder that moved on at once (TTL 4 s) sees the holder's session
+/// expire, and is granted on the stale primary; once it moves too, the new primary has the
+/// holder's entry ahead of its own. Its `lost()` fires then (`Superseded`), bounded, while
+/// the holder still holds (black-box round 22: two `fencelock` commands side by side for
+/// 45 s). The stale grant needs the waiter to stay on the old primary until the holder's key
+/// expires there: its own heartbeat (every 20 s) asks the sentinels, and may move it first,
+/// when nothing is left to check (said in the output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_grant_on_a_demoted_primary_is_lost_after_the_move() {
+    let Some(g) = group(Failover::Command).await else {
+        return;
+    };
+    // One backend each, as two processes: each follows the primary on its own.
+    let connect = || async { RedisBackend::connect(g.url()).await.unwrap() };
+    let (holder_backend, waiter_backend) = (connect().await, connect().await);
+    let a = session_with(&holder_backend, Duration::from_secs(4)).await;
+    let b = session_with(&waiter_backend, Duration::from_secs(60)).await;
+    let held = a.mutex("stale").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("stale").unwrap();
+        async move { m.lock().await }
+    });
+    // Both entries on every server before the failover.
+    tokio::time::timeout(WITHIN, async {
+        while !(0..3).all(|i| {
+            tokio::task::block_in_place(|| {
+                g.server(i)
+                    .cli(&["ZCARD", "fencelock:q:/sentinel/stale"])
+                    .unwrap_or_default()
+                    .trim()
+                    == "2"
+            })
+        }) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the entries never reached every replica");
+    let old = tokio::task::block_in_place(|| g.primary_index());
+    tokio::task::block_in_place(|| {
+        g.command_failover();
+        g.wait_failed_over(old);
+    });
+    let stale = match tokio::time::timeout(Duration::from_secs(20), waiter).await {
+        Ok(granted) => granted.unwrap().unwrap(),
+        Err(_) => {
+            println!("the waiter moved before the holder's key expired on the old primary: no stale grant to check");
+            return;
+        }
+    };
+    println!(
+        "granted on the old primary: token {:?} while the holder's is {:?}",
+        stale.token(),
+        held.token()
+    );
+    // Either the stale grant is found lost, or (on a loaded machine, whose delays across the
+    // move can pass the holder's deadline, 3 s after its last heartbeat) the holder's:
+    // then the waiter's grant holds on the new primary, and there is nothing to check.
+    let why = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            why = stale.lost() => Some(why),
+            why = held.lost() => {
+                println!("the holder's lock was lost ({why:?}): nothing to check");
+                None
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the stale grant was never found lost (the holder's session {:?}; {})",
+            a.state(),
+            tokio::task::block_in_place(|| replication(&g))
+        )
+    });
+    let Some(why) = why else {
+        return;
+    };
+    assert_eq!(why, fencelock::LostReason::Superseded);
+    assert!(!stale.is_held());
+    assert!(held.is_held(), "the holder lost its lock: {:?}", a.state());
+    held.release().await.unwrap();
+    for s in [a, b] {
+        s.close().await.unwrap();
+    }
+}

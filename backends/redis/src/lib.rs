@@ -122,6 +122,7 @@ mod connect;
 mod error;
 mod guarded;
 mod heartbeat;
+mod held;
 mod hosts;
 pub mod layout;
 mod lifecycle;

@@ -352,22 +352,6 @@ pub(crate) async fn still_ahead(
     }
 }
 
-/// Waits for `own` to go: woken by the scripts that delete entries (on its channel), and
-/// reading it again every [`OWN_CHECK`] at most, since a deletion outside them publishes
-/// nothing: a `DEL` by an operator, an eviction under a `maxmemory` policy, a queue's key
-/// deleted. (Without the reads, such a loss went unnoticed until the entry's release: the
-/// `fencelock` command ran on beside the next holder.)
-pub(crate) async fn wait_own_gone(session: &RedisSession, own: &Entry) -> Result<()> {
-    let reg = session.notifier.register(chan_entry(&own.key)).await?;
-    let every = fencelock_net::recheck_every(session.ttl);
-    while session.read_own(own, false).await?.is_some() {
-        if let Ok(notified) = tokio::time::timeout(every, reg.notified()).await {
-            notified?;
-        }
-    }
-    Ok(())
-}
-
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);

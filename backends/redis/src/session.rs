@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use fencelock::backend::{
     BackendSession, EnqueueRequest, Enqueued, Entry, EntryInfo, EntryKind, Peer, QueueId,
 };
-use fencelock::{FencingToken, Result};
+use fencelock::{FencingToken, LostReason, Result};
 use uuid::Uuid;
 
 use crate::lifecycle::{self, RedisSession};
-use crate::{queue, read, revoke};
+use crate::{held, queue, read, revoke};
 
 #[async_trait]
 impl BackendSession for RedisSession {
@@ -55,7 +55,17 @@ impl BackendSession for RedisSession {
     }
 
     async fn wait_own_gone(&self, own: &Entry) -> Result<()> {
-        queue::wait_own_gone(self, own).await
+        held::wait_own_gone(self, own).await
+    }
+
+    async fn wait_grant_lost(
+        &self,
+        own: &Entry,
+        queue: &QueueId,
+        kind: Option<EntryKind>,
+        nearest: usize,
+    ) -> Result<LostReason> {
+        held::wait_grant_lost(self, own, queue, kind, nearest).await
     }
 
     async fn remove(&self, entry: &Entry) -> Result<bool> {
