@@ -532,14 +532,12 @@ async fn sentinel_with_a_password() {
 /// Without `wait_for_replicas`, `SENTINEL FAILOVER` leaves the old primary taking writes until
 /// the sentinels reconfigure it, seconds later. A session that heartbeats seldom (TTL 60 s)
 /// and waits there behind a holder that moved on at once (TTL 4 s) sees the holder's session
-/// expire, and is granted on the stale primary; once it moves too, the new primary has the
-/// holder's entry ahead of its own. Its `lost()` fires then (`Superseded`), bounded, while
-/// the holder still holds (black-box round 22: two `fencelock` commands side by side for
-/// 45 s). The stale grant needs the waiter to stay on the old primary until the holder's key
-/// expires there: its own heartbeat (every 20 s) asks the sentinels, and may move it first,
-/// when nothing is left to check (said in the output).
+/// expire there. It is not granted: a wait that ends by the expiry of the session ahead asks
+/// the sentinels first, and goes on on the new primary, behind the holder (black-box round
+/// 22: granted, two `fencelock` commands ran side by side for 45 s, and the next grant's
+/// token went backwards). Granted after the release, with a larger token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_a_grant_on_a_demoted_primary_is_lost_after_the_move() {
+async fn sentinel_a_demoted_primary_grants_nothing_whose_holder_moved_on() {
     let Some(g) = group(Failover::Command).await else {
         return;
     };
@@ -553,15 +551,51 @@ async fn sentinel_a_grant_on_a_demoted_primary_is_lost_after_the_move() {
         let m = b.mutex("stale").unwrap();
         async move { m.lock().await }
     });
-    // Both entries on every server before the failover.
+    on_every_server(&g, "/sentinel/stale", 2).await;
+    let old = tokio::task::block_in_place(|| g.primary_index());
+    tokio::task::block_in_place(|| {
+        g.command_failover();
+        g.wait_failed_over(old);
+    });
+    // The holder's key expires on the old primary 4 s after its move at the latest, and the
+    // sentinels reconfigure the old primary about 10 s after the failover.
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while !waiter.is_finished() && held.is_held() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "granted beside the holder (the holder's session {:?})",
+        a.state()
+    );
+    assert!(
+        waited.is_err(),
+        "the holder's lock was lost: {:?}",
+        a.state()
+    );
+    let token = held.token();
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(WITHIN, waiter)
+        .await
+        .expect("the waiter was not granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token, "{:?} after {:?}", next.token(), token);
+    next.release().await.unwrap();
+    for s in [a, b] {
+        s.close().await.unwrap();
+    }
+}
+
+/// Waits (bounded) until the queue `path` has `n` members on every server.
+async fn on_every_server(g: &SentinelGroup, path: &str, n: usize) {
+    let key = format!("fencelock:q:{path}");
     tokio::time::timeout(WITHIN, async {
         while !(0..3).all(|i| {
             tokio::task::block_in_place(|| {
-                g.server(i)
-                    .cli(&["ZCARD", "fencelock:q:/sentinel/stale"])
-                    .unwrap_or_default()
-                    .trim()
-                    == "2"
+                g.server(i).cli(&["ZCARD", &key]).unwrap_or_default().trim() == n.to_string()
             })
         }) {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -569,51 +603,83 @@ async fn sentinel_a_grant_on_a_demoted_primary_is_lost_after_the_move() {
     })
     .await
     .expect("the entries never reached every replica");
-    let old = tokio::task::block_in_place(|| g.primary_index());
-    tokio::task::block_in_place(|| {
-        g.command_failover();
-        g.wait_failed_over(old);
-    });
-    let stale = match tokio::time::timeout(Duration::from_secs(20), waiter).await {
-        Ok(granted) => granted.unwrap().unwrap(),
-        Err(_) => {
-            println!("the waiter moved before the holder's key expired on the old primary: no stale grant to check");
-            return;
-        }
-    };
-    println!(
-        "granted on the old primary: token {:?} while the holder's is {:?}",
-        stale.token(),
-        held.token()
-    );
-    // Either the stale grant is found lost, or (on a loaded machine, whose delays across the
-    // move can pass the holder's deadline, 3 s after its last heartbeat) the holder's:
-    // then the waiter's grant holds on the new primary, and there is nothing to check.
-    let why = tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::select! {
-            why = stale.lost() => Some(why),
-            why = held.lost() => {
-                println!("the holder's lock was lost ({why:?}): nothing to check");
-                None
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the stale grant was never found lost (the holder's session {:?}; {})",
-            a.state(),
-            tokio::task::block_in_place(|| replication(&g))
-        )
-    });
-    let Some(why) = why else {
+}
+
+/// A grant its session's new primary does not hold ends: after a failover (here, to a
+/// replica given a live entry ahead of the holder's, written there alone, as a demoted
+/// primary's writes are lost) the holder that awaits `lost()` reads what is ahead on the new
+/// primary, and its `lost()` fires with `Superseded` (the `fencelock` command exits 76).
+/// Without the check the holder held on beside the entry ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
+    let Some(g) = group(Failover::Command).await else {
         return;
     };
+    let backend = RedisBackend::connect(g.url()).await.unwrap();
+    let s = session_with(&backend, Duration::from_secs(30)).await;
+    // A first grant: the holder's token is above 1, the one given to the entry ahead.
+    s.mutex("first")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = s.mutex("moved").unwrap().lock().await.unwrap();
+    assert!(held.token().get() > 1);
+    on_every_server(&g, "/sentinel/moved", 1).await;
+    let old = tokio::task::block_in_place(|| g.primary_index());
+    let (next, other) = ((old + 1) % 3, (old + 2) % 3);
+    tokio::task::block_in_place(|| {
+        let ahead = "/sentinel/moved/0000000000000000000000000000000f";
+        let sid = "0000000000000000000000000000000f";
+        let r = g.server(next);
+        let run = |args: &[&str]| assert_ne!(r.cli(args).unwrap().trim(), "", "{args:?}");
+        run(&["CONFIG", "SET", "replica-read-only", "no"]);
+        run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", ahead, "1"]);
+        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "120000"]);
+        run(&[
+            "HSET",
+            &format!("fencelock:e:{ahead}"),
+            "q",
+            "/sentinel/moved",
+            "t",
+            "1",
+            "s",
+            sid,
+            "k",
+            "x",
+            "c",
+            "0",
+            "v",
+            "",
+        ]);
+        run(&["ZADD", "fencelock:q:/sentinel/moved", "1", ahead]);
+        // The failover goes to that replica.
+        run(&["CONFIG", "SET", "replica-read-only", "yes"]);
+        g.server(other)
+            .cli(&["CONFIG", "SET", "replica-priority", "0"])
+            .unwrap();
+        g.command_failover();
+        g.wait_failed_over(old);
+        assert_eq!(g.primary_index(), next);
+    });
+    let why = tokio::time::timeout(WITHIN, held.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the grant was never found lost (the session {:?}; {})",
+                s.state(),
+                tokio::task::block_in_place(|| replication(&g))
+            )
+        });
     assert_eq!(why, fencelock::LostReason::Superseded);
-    assert!(!stale.is_held());
-    assert!(held.is_held(), "the holder lost its lock: {:?}", a.state());
-    held.release().await.unwrap();
-    for s in [a, b] {
-        s.close().await.unwrap();
-    }
+    assert!(!held.is_held());
+    assert!(matches!(
+        held.release().await,
+        Err(Error::NotHeld(fencelock::LostReason::Superseded))
+    ));
+    assert_eq!(s.state(), SessionState::Live);
+    s.close().await.unwrap();
 }

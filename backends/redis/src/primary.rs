@@ -252,6 +252,21 @@ impl Primary {
         self.sentinels.is_some()
     }
 
+    /// Behind Sentinel, asks the sentinels now, and moves to the primary they name if it is
+    /// another one; whether it moved. For a grant the server would make because the sessions
+    /// ahead expired: on a primary that `SENTINEL FAILOVER` demoted and the sentinels have not
+    /// reconfigured yet, they expire because their owners moved on, and the grant would be
+    /// a second holder's (black-box round 22). Sentinels that do not answer change nothing.
+    pub(crate) async fn moved_now(self: &Arc<Self>) -> bool {
+        if self.sentinels.is_none() {
+            return false;
+        }
+        let before = self.generation();
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.resolve().await;
+        self.generation() != before
+    }
+
     /// Behind Sentinel, asks the sentinels again (in the background) at most every
     /// [`CHECK_EVERY`]: called at every heartbeat. A primary demoted by `SENTINEL FAILOVER`
     /// goes on accepting writes, which its demotion then drops, until the sentinels

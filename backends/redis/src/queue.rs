@@ -254,6 +254,8 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
     // word that the entry's hash was deleted (the core's next read says it vanished), which
     // this wait, the session's first, took a TTL of the predecessor's to learn.
     let own_channel = session.own_channel.heard(generation);
+    // Whether the read below follows the predecessor's session's expiry (see `moved_now`).
+    let mut expired = false;
     loop {
         let reply = session
             .call(
@@ -266,6 +268,14 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
         let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
             (Some(0), _) => return Err(RedisSession::vanished(own)),
+            (Some(1), Some(0)) if expired && session.primary.moved_now().await => {
+                return Err(fencelock::Error::backend(
+                    crate::error::NAME,
+                    "wait",
+                    true,
+                    "the primary moved (Sentinel): the entry ahead expired on the old one",
+                ));
+            }
             (Some(1), Some(0)) => return Ok(()),
             (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
             _ => return Err(unexpected("wait")),
@@ -301,7 +311,7 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
                     return Ok(());
                 }
             }
-            _ = tokio::time::sleep_until(until) => {}
+            _ = tokio::time::sleep_until(until) => expired = true,
         }
     }
 }
