@@ -68,6 +68,10 @@ struct Current {
     con: RedisConnection,
     /// Bumped each time the primary moves.
     generation: u64,
+    /// Behind Sentinel, the configuration epoch the sentinels named this primary with: an
+    /// answer of an older one (a sentinel not yet told of a failover) never moves back to
+    /// the primary it demoted.
+    epoch: u64,
     /// On a cluster, which of the nodes `client` is.
     node: usize,
 }
@@ -107,6 +111,7 @@ impl Primary {
                         client: first,
                         con: RedisConnection::cluster(con),
                         generation: 0,
+                        epoch: 0,
                         node: 0,
                     }),
                     resolving: AtomicBool::new(false),
@@ -116,6 +121,7 @@ impl Primary {
                 }));
             }
         };
+        let mut epoch = 0;
         let (client, con) = match &sentinels {
             None => {
                 let con = connect::connect(&config, &base).await?;
@@ -149,7 +155,10 @@ impl Primary {
                 };
                 let located = connect::probed(&config, probe, locate).await?;
                 let at = match located {
-                    Located::Primary(host, port) => (host, port),
+                    Located::Primary(host, port, at_epoch) => {
+                        epoch = at_epoch;
+                        (host, port)
+                    }
                     Located::UnknownMaster => {
                         return Err(Error::invalid_config(
                             redact(&config.url),
@@ -169,6 +178,7 @@ impl Primary {
                 client,
                 con: RedisConnection::server(con),
                 generation: 0,
+                epoch,
                 node: 0,
             }),
             resolving: AtomicBool::new(false),
@@ -308,12 +318,12 @@ impl Primary {
         let Some(sentinels) = &self.sentinels else {
             return;
         };
-        let at = match sentinels.locate(self.config.timeout).await {
-            Ok(Located::Primary(host, port)) => {
+        let (at, epoch) = match sentinels.locate(self.config.timeout).await {
+            Ok(Located::Primary(host, port, epoch)) => {
                 if self.master_unknown.swap(false, Ordering::SeqCst) {
                     tracing::info!(master = %sentinels.master, "the sentinels know the master name again");
                 }
-                (host, port)
+                ((host, port), epoch)
             }
             Ok(Located::UnknownMaster) => {
                 if !self.master_unknown.swap(true, Ordering::SeqCst) {
@@ -328,16 +338,32 @@ impl Primary {
                 return;
             }
         };
-        let same = same_addr(self.current().client.get_connection_info().addr(), &at);
-        if same {
-            return;
+        {
+            let mut cur = self.current();
+            if epoch < cur.epoch {
+                tracing::debug!(
+                    epoch,
+                    current = cur.epoch,
+                    "an older configuration named: not followed"
+                );
+                return;
+            }
+            if same_addr(cur.client.get_connection_info().addr(), &at) {
+                cur.epoch = epoch;
+                return;
+            }
         }
         match connect_to(&self.config, &self.base, at.clone()).await {
             Ok((client, con)) => {
                 let mut cur = self.current();
+                // Another question, answered meanwhile, may have moved to a newer one.
+                if epoch < cur.epoch || same_addr(cur.client.get_connection_info().addr(), &at) {
+                    return;
+                }
                 cur.client = client;
                 cur.con = RedisConnection::server(con);
                 cur.generation += 1;
+                cur.epoch = epoch;
                 tracing::info!(host = %at.0, port = at.1, "the Redis primary moved (Sentinel)");
             }
             Err(e) => tracing::debug!(error = %e, host = %at.0, port = at.1, "not the primary yet"),

@@ -4,8 +4,12 @@
 //! Written here rather than taken from redis-rs's `sentinel` module, which asks the sentinels
 //! in their configured order and waits for each answer in that order, without a timeout: one
 //! hung sentinel (a paused host) would stall every failover. Here every sentinel is asked at
-//! once, each bounded by the request timeout, and the answer of a majority wins as soon as it
-//! is in (or the answer named most, a moment after the first: see [`ANSWER_GRACE`]).
+//! once, each bounded by the request timeout, and the answers in once all are, or a moment
+//! after the first (see [`ANSWER_GRACE`]), decide: the newest configuration wins (the highest
+//! `config-epoch`, which each failover raises), then the address named most. Right after a
+//! failover a majority of the sentinels may still name the old primary, which takes writes
+//! until they reconfigure it: a majority's word alone moved sessions back to it, where their
+//! keys had expired (black-box round 22).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -25,11 +29,10 @@ pub(crate) const DEFAULT_PORT: u16 = 26379;
 /// The most sentinels a URL may name.
 pub(crate) const MAX_SENTINELS: usize = 64;
 
-/// How long the other sentinels are waited for once one has named a primary, when a majority
-/// has not (yet): then the address named most wins (the server named must still say it is a
-/// primary). Sentinels answer in about a millisecond; without it, a hung one of two (where a
-/// majority needs both) held every connect and re-check for the whole request timeout
-/// (`fencelock leader` took 5 s), and its silence changed nothing of the answer taken then.
+/// How long the other sentinels are waited for once one has named a primary (the server
+/// named must still say it is a primary). Sentinels answer in about a millisecond; without
+/// it, a hung one held every connect and re-check for the whole request timeout (`fencelock
+/// leader` took 5 s).
 const ANSWER_GRACE: Duration = Duration::from_millis(250);
 
 /// A `redis+sentinel://` (or `rediss+sentinel://`) URL taken apart.
@@ -127,18 +130,19 @@ pub(crate) struct Sentinels {
 /// What the sentinels said.
 #[derive(Debug)]
 pub(crate) enum Located {
-    /// The primary's address, named by the most sentinels that answered.
-    Primary(String, u16),
+    /// The primary's address, of the newest configuration the sentinels that answered named
+    /// (named by the most of them), and that configuration's epoch.
+    Primary(String, u16, u64),
     /// A majority of the listed sentinels answered that they do not know the master name, and
     /// none named a primary.
     UnknownMaster,
 }
 
 impl Sentinels {
-    /// Asks every sentinel at once where the primary is, each within `timeout`; returns once a
-    /// majority of the sentinels named one address, or [`ANSWER_GRACE`] after the first named
-    /// one, or once every sentinel answered or timed out (then the address named most, the
-    /// first named on a tie). Fails (temporary) if no sentinel answered.
+    /// Asks every sentinel at once where the primary is, each within `timeout`; returns once
+    /// every sentinel answered or timed out, or [`ANSWER_GRACE`] after the first named one:
+    /// the address of the highest `config-epoch` named, the one named most of those, the
+    /// first named on a tie. Fails (temporary) if no sentinel answered.
     pub(crate) async fn locate(&self, timeout: Duration) -> Result<Located> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -162,11 +166,16 @@ impl Sentinels {
                                     .await?
                             }
                         };
-                        let at = redis::cmd("SENTINEL")
-                            .arg("GET-MASTER-ADDR-BY-NAME")
+                        let master = redis::cmd("SENTINEL")
+                            .arg("MASTER")
                             .arg(&self.master)
-                            .query_async::<Option<(String, u16)>>(&mut con)
-                            .await?;
+                            .query_async::<HashMap<String, String>>(&mut con)
+                            .await;
+                        let at = match master {
+                            Ok(fields) => named(&fields),
+                            Err(e) if no_such_master(&e) => None,
+                            Err(e) => return Err(e),
+                        };
                         Ok::<_, redis::RedisError>((at, con))
                     };
                     let answer = match tokio::time::timeout(timeout, ask).await {
@@ -203,7 +212,7 @@ impl Sentinels {
             })
             .collect();
         let majority = self.clients.len() / 2 + 1;
-        let mut named: Vec<((String, u16), usize)> = Vec::new();
+        let mut named: Vec<((String, u16, u64), usize)> = Vec::new();
         let mut unknown = 0;
         let mut failures: HashMap<&str, Error> = HashMap::new();
         // Once a sentinel named a primary, the others are waited for only `ANSWER_GRACE`.
@@ -223,9 +232,6 @@ impl Sentinels {
                         Some((_, n)) => *n += 1,
                         None => named.push((at, 1)),
                     }
-                    if named.iter().any(|(_, n)| *n >= majority) {
-                        break;
-                    }
                     settle.get_or_insert(tokio::time::Instant::now() + ANSWER_GRACE);
                 }
                 Ok(None) => unknown += 1,
@@ -234,14 +240,8 @@ impl Sentinels {
                 }
             }
         }
-        // The first of the most named (`max_by_key` keeps the last of equals).
-        let best = named
-            .iter()
-            .rev()
-            .max_by_key(|(_, n)| *n)
-            .map(|(a, _)| a.clone());
-        match best {
-            Some((host, port)) => Ok(Located::Primary(host, port)),
+        match pick(&named) {
+            Some((host, port, epoch)) => Ok(Located::Primary(host, port, epoch)),
             // A setting to fix only on a majority's word: a sentinel restarted without its
             // configuration knows no master while the others, silent for now, do.
             None if unknown >= majority => Ok(Located::UnknownMaster),
@@ -287,6 +287,31 @@ impl Sentinels {
     }
 }
 
+/// Of the addresses the sentinels named (with their configuration's epoch, and how many named
+/// each), the newest configuration's, then the first of the most named.
+fn pick(named: &[((String, u16, u64), usize)]) -> Option<(String, u16, u64)> {
+    // `max_by_key` keeps the last of equals: reversed, the first named.
+    named
+        .iter()
+        .rev()
+        .max_by_key(|((_, _, epoch), n)| (*epoch, *n))
+        .map(|(a, _)| a.clone())
+}
+
+/// The address and configuration epoch in a sentinel's `SENTINEL MASTER` answer (`None` if a
+/// field is missing or malformed).
+fn named(fields: &HashMap<String, String>) -> Option<(String, u16, u64)> {
+    let ip = fields.get("ip")?.clone();
+    let port = fields.get("port")?.parse().ok()?;
+    let epoch = fields.get("config-epoch")?.parse().ok()?;
+    Some((ip, port, epoch))
+}
+
+/// Whether `e` is a sentinel's answer that it monitors no master of that name.
+fn no_such_master(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("No such master"))
+}
+
 /// Whether `e` is a refusal of our credentials or rights.
 fn refused(e: &Error) -> bool {
     matches!(
@@ -304,6 +329,23 @@ fn not_a_sentinel(e: &redis::RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_newest_configuration_wins_then_the_most_named() {
+        let at = |port, epoch| ("h".to_string(), port, epoch);
+        // Two sentinels not yet told of a failover name the old primary; one names the new.
+        assert_eq!(pick(&[(at(1, 3), 2), (at(2, 4), 1)]), Some(at(2, 4)));
+        assert_eq!(pick(&[(at(1, 4), 2), (at(2, 4), 1)]), Some(at(1, 4)));
+        assert_eq!(pick(&[(at(1, 4), 1), (at(2, 4), 1)]), Some(at(1, 4)));
+        assert_eq!(pick(&[]), None);
+        let mut fields = HashMap::new();
+        for (k, v) in [("ip", "10.0.0.1"), ("port", "6380"), ("config-epoch", "7")] {
+            fields.insert(k.to_string(), v.to_string());
+        }
+        assert_eq!(named(&fields), Some(("10.0.0.1".into(), 6380, 7)));
+        fields.remove("config-epoch");
+        assert_eq!(named(&fields), None);
+    }
 
     #[test]
     fn parses_sentinel_urls() {
