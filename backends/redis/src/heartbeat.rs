@@ -14,9 +14,19 @@ use crate::scripts;
 
 /// Renews the session (see the module's documentation).
 pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
-    session.primary.check();
     if !session.primary.behind_sentinel() {
         return beat(session).await;
+    }
+    // The sentinels asked before the beat (at most every `CHECK_EVERY`, for a moment at most:
+    // hung sentinels hold no heartbeat), so that a move found now is followed by this beat.
+    // Asked in the background, the beat went to the demoted primary, and the session's key
+    // was renewed on the new one only at the next beat, a third of the TTL later: after
+    // `SENTINEL FAILOVER`, sessions of a 5 s TTL expired there (black-box round 22).
+    if session.primary.check_due() {
+        let asked = tokio::time::timeout(CHECK_PATIENCE, session.primary.moved_now()).await;
+        if asked.is_err() {
+            session.primary.suspect();
+        }
     }
     // A primary that hangs (paused, its host suspended) answers nothing, and so nothing has
     // the sentinels asked: each heartbeat waited out the core's patience (a third of the
@@ -46,6 +56,10 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
         }
     }
 }
+
+/// How long a heartbeat waits for the sentinels before it beats (see [`keep_alive`]); past it,
+/// they are asked in the background.
+const CHECK_PATIENCE: Duration = Duration::from_millis(300);
 
 /// How often a waiting heartbeat looks whether the primary moved (see [`keep_alive`]).
 const MOVE_POLL: Duration = Duration::from_millis(100);

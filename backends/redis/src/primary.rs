@@ -282,17 +282,20 @@ impl Primary {
     /// goes on accepting writes, which its demotion then drops, until the sentinels
     /// reconfigure it (seconds later): its clients must find the new one by themselves.
     pub(crate) fn check(self: &Arc<Self>) {
-        if self.sentinels.is_none() {
-            return;
-        }
-        let due = self
-            .last
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_none_or(|t| t.elapsed() >= CHECK_EVERY);
-        if due {
+        if self.check_due() {
             self.suspect();
         }
+    }
+
+    /// Behind Sentinel, whether [`CHECK_EVERY`] has passed since the sentinels were last
+    /// asked.
+    pub(crate) fn check_due(&self) -> bool {
+        self.sentinels.is_some()
+            && self
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none_or(|t| t.elapsed() >= CHECK_EVERY)
     }
 
     /// Behind Sentinel, asks the sentinels again (in the background), unless a question is
