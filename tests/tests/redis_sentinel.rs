@@ -101,6 +101,22 @@ fn replication(g: &SentinelGroup) -> String {
         .join("; ")
 }
 
+/// Releases `held`, and returns the grant `waiter` gets then, with a larger token.
+async fn hands_over(
+    held: fencelock::Guard,
+    waiter: tokio::task::JoinHandle<fencelock::Result<fencelock::Guard>>,
+) -> fencelock::Guard {
+    let token = held.token();
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(WITHIN, waiter)
+        .await
+        .expect("the waiter was not granted after the release")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token, "{:?} after {:?}", next.token(), token);
+    next
+}
+
 /// Fails the primary over as `how` says while a session holds a lock and another waits for
 /// it (TTL [`FAILOVER_TTL`]): the holder keeps its lock, its session is Live again on the new primary, the waiter is
 /// granted after the release with a larger token, and new sessions open there.
@@ -215,14 +231,7 @@ async fn follows(how: Failover) {
         );
     }
     assert!(!waiter.is_finished(), "the waiter was granted a held lock");
-    let token = held.token();
-    held.release().await.unwrap();
-    let next = tokio::time::timeout(WITHIN, waiter)
-        .await
-        .expect("the waiter was not granted after the release")
-        .unwrap()
-        .unwrap();
-    assert!(next.token() > token, "{:?} after {:?}", next.token(), token);
+    let next = hands_over(held, waiter).await;
     next.release().await.unwrap();
 
     // New sessions open on the new primary.
@@ -593,14 +602,7 @@ async fn sentinel_a_demoted_primary_grants_nothing_whose_holder_moved_on() {
         );
         waiter
     };
-    let token = held.token();
-    held.release().await.unwrap();
-    let next = tokio::time::timeout(WITHIN, waiter)
-        .await
-        .expect("the waiter was not granted after the release")
-        .unwrap()
-        .unwrap();
-    assert!(next.token() > token, "{:?} after {:?}", next.token(), token);
+    let next = hands_over(held, waiter).await;
     next.release().await.unwrap();
     for s in [a, b] {
         s.close().await.unwrap();
