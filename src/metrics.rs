@@ -8,7 +8,7 @@
 //! | [`HANDOFFS`] | counter | `primitive` | grants that had to wait for another holder to go |
 //! | [`WAIT_SECONDS`] | histogram | `primitive` | time from the call to the grant |
 //! | [`HOLD_SECONDS`] | histogram | `primitive` | time from the grant to the release (or the loss) |
-//! | [`LOSSES`] | counter | `reason` | grants lost without a release: `entry_deleted`, and sessions lost (`expired`, `local_deadline`) |
+//! | [`LOSSES`] | counter | `reason` | grants lost without a release: `entry_deleted`, `superseded`, and sessions lost (`expired`, `local_deadline`) |
 //! | [`SESSIONS`] | gauge | `state` | open sessions by state: `live`, `suspended` |
 //! | [`HEARTBEAT_SECONDS`] | histogram | `backend` | heartbeat round-trip time |
 //! | [`RETRIES`] | counter | `backend` | requests retried after a temporary error |
@@ -119,8 +119,14 @@ pub(crate) fn tenure_ended(primitive: &'static str, name: Option<&str>, held: Du
 
 /// Records a grant lost without a release.
 pub(crate) fn grant_lost(reason: LostReason) {
-    if let LostReason::EntryDeleted = reason {
-        metrics::counter!(LOSSES, "reason" => "entry_deleted").increment(1);
+    match reason {
+        LostReason::EntryDeleted => {
+            metrics::counter!(LOSSES, "reason" => "entry_deleted").increment(1);
+        }
+        LostReason::Superseded => {
+            metrics::counter!(LOSSES, "reason" => "superseded").increment(1);
+        }
+        _ => {}
     }
 }
 

@@ -17,7 +17,7 @@ use crate::{Error, FencingToken, Result, Session};
 
 mod ended;
 mod hold;
-use ended::Ended;
+use ended::{ended_by, Ended};
 pub(crate) use hold::Hold;
 
 /// A granted entry. Keeps no task and no watch of its own: its entry is watched only while
@@ -123,11 +123,28 @@ impl Tenure {
         async move {
             let here = ended.wait();
             let known = race(here, session_lost);
-            let gone = grant_lost(remote, entry, queue.clone(), window, weak.clone());
+            let gone = grant_lost(
+                remote.clone(),
+                entry.clone(),
+                queue.clone(),
+                window,
+                weak.clone(),
+            );
             match race(known, gone).await {
                 First::Left(First::Left(r)) => r,
                 First::Left(First::Right(end)) => LostReason::Session(end),
-                First::Right(why) => ended_by(&ended, weak.upgrade().as_ref(), &queue, why),
+                First::Right(why) => {
+                    if why == LostReason::Superseded {
+                        // Still in its queue, behind others: removed before its local slot
+                        // goes, or the session's next acquisition of the lock would find it
+                        // again (its name repeats), and this grant's release delete that.
+                        let backoff = weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
+                        let _ = Retry::new(backoff)
+                            .run(|| remote.remove(&entry), |e| worth_retrying(e, &weak))
+                            .await;
+                    }
+                    ended_by(&ended, weak.upgrade().as_ref(), &queue, why)
+                }
             }
         }
     }
@@ -216,31 +233,6 @@ impl Tenure {
         drop(self.ended.take_local());
         self.session.shared().local.trim(&self.queue);
     }
-}
-
-/// Ends a tenure whose entry was found deleted (or its grant gone, `why`): for the session's
-/// reason if it has one (a session that is closing or expiring deletes its entries too), for
-/// `why` otherwise. The reason the tenure ended with (an earlier one, if it had ended already).
-///
-/// Its local slot goes at once: nothing of it is left on the cluster to wait for, and the
-/// session's next acquisition of the queue (a campaign again, while the lost leadership is
-/// still alive) waited behind the slot until the leadership was dropped, or for ever.
-fn ended_by(
-    ended: &Ended,
-    shared: Option<&Arc<Shared>>,
-    queue: &QueueId,
-    why: LostReason,
-) -> LostReason {
-    let session_end = shared.and_then(|s| s.end());
-    let reason = session_end.map_or(why, LostReason::Session);
-    if ended.first(reason) {
-        crate::metrics::grant_lost(reason);
-    }
-    drop(ended.take_local());
-    if let Some(shared) = shared {
-        shared.local.trim(queue);
-    }
-    ended.get().unwrap_or(reason)
 }
 
 /// Resolves once `entry`'s grant is gone (see [`BackendSession::wait_grant_lost`]), with the

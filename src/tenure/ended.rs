@@ -1,10 +1,11 @@
 //! The end signal of a held tenure.
 
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::Notify;
 
-use crate::session::{LocalSlot, LostReason};
+use crate::backend::QueueId;
+use crate::session::{LocalSlot, LostReason, Shared};
 
 /// Why a tenure ended, once known, and a wake-up for those awaiting it: the first reason
 /// recorded stands. One per held lock, so kept small: a `tokio::sync::watch` channel would do
@@ -62,6 +63,31 @@ impl Ended {
             notified.await;
         }
     }
+}
+
+/// Ends a tenure whose entry was found deleted (or its grant gone, `why`): for the session's
+/// reason if it has one (a session that is closing or expiring deletes its entries too), for
+/// `why` otherwise. The reason the tenure ended with (an earlier one, if it had ended already).
+///
+/// Its local slot goes at once: nothing of it is left on the cluster to wait for, and the
+/// session's next acquisition of the queue (a campaign again, while the lost leadership is
+/// still alive) waited behind the slot until the leadership was dropped, or for ever.
+pub(super) fn ended_by(
+    ended: &Ended,
+    shared: Option<&Arc<Shared>>,
+    queue: &QueueId,
+    why: LostReason,
+) -> LostReason {
+    let session_end = shared.and_then(|s| s.end());
+    let reason = session_end.map_or(why, LostReason::Session);
+    if ended.first(reason) {
+        crate::metrics::grant_lost(reason);
+    }
+    drop(ended.take_local());
+    if let Some(shared) = shared {
+        shared.local.trim(queue);
+    }
+    ended.get().unwrap_or(reason)
 }
 
 #[cfg(test)]

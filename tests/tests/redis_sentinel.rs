@@ -696,6 +696,14 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
         });
     assert_eq!(why, fencelock::LostReason::Superseded);
     assert!(!held.is_held());
+    // Its entry removed before `lost()` said so: the session's next acquisition of the lock
+    // (an entry of the same name) does not find it again.
+    let left = tokio::task::block_in_place(|| {
+        g.server(next)
+            .cli(&["ZCARD", "fencelock:q:/sentinel/moved"])
+            .unwrap()
+    });
+    assert_eq!(left.trim(), "1", "the superseded entry is still queued");
     assert!(matches!(
         held.release().await,
         Err(Error::NotHeld(fencelock::LostReason::Superseded))

@@ -23,7 +23,9 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     // was renewed on the new one only at the next beat, a third of the TTL later: after
     // `SENTINEL FAILOVER`, sessions of a 5 s TTL expired there (black-box round 22).
     if session.primary.check_due() {
-        let asked = tokio::time::timeout(CHECK_PATIENCE, session.primary.moved_now()).await;
+        // A tenth of the TTL at most: the core gives a heartbeat a third.
+        let patience = CHECK_PATIENCE.min(session.ttl / 10);
+        let asked = tokio::time::timeout(patience, session.primary.moved_now()).await;
         if asked.is_err() {
             session.primary.suspect();
         }

@@ -59,7 +59,13 @@ async fn watch(
                     Ok(ahead) if ahead.len() >= nearest => return Ok(LostReason::Superseded),
                     Ok(_) => checked = generation,
                     Err(Error::EntryVanished { .. }) => return Ok(LostReason::EntryDeleted),
-                    Err(e) => return Err(e),
+                    Err(e) if e.is_temporary() => return Err(e),
+                    // Not looked at again (its deletion still is): a permanent error here
+                    // would end the watch, and with it what the reads of `own` tell.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot read what is ahead after a move");
+                        checked = generation;
+                    }
                 }
             }
             session.primary.check();

@@ -341,26 +341,28 @@ impl Primary {
                 return;
             }
         };
-        {
+        let (older, generation, mut con) = {
             let mut cur = self.current();
-            if epoch < cur.epoch {
-                tracing::debug!(
-                    epoch,
-                    current = cur.epoch,
-                    "an older configuration named: not followed"
-                );
-                return;
-            }
             if same_addr(cur.client.get_connection_info().addr(), &at) {
+                // Lowered too: sentinels rebuilt count their epochs from 0 again.
                 cur.epoch = epoch;
                 return;
             }
+            (epoch < cur.epoch, cur.generation, cur.con.clone())
+        };
+        // An older configuration than the current primary's: sentinels not yet told of the
+        // failover that made it, naming the primary it demoted, which says it is a primary
+        // until they reconfigure it. Followed only once the current one no longer says it is
+        // one (sentinels rebuilt, their epochs from 0 again, and a failover since).
+        if older && says_primary(&mut con, self.config.timeout).await {
+            tracing::debug!(epoch, "an older configuration named: not followed");
+            return;
         }
         match connect_to(&self.config, &self.base, at.clone()).await {
             Ok((client, con)) => {
                 let mut cur = self.current();
-                // Another question, answered meanwhile, may have moved to a newer one.
-                if epoch < cur.epoch || same_addr(cur.client.get_connection_info().addr(), &at) {
+                // Another question, answered meanwhile, may have moved already.
+                if cur.generation != generation {
                     return;
                 }
                 cur.client = client;
@@ -418,18 +420,7 @@ async fn connect_to(
     let bad = |e: RedisError| Error::invalid_config(redact(&config.url), e.to_string());
     let client = redis::Client::open(info.set_addr(addr)).map_err(bad)?;
     let mut con = connect::connect(config, &client).await?;
-    let role = tokio::time::timeout(
-        config.timeout,
-        redis::cmd("ROLE").query_async::<redis::Value>(&mut con),
-    )
-    .await;
-    let is_primary = match &role {
-        Ok(Ok(redis::Value::Array(v))) => {
-            matches!(v.first(), Some(redis::Value::BulkString(r)) if r == b"master")
-        }
-        _ => false,
-    };
-    if !is_primary {
+    if !says_primary(&mut con, config.timeout).await {
         return Err(Error::Connect {
             backend: NAME,
             endpoints: format!("{host}:{port}"),
@@ -438,4 +429,15 @@ async fn connect_to(
         });
     }
     Ok((client, con))
+}
+
+/// Whether the server of `con` answers `ROLE` within `timeout` that it is a primary.
+async fn says_primary(con: &mut impl redis::aio::ConnectionLike, timeout: Duration) -> bool {
+    let cmd = redis::cmd("ROLE");
+    match tokio::time::timeout(timeout, cmd.query_async::<redis::Value>(con)).await {
+        Ok(Ok(redis::Value::Array(v))) => {
+            matches!(v.first(), Some(redis::Value::BulkString(r)) if r == b"master")
+        }
+        _ => false,
+    }
 }

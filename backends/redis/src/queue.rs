@@ -237,8 +237,11 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         // and it has been since: the target's deletion is published there. Its session's
         // expiry is not: looked at (by the core's next read) when the read said it comes.
         let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
-        if reg.news(&own.key, own.token.get(), until).await? == Some(true) {
-            session.headed(own);
+        match reg.news(&own.key, own.token.get(), until).await? {
+            Some(true) => session.headed(own),
+            // The session ahead expired, maybe on a demoted primary (see below).
+            None if session.primary.moved_now().await => return Err(moved_while_waiting()),
+            _ => {}
         }
         return Ok(());
     }
@@ -269,12 +272,7 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
             (Some(0), _) => return Err(RedisSession::vanished(own)),
             (Some(1), Some(0)) if expired && session.primary.moved_now().await => {
-                return Err(fencelock::Error::backend(
-                    crate::error::NAME,
-                    "wait",
-                    true,
-                    "the primary moved (Sentinel): the entry ahead expired on the old one",
-                ));
+                return Err(moved_while_waiting());
             }
             (Some(1), Some(0)) => return Ok(()),
             (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
@@ -314,6 +312,19 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
             _ = tokio::time::sleep_until(until) => expired = true,
         }
     }
+}
+
+/// The temporary error of a wait that found, when the session ahead expired, that the
+/// primary had moved (Sentinel): on a primary `SENTINEL FAILOVER` demoted, the others'
+/// sessions expire because they moved on, and a grant there would be a second holder's. The
+/// core retries the wait, on the new primary.
+fn moved_while_waiting() -> Error {
+    Error::backend(
+        crate::error::NAME,
+        "wait",
+        true,
+        "the primary moved (Sentinel): the entry ahead expired on the old one",
+    )
 }
 
 pub(crate) async fn still_ahead(

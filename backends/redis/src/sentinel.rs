@@ -166,17 +166,28 @@ impl Sentinels {
                                     .await?
                             }
                         };
-                        let master = redis::cmd("SENTINEL")
-                            .arg("MASTER")
+                        // The address as clients are meant to read it (during a failover the
+                        // sentinel that runs it names the promoted replica there, where
+                        // `SENTINEL MASTER` still shows the old address with the new epoch),
+                        // and the configuration's epoch. An epoch not given (an ACL user
+                        // allowed the address alone) counts as 0.
+                        let at = redis::cmd("SENTINEL")
+                            .arg("GET-MASTER-ADDR-BY-NAME")
                             .arg(&self.master)
-                            .query_async::<HashMap<String, String>>(&mut con)
-                            .await;
-                        let at = match master {
-                            Ok(fields) => named(&fields),
-                            Err(e) if no_such_master(&e) => None,
-                            Err(e) => return Err(e),
+                            .query_async::<Option<(String, u16)>>(&mut con)
+                            .await?;
+                        let epoch = match at {
+                            None => 0,
+                            Some(_) => redis::cmd("SENTINEL")
+                                .arg("MASTER")
+                                .arg(&self.master)
+                                .query_async::<HashMap<String, String>>(&mut con)
+                                .await
+                                .ok()
+                                .and_then(|f| f.get("config-epoch")?.parse().ok())
+                                .unwrap_or(0),
                         };
-                        Ok::<_, redis::RedisError>((at, con))
+                        Ok::<_, redis::RedisError>((at.map(|(h, p)| (h, p, epoch)), con))
                     };
                     let answer = match tokio::time::timeout(timeout, ask).await {
                         Ok(Ok((at, con))) => {
@@ -298,20 +309,6 @@ fn pick(named: &[((String, u16, u64), usize)]) -> Option<(String, u16, u64)> {
         .map(|(a, _)| a.clone())
 }
 
-/// The address and configuration epoch in a sentinel's `SENTINEL MASTER` answer (`None` if a
-/// field is missing or malformed).
-fn named(fields: &HashMap<String, String>) -> Option<(String, u16, u64)> {
-    let ip = fields.get("ip")?.clone();
-    let port = fields.get("port")?.parse().ok()?;
-    let epoch = fields.get("config-epoch")?.parse().ok()?;
-    Some((ip, port, epoch))
-}
-
-/// Whether `e` is a sentinel's answer that it monitors no master of that name.
-fn no_such_master(e: &redis::RedisError) -> bool {
-    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("No such master"))
-}
-
 /// Whether `e` is a refusal of our credentials or rights.
 fn refused(e: &Error) -> bool {
     matches!(
@@ -338,13 +335,6 @@ mod tests {
         assert_eq!(pick(&[(at(1, 4), 2), (at(2, 4), 1)]), Some(at(1, 4)));
         assert_eq!(pick(&[(at(1, 4), 1), (at(2, 4), 1)]), Some(at(1, 4)));
         assert_eq!(pick(&[]), None);
-        let mut fields = HashMap::new();
-        for (k, v) in [("ip", "10.0.0.1"), ("port", "6380"), ("config-epoch", "7")] {
-            fields.insert(k.to_string(), v.to_string());
-        }
-        assert_eq!(named(&fields), Some(("10.0.0.1".into(), 6380, 7)));
-        fields.remove("config-epoch");
-        assert_eq!(named(&fields), None);
     }
 
     #[test]
