@@ -17,7 +17,7 @@ use crate::{Error, FencingToken, Result, Session};
 
 mod ended;
 mod hold;
-use ended::{ended_by, Ended};
+use ended::{ended_by, mark_ended, Ended};
 pub(crate) use hold::Hold;
 
 /// A granted entry. Keeps no task and no watch of its own: its entry is watched only while
@@ -135,9 +135,11 @@ impl Tenure {
                 First::Left(First::Right(end)) => LostReason::Session(end),
                 First::Right(why) => {
                     if why == LostReason::Superseded {
+                        // Ended at once (`is_held` says so: the command's tree is killed).
                         // Still in its queue, behind others: removed before its local slot
                         // goes, or the session's next acquisition of the lock would find it
                         // again (its name repeats), and this grant's release delete that.
+                        mark_ended(&ended, weak.upgrade().as_ref(), why);
                         let backoff = weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
                         let _ = Retry::new(backoff)
                             .run(|| remote.remove(&entry), |e| worth_retrying(e, &weak))

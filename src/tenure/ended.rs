@@ -78,16 +78,27 @@ pub(super) fn ended_by(
     queue: &QueueId,
     why: LostReason,
 ) -> LostReason {
-    let session_end = shared.and_then(|s| s.end());
-    let reason = session_end.map_or(why, LostReason::Session);
-    if ended.first(reason) {
-        crate::metrics::grant_lost(reason);
-    }
+    let reason = mark_ended(ended, shared, why);
     drop(ended.take_local());
     if let Some(shared) = shared {
         shared.local.trim(queue);
     }
     ended.get().unwrap_or(reason)
+}
+
+/// Records the end of a tenure for `why`, or for its session's reason if it has one (see
+/// [`ended_by`]), without freeing its local slot; the reason it ended for.
+pub(super) fn mark_ended(
+    ended: &Ended,
+    shared: Option<&Arc<Shared>>,
+    why: LostReason,
+) -> LostReason {
+    let session_end = shared.and_then(|s| s.end());
+    let reason = session_end.map_or(why, LostReason::Session);
+    if ended.first(reason) {
+        crate::metrics::grant_lost(reason);
+    }
+    reason
 }
 
 #[cfg(test)]
