@@ -541,8 +541,10 @@ async fn sentinel_with_a_password() {
 /// Without `wait_for_replicas`, `SENTINEL FAILOVER` leaves the old primary taking writes until
 /// the sentinels reconfigure it, seconds later. A session that heartbeats seldom (TTL 60 s)
 /// and waits there behind a holder that moved on at once (TTL 4 s) sees the holder's session
-/// expire there. Most often it is not granted: a wait that ends by the expiry of the session
-/// ahead asks the sentinels first, and goes on on the new primary, behind the holder. When
+/// expire there. Most often it is not granted: a grant that the expiry of the entry ahead
+/// decides (at its deadline, or by a message from whichever script dropped it) asks the
+/// sentinels first, and goes on on the new primary, behind the holder (5 parallel runs of
+/// this file: no grant there; 2 of 5 with the check only at a wait's deadline). When
 /// the sentinels' answer does not show the move in time (a loaded machine: the answers in
 /// within a quarter of a second decide), the grant made there ends within seconds of the
 /// session's move (`Superseded`), while the holder still holds. Before, two `fencelock`

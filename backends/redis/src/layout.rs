@@ -178,7 +178,7 @@ pub(crate) fn chan_entry(name: &str) -> String {
 pub(crate) const OWN_PREFIX: &str = "fencelock:w:";
 
 /// Session `sid`'s own channel: a deletion names there the entry of the session right behind
-/// the deleted one (`NAME TOKEN head|ahead`), so that a waiter needs no subscription of its own.
+/// the deleted one (`NAME TOKEN head|expired|ahead`), so that a waiter needs no subscription of its own.
 pub(crate) fn chan_own(sid: &str) -> String {
     format!("{OWN_PREFIX}{sid}")
 }

@@ -75,7 +75,8 @@
 //! entry's hash and its sorted-set member, `PUBLISH fencelock:c:{entry} gone` (its owner's
 //! `lost()` fires), and, for the entry `next` now right behind it (token `t`, session `sid`),
 //! `PUBLISH fencelock:w:{sid} "{next} {t} head"` (`ahead` instead of `head` if the deleted
-//! entry was not the queue's head), and, if it headed the queue `{path}`, `PUBLISH
+//! entry was not the queue's head; the scripts say `expired` instead of `head` when they drop
+//! an entry whose session expired), and, if it headed the queue `{path}`, `PUBLISH
 //! fencelock:h:{path} gone` for its observers. Without those messages, the waiter behind it
 //! and the queue's observers only notice when the deleted entry's session would expire, up to
 //! a TTL later.
@@ -120,6 +121,7 @@ mod con;
 mod config;
 mod connect;
 mod error;
+mod expired;
 mod guarded;
 mod heartbeat;
 mod held;

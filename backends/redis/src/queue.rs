@@ -11,8 +11,10 @@ use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
+use crate::expired::unless_moved;
 use crate::layout::{chan_entry, filter_code, kind_code, queue_path, Group};
 use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
+use crate::own_channel::inbox::Word;
 use crate::reply::{args, array, entry, int, int_line, lines, ms, peer_lines, peers};
 use crate::scripts;
 
@@ -74,8 +76,11 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     }
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
     let wait = int_line(l.next());
+    let expired = int_line(l.next()) == Some(1);
     let ahead = peer_lines(l).ok_or_else(|| unexpected("enqueue"))?;
     session.owned().saw(&group, version, behind);
+    // A temporary error: the core abandons the attempt, on the new primary.
+    unless_moved(session, expired, "enqueue").await?;
     let own = entry(name, req.kind, token as u64);
     if !ahead.is_empty() {
         session.own_channel.record(&own, epoch, wait);
@@ -201,6 +206,7 @@ async fn enqueue_group(
                 })
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| unexpected("enqueue all"))?;
+            unless_moved(session, a.get(4).and_then(int) == Some(1), "enqueue all").await?;
             Ok(Some(entries))
         }
         _ => Err(unexpected("enqueue all")),
@@ -237,11 +243,11 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         // and it has been since: the target's deletion is published there. Its session's
         // expiry is not: looked at (by the core's next read) when the read said it comes.
         let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
-        match reg.news(&own.key, own.token.get(), until).await? {
-            Some(true) => session.headed(own),
-            // The session ahead expired, maybe on a demoted primary (see below).
-            None if session.primary.moved_now().await => return Err(moved_while_waiting()),
-            _ => {}
+        let word = reg.news(&own.key, own.token.get(), until).await?;
+        // No message by then: the session ahead expired (see `crate::expired`).
+        unless_moved(session, word.is_none_or(|w| w == Word::Expired), "wait").await?;
+        if matches!(word, Some(Word::Head | Word::Expired)) {
+            session.headed(own);
         }
         return Ok(());
     }
@@ -257,7 +263,7 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
     // word that the entry's hash was deleted (the core's next read says it vanished), which
     // this wait, the session's first, took a TTL of the predecessor's to learn.
     let own_channel = session.own_channel.heard(generation);
-    // Whether the read below follows the predecessor's session's expiry (see `moved_now`).
+    // Whether the read below follows the predecessor's session's expiry (see `crate::expired`).
     let mut expired = false;
     loop {
         let reply = session
@@ -271,10 +277,11 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
         let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
             (Some(0), _) => return Err(RedisSession::vanished(own)),
-            (Some(1), Some(0)) if expired && session.primary.moved_now().await => {
-                return Err(moved_while_waiting());
+            (Some(1), Some(0)) => {
+                // Gone; `1` next: its session's key had expired, and it was dropped now.
+                let dropped = a.get(2).and_then(int) == Some(1);
+                return unless_moved(session, expired || dropped, "wait").await;
             }
-            (Some(1), Some(0)) => return Ok(()),
             (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
             _ => return Err(unexpected("wait")),
         };
@@ -291,8 +298,9 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
             // A message to our entry: at the head (granted without a read, as below), or the
             // core's next read says what it means.
             n = news => {
-                if let Some(head) = n? {
-                    if head {
+                if let Some(word) = n? {
+                    unless_moved(session, word == Word::Expired, "wait").await?;
+                    if word != Word::Ahead {
                         session.headed(own);
                     }
                     return Ok(());
@@ -303,8 +311,11 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
                 // would be behind ours). The core's next read confirms it, unless the
                 // release named our entry, live, as the queue's new head.
                 if r? {
-                    if reg.head().as_ref() == Some(&(own.key.clone(), own.token.get())) {
-                        session.headed(own);
+                    if let Some((name, token, expired)) = reg.head() {
+                        if name == own.key && token == own.token.get() {
+                            unless_moved(session, expired, "wait").await?;
+                            session.headed(own);
+                        }
                     }
                     return Ok(());
                 }
@@ -312,19 +323,6 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
             _ = tokio::time::sleep_until(until) => expired = true,
         }
     }
-}
-
-/// The temporary error of a wait that found, when the session ahead expired, that the
-/// primary had moved (Sentinel): on a primary `SENTINEL FAILOVER` demoted, the others'
-/// sessions expire because they moved on, and a grant there would be a second holder's. The
-/// core retries the wait, on the new primary.
-fn moved_while_waiting() -> Error {
-    Error::backend(
-        crate::error::NAME,
-        "wait",
-        true,
-        "the primary moved (Sentinel): the entry ahead expired on the old one",
-    )
 }
 
 pub(crate) async fn still_ahead(
@@ -367,6 +365,7 @@ pub(crate) async fn still_ahead(
                     .own_channel
                     .record(own, epoch, a.get(2).and_then(int));
             }
+            unless_moved(session, a.get(3).and_then(int) == Some(1), "read queue").await?;
             Ok(ahead)
         }
         _ => Err(unexpected("read queue")),

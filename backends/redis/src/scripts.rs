@@ -54,7 +54,8 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// the client knows, whether to make the session's key in this group if missing ('1'), the
 /// client's time (ms since the epoch: the entry's creation time, as inspection shows it).
 /// Returns `-1` if the session is gone, else the lines `token`, `version`, `behind`, the ms
-/// left to the nearest's session (-1 unless it asked for the nearest of any kind), then
+/// left to the nearest's session (-1 unless it asked for the nearest of any kind), whether an
+/// expired entry ahead was dropped (`1`, else `0`: see `drop`), then
 /// `name`, `token`, `kind` of each entry ahead, nearest first: one bulk string, not an array,
 /// because each element of a reply costs the client's parser about 1,000 instructions
 /// (callgrind) and names have no control characters.
@@ -73,8 +74,8 @@ local want, nearest = ARGV[7], tonumber(ARGV[8])
 -- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
 -- no range read of what is ahead (callgrind: about 4,000 of the server's instructions).
 local alone = created == 1 and empty
-local out, first = {}, nil
-if not alone then out, first = ahead(path, token, want, nearest) end
+local out, first, expired = {}, nil, false
+if not alone then out, first, expired = ahead(path, token, want, nearest) end
 local wait = -1
 if want == '' and nearest == 1 then wait = first or -1 end
 if created == 1 then
@@ -97,9 +98,9 @@ if created == 1 then
   end
   if head then announce(path) end
 end
-local reply = {token, string.format('%d', after or v), late == 1 and '1' or '0', '-1'}
+local reply = {token, string.format('%d', after or v), late == 1 and '1' or '0', '-1', expired and '1' or '0'}
 if wait ~= -1 then reply[4] = string.format('%d', wait) end
-for i = 1, #out do reply[4 + i] = out[i] end
+for i = 1, #out do reply[5 + i] = out[i] end
 return table.concat(reply, '\n')
 "#,
     )
@@ -108,7 +109,8 @@ return table.concat(reply, '\n')
 /// ARGV: sid, ttl ms, the version the client knows, whether to make the session's key in this
 /// group if missing ('1'), the client's time (ms since the epoch), then (queue path, entry
 /// name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
-/// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind}.
+/// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind,
+/// whether an expired entry was dropped (1, else 0: see `drop`)}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "enqueue_all",
@@ -118,6 +120,7 @@ skey(sid)
 local v = enter(sid, ARGV[4], ARGV[2])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
+local expired = 0
 for i = 6, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
@@ -130,8 +133,10 @@ for i = 6, #ARGV, 4 do
       if redis.call('HGET', ekey(name), 's') == sid then break end
     elseif live(first) then
       return {0}
+    else
+      expired = 1
     end
-    drop(path, first)
+    drop(path, first, first ~= name)
   end
 end
 local tokens = {}
@@ -146,30 +151,30 @@ for i = 6, #ARGV, 4 do
     announce(ARGV[i])
   end
 end
-return {1, tokens, v, late}
+return {1, tokens, v, late, expired}
 "#,
     )
 });
 
 /// ARGV: queue path, entry name, token, kind filter, nearest. Returns {0} if the entry is gone,
 /// else {1, {ahead…}, the ms left to the nearest's session (-1 unless it asked for the nearest
-/// of any kind)}.
+/// of any kind), whether an expired entry ahead was dropped (1, else 0: see `drop`)}.
 pub(crate) static STILL_AHEAD: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "still_ahead",
         r#"
 if not held(ARGV[2], ARGV[3]) then return {0} end
-local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local out, first, expired = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 local wait = -1
 if ARGV[4] == '' and ARGV[5] == '1' then wait = first or -1 end
-return {1, out, wait}
+return {1, out, wait, expired and 1 or 0}
 "#,
     )
 });
 
 /// ARGV: own name, own token, target name, target token. Returns {0} if our entry is gone,
-/// {1, 0} if the target is gone (dropping it if its session is), else {1, 1, the target
-/// session's remaining ms}.
+/// {1, 0} if the target is gone ({1, 0, 1} if its session was, and it is dropped now), else
+/// {1, 1, the target session's remaining ms}.
 pub(crate) static CHECK_WAIT: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "check_wait",
@@ -181,8 +186,8 @@ local score = redis.call('ZSCORE', qkey(path), ARGV[3])
 if not score or score ~= ARGV[4] then return {1, 0} end
 local t = live(ARGV[3])
 if not t then
-  drop(path, ARGV[3])
-  return {1, 0}
+  drop(path, ARGV[3], true)
+  return {1, 0, 1}
 end
 return {1, 1, t[5]}
 "#,
@@ -306,7 +311,7 @@ while true do
   if e then
     return {first, tonumber(e[2]), e[3], redis.call('HGET', ekey(first), 'v'), e[5]}
   end
-  drop(path, first)
+  drop(path, first, true)
 end
 "#,
     )
@@ -326,7 +331,7 @@ for _, name in ipairs(redis.call('ZRANGE', qkey(path), '0', '-1')) do
     local f = redis.call('HMGET', ekey(name), 'c', 'v')
     out[#out + 1] = {name, tonumber(e[2]), e[3], e[1], f[1], f[2]}
   else
-    drop(path, name)
+    drop(path, name, true)
   end
 end
 return out

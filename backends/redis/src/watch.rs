@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{map, temporary};
 use crate::layout::OWN_PREFIX;
-use crate::own_channel::inbox::{self, Inbox};
+use crate::own_channel::inbox::{self, Inbox, Word};
 use crate::primary::Primary;
 
 /// How often an idle pub/sub connection is checked with a `PING` (more often for short TTLs:
@@ -102,9 +102,10 @@ struct Signal {
     broken: AtomicBool,
     /// Whether a `gone` message (the entry was deleted) arrived since the last wait.
     gone: AtomicBool,
-    /// The live entry that the deletion left at the head of the queue, and its token, if its
-    /// message named one (`gone NAME TOKEN`).
-    head: StdMutex<Option<(String, u64)>>,
+    /// The live entry that the deletion left at the head of the queue, its token, and whether
+    /// the deleted entry had expired, if its message named one (`gone NAME TOKEN`, `gone NAME
+    /// TOKEN expired`: see [`crate::expired`]).
+    head: StdMutex<Option<(String, u64, bool)>>,
     /// On a session's own channel: what arrived for its entries, and who listens.
     inbox: StdMutex<Inbox>,
 }
@@ -137,9 +138,10 @@ impl Registration {
     }
 
     /// The entry (name, token) that the deletion [`notified`](Self::notified) reported left,
-    /// live, at the head of its queue, if the message named one. (A message may be late, or
-    /// come twice: only an entry with that very token may rely on it.)
-    pub(crate) fn head(&self) -> Option<(String, u64)> {
+    /// live, at the head of its queue, if the message named one, and whether the deleted entry
+    /// had expired. (A message may be late, or come twice: only an entry with that very token
+    /// may rely on it.)
+    pub(crate) fn head(&self) -> Option<(String, u64, bool)> {
         self.signal
             .head
             .lock()
@@ -158,7 +160,7 @@ impl Registration {
         name: &str,
         token: u64,
         until: tokio::time::Instant,
-    ) -> Result<Option<bool>> {
+    ) -> Result<Option<Word>> {
         inbox::news(&self.signal.inbox, &self.signal.broken, name, token, until).await
     }
 
@@ -363,13 +365,19 @@ impl Notifier {
                     let head = payload
                         .strip_prefix(b"gone ")
                         .and_then(|h| std::str::from_utf8(h).ok())
-                        .and_then(|h| h.rsplit_once(' '))
-                        .and_then(|(name, token)| Some((name, token.parse::<u64>().ok()?)));
+                        .map(|h| match h.strip_suffix(" expired") {
+                            Some(h) => (h, true),
+                            None => (h, false),
+                        })
+                        .and_then(|(h, expired)| Some((h.rsplit_once(' ')?, expired)))
+                        .and_then(|((name, token), expired)| {
+                            Some((name, token.parse::<u64>().ok()?, expired))
+                        });
                     for (_, signal) in list {
                         if gone {
-                            if let Some((name, token)) = head {
+                            if let Some((name, token, expired)) = head {
                                 *signal.head.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some((name.to_string(), token));
+                                    Some((name.to_string(), token, expired));
                             }
                             signal.gone.store(true, Ordering::SeqCst);
                         }

@@ -99,8 +99,12 @@ end
 -- later). The token, because names repeat (a session's entry in a mutex's queue has the same
 -- name each time) and a message can arrive late (on a cluster it reaches the subscriber's node
 -- over the cluster bus, after the script's reply, and may find a later wait of the same name):
--- only the entry it names, not a later one of the same name, may skip the read.
-local function drop(path, name)
+-- only the entry it names, not a later one of the same name, may skip the read. `expired`: it
+-- is dropped because its session's key (or its hash) expired, not by its owner; the messages
+-- that grant say so ('NAME TOKEN expired', 'gone NAME TOKEN expired'): behind Sentinel, such
+-- a grant asks the sentinels first (on a primary demoted but not yet reconfigured, entries
+-- expire because their owners moved on to the new one).
+local function drop(path, name, expired)
   local q = qkey(path)
   -- The first two members: whether it heads the queue, and which entry heads it next.
   local first = redis.call('ZRANGE', q, '0', '1')
@@ -121,8 +125,16 @@ local function drop(path, name)
   redis.call('DEL', ekey(name))
   local note = 'gone'
   if e then
-    if was_head then note = 'gone ' .. after .. ' ' .. e[2] end
-    redis.call('PUBLISH', C .. ':w:' .. e[1], after .. ' ' .. e[2] .. (was_head and ' head' or ' ahead'))
+    local word = 'ahead'
+    if was_head then
+      note = 'gone ' .. after .. ' ' .. e[2]
+      word = 'head'
+      if expired then
+        note = note .. ' expired'
+        word = 'expired'
+      end
+    end
+    redis.call('PUBLISH', C .. ':w:' .. e[1], after .. ' ' .. e[2] .. ' ' .. word)
   end
   redis.call('PUBLISH', C .. ':c:' .. name, note)
   if was_head then redis.call('PUBLISH', C .. ':h:' .. path, 'gone') end
@@ -163,12 +175,12 @@ end
 -- The `nearest` live entries of queue `path` before token `below` (a token as text: the
 -- client's, or as `create` wrote it), only of kind `want` unless it is '', nearest first, as
 -- {name, token, kind, ...} (tokens as text), and the ms left to the nearest's session (nil if
--- none). Dead entries met on the way are dropped. Reads only as far as it must: its cost
+-- none), and whether it dropped a dead entry met on the way (see `drop`). Reads only as far as it must: its cost
 -- depends on `nearest`, not on the queue's length (any kind wanted: `nearest` members at first,
 -- most often all it needs; else 16 at a time).
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
-  local out, found, first = {}, 0, nil
+  local out, found, first, expired = {}, 0, nil, false
   local cursor = '(' .. below
   local size = '16'
   if want == '' and nearest < 16 then size = tostring(nearest) end
@@ -180,7 +192,8 @@ local function ahead(path, below, want, nearest)
       cursor = '(' .. batch[i + 1]
       local e = live(name)
       if not e then
-        drop(path, name)
+        drop(path, name, true)
+        expired = true
       elseif want == '' or e[3] == want then
         out[#out + 1] = name
         out[#out + 1] = e[2]
@@ -192,7 +205,7 @@ local function ahead(path, below, want, nearest)
     end
     size = '16'
   end
-  return out, first
+  return out, first, expired
 end
 -- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
 -- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
