@@ -713,3 +713,93 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
     assert_eq!(s.state(), SessionState::Live);
     s.close().await.unwrap();
 }
+
+/// How many commands the sentinels of `g` have processed (a sentinel's `INFO` has no
+/// `commandstats`; this counts their pings of each other too, and `redis-cli`'s `INFO`).
+fn sentinel_commands(g: &SentinelGroup) -> u64 {
+    (0..3)
+        .map(|i| {
+            g.sentinel_cli(i, &["INFO", "stats"])
+                .lines()
+                .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// A grant that an entry's expiry decides asks the sentinels first (see the test above), and
+/// the waits a crashed process's expiry ends all at once share one question: here 30 waiters
+/// behind the entries of a session whose key expires (written by hand, as a killed process
+/// leaves them) are all granted, and the sentinels answer far fewer than one question per
+/// grant (each question is two commands to each of the three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_expired_entries_ask_the_sentinels_once_for_all() {
+    const LOCKS: usize = 30;
+    let Some(g) = group(Failover::Command).await else {
+        return;
+    };
+    let backend = RedisBackend::connect(g.url()).await.unwrap();
+    let s = session_with(&backend, Duration::from_secs(30)).await;
+    // The token counter past 1, the token of the entries written by hand.
+    let first = s.mutex("first").unwrap().lock().await.unwrap();
+    first.release().await.unwrap();
+    let sid = "0000000000000000000000000000000e";
+    tokio::task::block_in_place(|| {
+        let p = g.server(g.primary_index());
+        let run = |args: &[&str]| assert_ne!(p.cli(args).unwrap().trim(), "", "{args:?}");
+        for i in 0..LOCKS {
+            let (queue, entry) = (
+                format!("/sentinel/crashed{i}"),
+                format!("/sentinel/crashed{i}/{sid}"),
+            );
+            run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", &entry, "1"]);
+            run(&[
+                "HSET",
+                &format!("fencelock:e:{entry}"),
+                "q",
+                &queue,
+                "t",
+                "1",
+                "s",
+                sid,
+                "k",
+                "x",
+                "c",
+                "0",
+                "v",
+                "",
+            ]);
+            run(&["ZADD", &format!("fencelock:q:{queue}"), "1", &entry]);
+        }
+        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "3000"]);
+    });
+    let before = tokio::task::block_in_place(|| sentinel_commands(&g));
+    let waits: Vec<_> = (0..LOCKS)
+        .map(|i| {
+            let m = s.mutex(&format!("crashed{i}")).unwrap();
+            tokio::spawn(async move { m.lock().await })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for w in waits {
+        let guard = tokio::time::timeout(WITHIN, w)
+            .await
+            .expect("a waiter behind an expired entry was never granted")
+            .unwrap()
+            .unwrap();
+        assert!(guard.token().get() > 1);
+        granted.push(guard);
+    }
+    let asked = tokio::task::block_in_place(|| sentinel_commands(&g)) - before;
+    // One question per grant would be 30 × 6 = 180 commands; heartbeats ask once a second.
+    assert!(
+        asked < 60,
+        "{asked} sentinel commands for {LOCKS} grants that expiries decided"
+    );
+    println!("{asked} sentinel commands for {LOCKS} grants that expiries decided");
+    for guard in granted {
+        guard.release().await.unwrap();
+    }
+    s.close().await.unwrap();
+}

@@ -15,7 +15,7 @@
 //! notice the new generation and reconnect. Nothing is carried over: a session whose key the
 //! new primary does not have is lost at its next heartbeat, never resurrected.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ use crate::error::NAME;
 use crate::layout::Groups;
 use crate::scripts::Runner;
 use crate::sentinel::{Located, Sentinels};
+
+mod ask;
 
 /// The shortest time between two questions to the sentinels.
 pub(crate) const RESOLVE_EVERY: Duration = Duration::from_millis(200);
@@ -51,6 +53,9 @@ pub(crate) struct Primary {
     resolving: AtomicBool,
     /// When the last resolution started.
     last: StdMutex<Option<Instant>>,
+    /// Held while [`Primary::moved_now`] asks, and how many of its questions were answered.
+    asking: tokio::sync::Mutex<()>,
+    answered: AtomicU64,
     /// Whether the last answer of the sentinels was that they know no master of that name
     /// (warned once, not at every resolution: up to five a second while it lasts).
     master_unknown: AtomicBool,
@@ -117,6 +122,8 @@ impl Primary {
                     resolving: AtomicBool::new(false),
                     runner: Runner::default(),
                     last: StdMutex::new(None),
+                    asking: tokio::sync::Mutex::new(()),
+                    answered: AtomicU64::new(0),
                     master_unknown: AtomicBool::new(false),
                 }));
             }
@@ -184,6 +191,8 @@ impl Primary {
             resolving: AtomicBool::new(false),
             runner: Runner::default(),
             last: StdMutex::new(None),
+            asking: tokio::sync::Mutex::new(()),
+            answered: AtomicU64::new(0),
             master_unknown: AtomicBool::new(false),
         }))
     }
@@ -255,65 +264,6 @@ impl Primary {
             self.suspect();
         }
         crate::error::map(op, e)
-    }
-
-    /// Whether the primary is the one the sentinels name (a `redis+sentinel://` URL).
-    pub(crate) fn behind_sentinel(&self) -> bool {
-        self.sentinels.is_some()
-    }
-
-    /// Behind Sentinel, asks the sentinels now, and moves to the primary they name if it is
-    /// another one; whether it moved. For a grant the server would make because the sessions
-    /// ahead expired: on a primary that `SENTINEL FAILOVER` demoted and the sentinels have not
-    /// reconfigured yet, they expire because their owners moved on, and the grant would be
-    /// a second holder's (black-box round 22). Sentinels that do not answer change nothing.
-    pub(crate) async fn moved_now(self: &Arc<Self>) -> bool {
-        if self.sentinels.is_none() {
-            return false;
-        }
-        let before = self.generation();
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        self.resolve().await;
-        self.generation() != before
-    }
-
-    /// Behind Sentinel, asks the sentinels again (in the background) at most every
-    /// [`CHECK_EVERY`]: called at every heartbeat. A primary demoted by `SENTINEL FAILOVER`
-    /// goes on accepting writes, which its demotion then drops, until the sentinels
-    /// reconfigure it (seconds later): its clients must find the new one by themselves.
-    pub(crate) fn check(self: &Arc<Self>) {
-        if self.check_due() {
-            self.suspect();
-        }
-    }
-
-    /// Behind Sentinel, whether [`CHECK_EVERY`] has passed since the sentinels were last
-    /// asked.
-    pub(crate) fn check_due(&self) -> bool {
-        self.sentinels.is_some()
-            && self
-                .last
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_none_or(|t| t.elapsed() >= CHECK_EVERY)
-    }
-
-    /// Behind Sentinel, asks the sentinels again (in the background), unless a question is
-    /// under way or was asked less than [`RESOLVE_EVERY`] ago: a request met something that a
-    /// failover causes (also: fewer replicas than required acknowledged a write).
-    pub(crate) fn suspect(self: &Arc<Self>) {
-        if self.sentinels.is_none() || self.resolving.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        let primary = self.clone();
-        tokio::spawn(async move {
-            primary.resolve().await;
-            // Spaced out: a primary that is down fails every request until the sentinels
-            // agree on another.
-            tokio::time::sleep(RESOLVE_EVERY).await;
-            primary.resolving.store(false, Ordering::SeqCst);
-        });
     }
 
     /// Asks the sentinels, and moves to the primary they name if it is another one.
