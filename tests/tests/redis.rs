@@ -1039,3 +1039,83 @@ async fn a_waiter_out_of_its_deleted_queue_is_not_granted() {
         s.close().await.unwrap();
     }
 }
+
+/// An entry dropped because its session's key expired (not by its owner: here an entry written
+/// by hand, as a killed process leaves it) marks its queue for 10 s (`fencelock:x:{path}`),
+/// and tells the waiter now at the head `expired`, not `head`: behind Sentinel, a grant that
+/// follows such a drop asks the sentinels first (`redis_sentinel.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_entry_dropped_marks_its_queue_and_says_so() {
+    use fencelock_integration::servers::redis as harness;
+    use futures::StreamExt;
+    let Some(server) = harness::shared() else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("expired_mark");
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let s = Session::builder(backend)
+        .namespace(ns.as_str())
+        .start()
+        .await
+        .unwrap();
+    let (queue, sid) = (format!("{ns}/m"), "0000000000000000000000000000000d");
+    let dead = format!("{queue}/{sid}");
+    tokio::task::block_in_place(|| {
+        let run = |args: &[&str]| assert_ne!(server.cli(args).unwrap().trim(), "", "{args:?}");
+        run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", &dead, "1"]);
+        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "1500"]);
+        run(&[
+            "HSET",
+            &format!("fencelock:e:{dead}"),
+            "q",
+            &queue,
+            "t",
+            "1",
+            "s",
+            sid,
+            "k",
+            "x",
+            "c",
+            "0",
+            "v",
+            "",
+        ]);
+        run(&["ZADD", &format!("fencelock:q:{queue}"), "1", &dead]);
+    });
+    let mut own = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    own.subscribe(format!("fencelock:w:{}", s.id()))
+        .await
+        .unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), s.mutex("m").unwrap().lock())
+        .await
+        .expect("never granted after the entry ahead expired")
+        .unwrap();
+    let said: String = tokio::time::timeout(Duration::from_secs(5), own.on_message().next())
+        .await
+        .expect("no message on the waiter's own channel")
+        .unwrap()
+        .get_payload()
+        .unwrap();
+    assert_eq!(
+        said,
+        format!("{} {} expired", guard.key(), guard.token().get())
+    );
+    let left: i64 = tokio::task::block_in_place(|| {
+        server
+            .cli(&["PTTL", &format!("fencelock:x:{queue}")])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    });
+    assert!(
+        (1..=10_000).contains(&left),
+        "the queue's mark: PTTL {left}"
+    );
+    guard.release().await.unwrap();
+    s.close().await.unwrap();
+}

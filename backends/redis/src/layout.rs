@@ -7,6 +7,7 @@
 //! | read-write lock `{namespace}/{name}` | `fencelock:q:{namespace}/{name}//rw` | sorted set, likewise |
 //! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms since the epoch, the creating client's clock), `v` value |
 //! | the token counter | `fencelock:t` | integer, never expires |
+//! | queue `{path}` had an entry dropped as expired (not by its owner) lately | `fencelock:x:{path}` | string `1`; `PX` 10 s (see `crate::expired`) |
 //!
 //! Session ids are random (128 bits, hex). One token counter serves every namespace: two
 //! namespaces can name the same queue (`/svc` + `x` and `` + `svc/x`), whose order must be one.

@@ -15,7 +15,7 @@
 //! notice the new generation and reconnect. Nothing is carried over: a session whose key the
 //! new primary does not have is lost at its next heartbeat, never resurrected.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -53,9 +53,8 @@ pub(crate) struct Primary {
     resolving: AtomicBool,
     /// When the last resolution started.
     last: StdMutex<Option<Instant>>,
-    /// Held while [`Primary::moved_now`] asks, and how many of its questions were answered.
-    asking: tokio::sync::Mutex<()>,
-    answered: AtomicU64,
+    /// Held while [`Primary::moved_now`] asks; when its last answered question started.
+    asking: tokio::sync::Mutex<Option<Instant>>,
     /// Whether the last answer of the sentinels was that they know no master of that name
     /// (warned once, not at every resolution: up to five a second while it lasts).
     master_unknown: AtomicBool,
@@ -122,8 +121,7 @@ impl Primary {
                     resolving: AtomicBool::new(false),
                     runner: Runner::default(),
                     last: StdMutex::new(None),
-                    asking: tokio::sync::Mutex::new(()),
-                    answered: AtomicU64::new(0),
+                    asking: tokio::sync::Mutex::new(None),
                     master_unknown: AtomicBool::new(false),
                 }));
             }
@@ -191,8 +189,7 @@ impl Primary {
             resolving: AtomicBool::new(false),
             runner: Runner::default(),
             last: StdMutex::new(None),
-            asking: tokio::sync::Mutex::new(()),
-            answered: AtomicU64::new(0),
+            asking: tokio::sync::Mutex::new(None),
             master_unknown: AtomicBool::new(false),
         }))
     }

@@ -2,7 +2,6 @@
 //! the entries ahead, re-read them, remove or abandon an entry, set its value.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use fencelock::backend::{
     key_value_entry_key, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
@@ -11,12 +10,14 @@ use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
-use crate::expired::unless_moved;
-use crate::layout::{chan_entry, filter_code, kind_code, queue_path, Group};
-use crate::lifecycle::{check_value, RedisSession, EXPIRY_SLACK};
-use crate::own_channel::inbox::Word;
+use crate::expired::{ask_recent, unless_moved};
+use crate::layout::{filter_code, kind_code, queue_path, Group};
+use crate::lifecycle::{check_value, RedisSession};
 use crate::reply::{args, array, entry, int, int_line, lines, ms, peer_lines, peers};
 use crate::scripts;
+
+mod wait;
+pub(crate) use wait::wait;
 
 /// The time an entry is created at, as inspection shows it: this client's clock, in ms since
 /// the epoch (the server's `TIME` cost a script as much as any two of its other steps).
@@ -30,7 +31,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     check_value(req.value)?;
     let name = key_value_entry_key(req.queue, &session.sid, req.kind, req.attempt);
     let group = session.groups.of_queue(req.queue);
-    let _changing = session.gate.read().await;
+    let changing = session.gate.read().await;
     // Tracked with its group counted in, at once: a heartbeat in between would let the
     // group go while this create makes the session's key there.
     // Counted once per attempt: a retry may find what the first try created.
@@ -53,9 +54,11 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         session.known(&group),
         if entering { "1" } else { "0" },
         now_ms(),
+        ask_recent(session),
     ];
     // Before it is sent: a deletion after the create is published there from then on.
-    let epoch = session.own_channel.epoch(session.primary.generation());
+    let generation = session.primary.generation();
+    let epoch = session.own_channel.epoch(generation);
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
         .await
@@ -79,8 +82,10 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     let expired = int_line(l.next()) == Some(1);
     let ahead = peer_lines(l).ok_or_else(|| unexpected("enqueue"))?;
     session.owned().saw(&group, version, behind);
-    // A temporary error: the core abandons the attempt, on the new primary.
-    unless_moved(session, expired, "enqueue").await?;
+    drop(changing);
+    // If it grants (a temporary error: the core abandons the attempt, on the new primary).
+    let grants = ahead.len() < req.ahead.nearest;
+    unless_moved(session, expired && grants, generation, "enqueue").await?;
     let own = entry(name, req.kind, token as u64);
     if !ahead.is_empty() {
         session.own_channel.record(&own, epoch, wait);
@@ -135,7 +140,7 @@ async fn enqueue_group(
     let Some(first) = reqs.first() else {
         return Ok(Some(Vec::new()));
     };
-    let _changing = session.gate.read().await;
+    let changing = session.gate.read().await;
     let names: Vec<String> = reqs
         .iter()
         .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
@@ -156,6 +161,7 @@ async fn enqueue_group(
         session.known(group),
         if entering { "1" } else { "0" },
         now_ms(),
+        ask_recent(session),
     ];
     for (r, name) in reqs.iter().zip(&names) {
         args.push(queue_path(r.queue))
@@ -169,6 +175,7 @@ async fn enqueue_group(
             o.untrack(name);
         }
     };
+    let generation = session.primary.generation();
     let reply = match session
         .create_call("enqueue all", &scripts::ENQUEUE_ALL, group, args)
         .await
@@ -206,122 +213,12 @@ async fn enqueue_group(
                 })
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| unexpected("enqueue all"))?;
-            unless_moved(session, a.get(4).and_then(int) == Some(1), "enqueue all").await?;
+            drop(changing);
+            let expired = a.get(4).and_then(int) == Some(1);
+            unless_moved(session, expired, generation, "enqueue all").await?;
             Ok(Some(entries))
         }
         _ => Err(unexpected("enqueue all")),
-    }
-}
-
-pub(crate) async fn wait(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
-    // Our entry read now and then: its heartbeat tells the wait of a hash deleted while its
-    // member stays in the queue, but not of both gone (an operator's delete that took the
-    // member too: the wait lasted until the session ahead would expire).
-    let still_there = || async move {
-        if session.read_own(own, false).await?.is_some() {
-            return Ok(true);
-        }
-        // Gone: what its hash's delete left in the queue is dropped now, as its release
-        // would (the next waiter woken), not at the session's next heartbeat. The heartbeat
-        // drops it all the same if this fails.
-        let _ = remove(session, own).await;
-        Ok(false)
-    };
-    fencelock_net::unless_own_vanishes(
-        session.ttl,
-        &own.key,
-        wait_for(session, own, target),
-        still_there,
-    )
-    .await
-}
-
-async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<()> {
-    let generation = session.primary.generation();
-    if let Some((reg, left)) = session.own_channel.covering(own, generation) {
-        // The read that named `target` was sent while the session's own channel was heard,
-        // and it has been since: the target's deletion is published there. Its session's
-        // expiry is not: looked at (by the core's next read) when the read said it comes.
-        let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
-        let word = reg.news(&own.key, own.token.get(), until).await?;
-        // No message by then: the session ahead expired (see `crate::expired`).
-        unless_moved(session, word.is_none_or(|w| w == Word::Expired), "wait").await?;
-        if matches!(word, Some(Word::Head | Word::Expired)) {
-            session.headed(own);
-        }
-        return Ok(());
-    }
-    // Heard from now on: the reads that follow this wait are covered.
-    session
-        .own_channel
-        .ensure(&session.notifier, &session.sid, generation)
-        .await?;
-    // Subscribed before the read: a deletion between the two is not missed.
-    let group = session.entry_group(&own.key)?;
-    let reg = session.notifier.register(chan_entry(&target.key)).await?;
-    // What the session's own channel says of our entry is heard here too: its heartbeat's
-    // word that the entry's hash was deleted (the core's next read says it vanished), which
-    // this wait, the session's first, took a TTL of the predecessor's to learn.
-    let own_channel = session.own_channel.heard(generation);
-    // Whether the read below follows the predecessor's session's expiry (see `crate::expired`).
-    let mut expired = false;
-    loop {
-        let reply = session
-            .call(
-                "wait",
-                &scripts::CHECK_WAIT,
-                &group,
-                args![&own.key, own.token.get(), &target.key, target.order,],
-            )
-            .await?;
-        let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
-        let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
-            (Some(0), _) => return Err(RedisSession::vanished(own)),
-            (Some(1), Some(0)) => {
-                // Gone; `1` next: its session's key had expired, and it was dropped now.
-                let dropped = a.get(2).and_then(int) == Some(1);
-                return unless_moved(session, expired || dropped, "wait").await;
-            }
-            (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
-            _ => return Err(unexpected("wait")),
-        };
-        // The predecessor's session expires without a message: check again when it would.
-        let left = u64::try_from(left).map_or(session.ttl, Duration::from_millis);
-        let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
-        let news = async {
-            match &own_channel {
-                Some(own_reg) => own_reg.news(&own.key, own.token.get(), until).await,
-                None => Ok(std::future::pending().await),
-            }
-        };
-        tokio::select! {
-            // A message to our entry: at the head (granted without a read, as below), or the
-            // core's next read says what it means.
-            n = news => {
-                if let Some(word) = n? {
-                    unless_moved(session, word == Word::Expired, "wait").await?;
-                    if word != Word::Ahead {
-                        session.headed(own);
-                    }
-                    return Ok(());
-                }
-            }
-            r = reg.notified() => {
-                // Deleted after we subscribed: gone (a newer entry under the same name
-                // would be behind ours). The core's next read confirms it, unless the
-                // release named our entry, live, as the queue's new head.
-                if r? {
-                    if let Some((name, token, expired)) = reg.head() {
-                        if name == own.key && token == own.token.get() {
-                            unless_moved(session, expired, "wait").await?;
-                            session.headed(own);
-                        }
-                    }
-                    return Ok(());
-                }
-            }
-            _ = tokio::time::sleep_until(until) => expired = true,
-        }
     }
 }
 
@@ -337,7 +234,8 @@ pub(crate) async fn still_ahead(
     if session.took_head(own) {
         return Ok(Vec::new());
     }
-    let epoch = session.own_channel.epoch(session.primary.generation());
+    let generation = session.primary.generation();
+    let epoch = session.own_channel.epoch(generation);
     let reply = session
         .call(
             "read queue",
@@ -349,6 +247,7 @@ pub(crate) async fn still_ahead(
                 own.token.get(),
                 filter_code(kind),
                 nearest,
+                ask_recent(session),
             ],
         )
         .await?;
@@ -365,7 +264,9 @@ pub(crate) async fn still_ahead(
                     .own_channel
                     .record(own, epoch, a.get(2).and_then(int));
             }
-            unless_moved(session, a.get(3).and_then(int) == Some(1), "read queue").await?;
+            // If it grants: fewer than `nearest` ahead (see `Rule::window` in the core).
+            let expired = a.get(3).and_then(int) == Some(1) && ahead.len() < nearest;
+            unless_moved(session, expired, generation, "read queue").await?;
             Ok(ahead)
         }
         _ => Err(unexpected("read queue")),

@@ -52,10 +52,11 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 
 /// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
 /// the client knows, whether to make the session's key in this group if missing ('1'), the
-/// client's time (ms since the epoch: the entry's creation time, as inspection shows it).
-/// Returns `-1` if the session is gone, else the lines `token`, `version`, `behind`, the ms
-/// left to the nearest's session (-1 unless it asked for the nearest of any kind), whether an
-/// expired entry ahead was dropped (`1`, else `0`: see `drop`), then
+/// client's time (ms since the epoch: the entry's creation time, as inspection shows it),
+/// whether to report `recent` ('1'). Returns `-1` if the session is gone, else the lines
+/// `token`, `version`, `behind`, the ms left to the nearest's session (-1 unless it asked for
+/// the nearest of any kind), whether an entry of the queue was dropped as expired lately (`1`,
+/// else `0`: see `drop`), then
 /// `name`, `token`, `kind` of each entry ahead, nearest first: one bulk string, not an array,
 /// because each element of a reply costs the client's parser about 1,000 instructions
 /// (callgrind) and names have no control characters.
@@ -74,8 +75,9 @@ local want, nearest = ARGV[7], tonumber(ARGV[8])
 -- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
 -- no range read of what is ahead (callgrind: about 4,000 of the server's instructions).
 local alone = created == 1 and empty
-local out, first, expired = {}, nil, false
-if not alone then out, first, expired = ahead(path, token, want, nearest) end
+local out, first = {}, nil
+if not alone then out, first = ahead(path, token, want, nearest) end
+local expired = recent(path, ARGV[12])
 local wait = -1
 if want == '' and nearest == 1 then wait = first or -1 end
 if created == 1 then
@@ -107,10 +109,10 @@ return table.concat(reply, '\n')
 });
 
 /// ARGV: sid, ttl ms, the version the client knows, whether to make the session's key in this
-/// group if missing ('1'), the client's time (ms since the epoch), then (queue path, entry
-/// name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
+/// group if missing ('1'), the client's time (ms since the epoch), whether to report `recent`
+/// ('1'), then (queue path, entry name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
 /// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind,
-/// whether an expired entry was dropped (1, else 0: see `drop`)}.
+/// whether an entry of a queue was dropped as expired lately (1, else 0: see `drop`)}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "enqueue_all",
@@ -121,7 +123,7 @@ local v = enter(sid, ARGV[4], ARGV[2])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
 local expired = 0
-for i = 6, #ARGV, 4 do
+for i = 7, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
     local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
@@ -133,14 +135,13 @@ for i = 6, #ARGV, 4 do
       if redis.call('HGET', ekey(name), 's') == sid then break end
     elseif live(first) then
       return {0}
-    else
-      expired = 1
     end
     drop(path, first, first ~= name)
   end
+  if recent(path, ARGV[6]) then expired = 1 end
 end
 local tokens = {}
-for i = 6, #ARGV, 4 do
+for i = 7, #ARGV, 4 do
   local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl, v, ARGV[5])
   tokens[#tokens + 1] = token
   v = after or v
@@ -156,25 +157,27 @@ return {1, tokens, v, late, expired}
     )
 });
 
-/// ARGV: queue path, entry name, token, kind filter, nearest. Returns {0} if the entry is gone,
-/// else {1, {ahead…}, the ms left to the nearest's session (-1 unless it asked for the nearest
-/// of any kind), whether an expired entry ahead was dropped (1, else 0: see `drop`)}.
+/// ARGV: queue path, entry name, token, kind filter, nearest, whether to report `recent` ('1').
+/// Returns {0} if the entry is gone, else {1, {ahead…}, the ms left to the nearest's session
+/// (-1 unless it asked for the nearest of any kind), whether an entry of the queue was dropped
+/// as expired lately (1, else 0: see `drop`)}.
 pub(crate) static STILL_AHEAD: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "still_ahead",
         r#"
 if not held(ARGV[2], ARGV[3]) then return {0} end
-local out, first, expired = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 local wait = -1
 if ARGV[4] == '' and ARGV[5] == '1' then wait = first or -1 end
-return {1, out, wait, expired and 1 or 0}
+return {1, out, wait, recent(ARGV[1], ARGV[6]) and 1 or 0}
 "#,
     )
 });
 
-/// ARGV: own name, own token, target name, target token. Returns {0} if our entry is gone,
-/// {1, 0} if the target is gone ({1, 0, 1} if its session was, and it is dropped now), else
-/// {1, 1, the target session's remaining ms}.
+/// ARGV: own name, own token, target name, target token, whether to report `recent` ('1').
+/// Returns {0} if our entry is gone, {1, 0, whether an entry of the queue was dropped as
+/// expired lately (1, else 0: see `drop`)} if the target is gone (dropped now if its session
+/// is), else {1, 1, the target session's remaining ms}.
 pub(crate) static CHECK_WAIT: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "check_wait",
@@ -183,11 +186,11 @@ local own = held(ARGV[1], ARGV[2])
 if not own then return {0} end
 local path = own[4]
 local score = redis.call('ZSCORE', qkey(path), ARGV[3])
-if not score or score ~= ARGV[4] then return {1, 0} end
+if not score or score ~= ARGV[4] then return {1, 0, recent(path, ARGV[5]) and 1 or 0} end
 local t = live(ARGV[3])
 if not t then
   drop(path, ARGV[3], true)
-  return {1, 0, 1}
+  return {1, 0, recent(path, ARGV[5]) and 1 or 0}
 end
 return {1, 1, t[5]}
 "#,

@@ -21,23 +21,21 @@ impl Primary {
     /// reconfigured yet, they expire because their owners moved on, and the grant would be
     /// a second holder's (black-box round 22). Sentinels that do not answer change nothing.
     ///
-    /// Callers that arrive while another caller's question is under way share its answer: the
-    /// entries of a crashed process, dropped as expired, each make a grant ask (n waiters, or
-    /// a semaphore waiter with n targets), and the sentinels are asked once or twice, not n
-    /// times. That answer may have been asked for a
-    /// quarter of a second before the caller saw the expiry; an entry expires a TTL after its
-    /// owner, having moved on, stopped renewing it here, well after the sentinels knew.
+    /// Callers share a question that started after they called: the entries of a crashed
+    /// process, dropped as expired, each make a grant ask (n waiters, or a semaphore waiter
+    /// with n targets), and the sentinels are asked once or twice, not n times.
     pub(crate) async fn moved_now(self: &Arc<Self>) -> bool {
         if self.sentinels.is_none() {
             return false;
         }
         let before = self.generation();
-        let answered = self.answered.load(Ordering::SeqCst);
-        let _asking = self.asking.lock().await;
-        if self.answered.load(Ordering::SeqCst) == answered {
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let called = Instant::now();
+        let mut answered = self.asking.lock().await;
+        if answered.is_none_or(|started| started < called) {
+            let started = Instant::now();
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
             self.resolve().await;
-            self.answered.fetch_add(1, Ordering::SeqCst);
+            *answered = Some(started);
         }
         self.generation() != before
     }

@@ -53,6 +53,16 @@ local function ekey(name)
   if name ~= e_of then e_of, e_key = name, guard(P .. ':e:' .. name) end
   return e_key
 end
+-- Queue `path`'s mark that an entry of it was dropped as expired, for `RECENT` ms (see `drop`).
+local RECENT = '10000'
+local function xkey(path)
+  return guard(P .. ':x:' .. path)
+end
+-- Whether an entry of queue `path` was dropped as expired in the last `RECENT` ms, if the
+-- caller asks (`ask` '1': a client behind Sentinel; others pay nothing for it).
+local function recent(path, ask)
+  return ask == '1' and redis.call('EXISTS', xkey(path)) == 1
+end
 -- An entry's {session, token, kind, queue, the ms left to its session} if it is live (its
 -- hash is there, and so is its session's key), else nil. (The session's PTTL, not EXISTS: one
 -- call says both whether it is there and when a waiter behind it should look again.)
@@ -100,12 +110,14 @@ end
 -- name each time) and a message can arrive late (on a cluster it reaches the subscriber's node
 -- over the cluster bus, after the script's reply, and may find a later wait of the same name):
 -- only the entry it names, not a later one of the same name, may skip the read. `expired`: it
--- is dropped because its session's key (or its hash) expired, not by its owner; the messages
--- that grant say so ('NAME TOKEN expired', 'gone NAME TOKEN expired'): behind Sentinel, such
--- a grant asks the sentinels first (on a primary demoted but not yet reconfigured, entries
--- expire because their owners moved on to the new one).
+-- is dropped because its session's key (or its hash) expired, not by its owner. Behind
+-- Sentinel, a grant that follows asks the sentinels first (on a primary demoted but not yet
+-- reconfigured, entries expire because their owners moved on to the new one): the messages
+-- that grant without a read say so ('NAME TOKEN expired', 'gone NAME TOKEN expired'), and the
+-- queue is marked for `RECENT` ms, which the reads that decide a grant report (`recent`).
 local function drop(path, name, expired)
   local q = qkey(path)
+  local x = expired and xkey(path)
   -- The first two members: whether it heads the queue, and which entry heads it next.
   local first = redis.call('ZRANGE', q, '0', '1')
   local was_head = first[1] == name
@@ -123,6 +135,7 @@ local function drop(path, name, expired)
   local e = after and live(after)
   redis.call('ZREM', q, name)
   redis.call('DEL', ekey(name))
+  if x then redis.call('SET', x, '1', 'PX', RECENT) end
   local note = 'gone'
   if e then
     local word = 'ahead'
@@ -175,12 +188,12 @@ end
 -- The `nearest` live entries of queue `path` before token `below` (a token as text: the
 -- client's, or as `create` wrote it), only of kind `want` unless it is '', nearest first, as
 -- {name, token, kind, ...} (tokens as text), and the ms left to the nearest's session (nil if
--- none), and whether it dropped a dead entry met on the way (see `drop`). Reads only as far as it must: its cost
+-- none). Dead entries met on the way are dropped. Reads only as far as it must: its cost
 -- depends on `nearest`, not on the queue's length (any kind wanted: `nearest` members at first,
 -- most often all it needs; else 16 at a time).
 local function ahead(path, below, want, nearest)
   local q = qkey(path)
-  local out, found, first, expired = {}, 0, nil, false
+  local out, found, first = {}, 0, nil
   local cursor = '(' .. below
   local size = '16'
   if want == '' and nearest < 16 then size = tostring(nearest) end
@@ -193,7 +206,6 @@ local function ahead(path, below, want, nearest)
       local e = live(name)
       if not e then
         drop(path, name, true)
-        expired = true
       elseif want == '' or e[3] == want then
         out[#out + 1] = name
         out[#out + 1] = e[2]
@@ -205,7 +217,7 @@ local function ahead(path, below, want, nearest)
     end
     size = '16'
   end
-  return out, first, expired
+  return out, first
 end
 -- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
 -- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
