@@ -12,7 +12,8 @@ use crate::duration::{connect_timeout, duration, positive_duration};
 ///
 /// The command gets FENCELOCK_TOKEN (the grant's fencing token: pass it with every write to the
 /// protected resource, which refuses tokens lower than one it has seen), FENCELOCK_KEY (the
-/// lock's key or node), FENCELOCK_NAME and FENCELOCK_ENDPOINTS (the cluster the lock is on,
+/// lock's etcd key or ZooKeeper node; on Redis its entry's name, whose hash is the key
+/// fencelock:e:NAME), FENCELOCK_NAME and FENCELOCK_ENDPOINTS (the cluster the lock is on,
 /// --endpoints or the variable); never the credentials (FENCELOCK_PASSWORD is removed,
 /// FENCELOCK_ENDPOINTS loses its user info).
 ///
@@ -99,7 +100,7 @@ pub(crate) struct ClusterArgs {
     #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = positive_duration, allow_hyphen_values = true, global = true)]
     pub(crate) ttl: Duration,
 
-    /// How long connecting may take.
+    /// How long connecting may take (10ms to 1h).
     #[arg(long, env = "FENCELOCK_CONNECT_TIMEOUT", default_value = "5s", value_parser = connect_timeout, allow_hyphen_values = true, global = true)]
     pub(crate) connect_timeout: Duration,
 

@@ -8,6 +8,11 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// The longest connect timeout accepted (an hour, as the backends' configurations accept).
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The shortest connect timeout accepted: connecting and starting a session take round trips
+/// of their own, and `1ns` was reported as a cluster that cannot be reached (69: black-box
+/// round 24).
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(10);
+
 /// A human duration (`500ms`, `10s`, `2m`), at most a day.
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     at_most(s, MAX_DURATION, "24h")
@@ -41,10 +46,16 @@ pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     more_than_zero(s, duration(s)?)
 }
 
-/// A connect timeout: more than zero, at most an hour (past a day it was said to be longer
-/// than a day's limit: black-box round 14).
+/// A connect timeout: at least [`MIN_CONNECT_TIMEOUT`], at most an hour (past a day it was said
+/// to be longer than a day's limit: black-box round 14).
 pub(crate) fn connect_timeout(s: &str) -> Result<Duration, String> {
-    more_than_zero(s, at_most(s, MAX_CONNECT_TIMEOUT, "1h")?)
+    let d = more_than_zero(s, at_most(s, MAX_CONNECT_TIMEOUT, "1h")?)?;
+    if d < MIN_CONNECT_TIMEOUT {
+        return Err(format!(
+            "{s} is shorter than the shortest accepted, 10ms: connecting takes round trips"
+        ));
+    }
+    Ok(d)
 }
 
 /// `d`, read from `s`, unless it is zero.
@@ -76,6 +87,11 @@ mod tests {
         assert!(duration("--try").unwrap_err().contains("needs a value"));
         assert_eq!(connect_timeout("1h"), Ok(Duration::from_secs(3600)));
         assert!(connect_timeout("0s").unwrap_err().contains("no time"));
+        for s in ["1ns", "0.0001s", "9ms"] {
+            let e = connect_timeout(s).unwrap_err();
+            assert!(e.contains("shortest accepted, 10ms"), "{s}: {e}");
+        }
+        assert_eq!(connect_timeout("10ms"), Ok(Duration::from_millis(10)));
         // Past a day too, it names its own limit (it said 24h: black-box round 14).
         for s in ["2h", "25h", "86401s", "1w"] {
             let e = connect_timeout(s).unwrap_err();

@@ -949,7 +949,8 @@ async fn a_lowered_ttl_is_said() {
 
 /// Every duration out of its range is a usage error (2) naming the option, before anything
 /// connects: `--ttl 0` was refused once connected (78, "0ns"), `--connect-timeout 2h` by the
-/// backend's configuration (78, "at most one hour"), while `--ttl 25h` was 2 already.
+/// backend's configuration (78, "at most one hour"), while `--ttl 25h` was 2 already;
+/// `--connect-timeout 1ns` was taken, and then said the cluster could not be reached (69).
 #[test]
 fn durations_out_of_range_are_usage_errors() {
     for args in [
@@ -958,6 +959,7 @@ fn durations_out_of_range_are_usage_errors() {
         &["--ttl", "25h"][..],
         &["--connect-timeout", "0s"][..],
         &["--connect-timeout", "2h"][..],
+        &["--connect-timeout", "1ns"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_fencelock"))
             .args(["--endpoints", "etcd://127.0.0.1:1"])
