@@ -341,10 +341,11 @@ impl Wait {
 }
 
 /// How long a `list` or `leader` read may take besides the connect timeout: a third of the TTL
-/// (a request of the session's may take that long), at most half a minute (at a TTL of hours, a
-/// hung cluster held a read for hours).
+/// (a request of the session's may take that long), at most the connect timeout itself (a
+/// hung cluster held a read for a third of a long TTL: 22 s with `--connect-timeout 2s` and
+/// `--ttl 60s`, black-box round 25; for hours at a TTL of hours before that).
 fn read_patience(ctx: Ctx<'_>) -> Duration {
-    (ctx.cluster.ttl / 3).min(Duration::from_secs(30))
+    (ctx.cluster.ttl / 3).min(ctx.cluster.connect_timeout)
 }
 
 /// `request`, given up once it has run `patience` and the cluster still has not answered for
@@ -367,9 +368,14 @@ async fn answered<T>(
             ctx.session.backend_name(),
             op,
             true,
-            format!("the cluster did not answer within {within:?}"),
+            format!("the cluster did not answer within {:?}", whole_ms(within)),
         )),
     }
+}
+
+/// `d` in whole milliseconds, for a message ("8.333s", not "8.333333333s": black-box round 25).
+fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn wait_args(w: WaitArgs) -> Wait {

@@ -245,7 +245,11 @@ pub(crate) async fn unless_silent<T>(
             shared.backend_name(),
             "acquire",
             true,
-            format!("the cluster did not answer within {patience:?} past the wait"),
+            format!(
+                "the cluster did not answer within {:?} past the wait",
+                // In whole milliseconds: "8.333s", not "8.333333333s" (black-box round 25).
+                Duration::from_millis(u64::try_from(patience.as_millis()).unwrap_or(u64::MAX))
+            ),
         ))
     })
 }
