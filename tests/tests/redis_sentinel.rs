@@ -729,7 +729,8 @@ fn sentinel_commands(g: &SentinelGroup) -> u64 {
 }
 
 /// A grant that an entry's expiry decides asks the sentinels first (see the test above), and
-/// the waits a crashed process's expiry ends all at once share one question: here 30 waiters
+/// the grants a crashed process's expiry decides share a question started after the drops:
+/// here 30 waiters
 /// behind the entries of a session whose key expires (written by hand, as a killed process
 /// leaves them) are all granted, and the sentinels answer far fewer than one question per
 /// grant (each question is two commands to each of the three).
@@ -801,9 +802,10 @@ async fn sentinel_expired_entries_ask_the_sentinels_once_for_all() {
     let idle = tokio::task::block_in_place(|| sentinel_commands(&g)) - before;
     let asked = asked.saturating_sub(idle);
     println!("{asked} sentinel commands for {LOCKS} grants that expiries decided ({idle} idle)");
-    // A question is two commands to each of the three sentinels; one per grant would be 180.
+    // A question is two commands to each of the three sentinels; one per grant would be 180
+    // (210 counted so). (No lower bound: the sentinels' own traffic varies by a few commands.)
     assert!(
-        (3..60).contains(&asked),
+        asked < 60,
         "{asked} sentinel commands for {LOCKS} grants that expiries decided ({idle} idle)"
     );
     for guard in granted {

@@ -25,7 +25,11 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     if session.primary.check_due() {
         // A tenth of the TTL at most: the core gives a heartbeat a third.
         let patience = CHECK_PATIENCE.min(session.ttl / 10);
-        let asked = tokio::time::timeout(patience, session.primary.moved_now()).await;
+        let asked = tokio::time::timeout(
+            patience,
+            session.primary.moved_now(std::time::Instant::now()),
+        )
+        .await;
         if asked.is_err() {
             session.primary.suspect();
         }

@@ -10,7 +10,7 @@ use fencelock::{Error, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
-use crate::expired::{ask_recent, unless_moved};
+use crate::expired::{ask_recent, dropped_at, unless_moved};
 use crate::layout::{filter_code, kind_code, queue_path, Group};
 use crate::lifecycle::{check_value, RedisSession};
 use crate::reply::{args, array, entry, int, int_line, lines, ms, peer_lines, peers};
@@ -79,13 +79,13 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     }
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
     let wait = int_line(l.next());
-    let expired = int_line(l.next()) == Some(1);
+    let dropped = dropped_at(int_line(l.next()));
     let ahead = peer_lines(l).ok_or_else(|| unexpected("enqueue"))?;
     session.owned().saw(&group, version, behind);
     drop(changing);
     // If it grants (a temporary error: the core abandons the attempt, on the new primary).
     let grants = ahead.len() < req.ahead.nearest;
-    unless_moved(session, expired && grants, generation, "enqueue").await?;
+    unless_moved(session, dropped.filter(|_| grants), generation, "enqueue").await?;
     let own = entry(name, req.kind, token as u64);
     if !ahead.is_empty() {
         session.own_channel.record(&own, epoch, wait);
@@ -214,8 +214,8 @@ async fn enqueue_group(
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| unexpected("enqueue all"))?;
             drop(changing);
-            let expired = a.get(4).and_then(int) == Some(1);
-            unless_moved(session, expired, generation, "enqueue all").await?;
+            let dropped = dropped_at(a.get(4).and_then(int));
+            unless_moved(session, dropped, generation, "enqueue all").await?;
             Ok(Some(entries))
         }
         _ => Err(unexpected("enqueue all")),
@@ -265,8 +265,8 @@ pub(crate) async fn still_ahead(
                     .record(own, epoch, a.get(2).and_then(int));
             }
             // If it grants: fewer than `nearest` ahead (see `Rule::window` in the core).
-            let expired = a.get(3).and_then(int) == Some(1) && ahead.len() < nearest;
-            unless_moved(session, expired, generation, "read queue").await?;
+            let dropped = dropped_at(a.get(3).and_then(int)).filter(|_| ahead.len() < nearest);
+            unless_moved(session, dropped, generation, "read queue").await?;
             Ok(ahead)
         }
         _ => Err(unexpected("read queue")),

@@ -55,8 +55,8 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// client's time (ms since the epoch: the entry's creation time, as inspection shows it),
 /// whether to report `recent` ('1'). Returns `-1` if the session is gone, else the lines
 /// `token`, `version`, `behind`, the ms left to the nearest's session (-1 unless it asked for
-/// the nearest of any kind), whether an entry of the queue was dropped as expired lately (`1`,
-/// else `0`: see `drop`), then
+/// the nearest of any kind), the ms left to the queue's mark that an entry of it was dropped as
+/// expired (`-1` if none, or not asked: see `drop`), then
 /// `name`, `token`, `kind` of each entry ahead, nearest first: one bulk string, not an array,
 /// because each element of a reply costs the client's parser about 1,000 instructions
 /// (callgrind) and names have no control characters.
@@ -100,7 +100,7 @@ if created == 1 then
   end
   if head then announce(path) end
 end
-local reply = {token, string.format('%d', after or v), late == 1 and '1' or '0', '-1', expired and '1' or '0'}
+local reply = {token, string.format('%d', after or v), late == 1 and '1' or '0', '-1', string.format('%d', expired)}
 if wait ~= -1 then reply[4] = string.format('%d', wait) end
 for i = 1, #out do reply[5 + i] = out[i] end
 return table.concat(reply, '\n')
@@ -112,7 +112,8 @@ return table.concat(reply, '\n')
 /// group if missing ('1'), the client's time (ms since the epoch), whether to report `recent`
 /// ('1'), then (queue path, entry name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
 /// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind,
-/// whether an entry of a queue was dropped as expired lately (1, else 0: see `drop`)}.
+/// the ms left to the newest mark of a queue that an entry of it was dropped as expired (-1
+/// if none, or not asked: see `drop`)}.
 pub(crate) static ENQUEUE_ALL: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "enqueue_all",
@@ -122,7 +123,7 @@ skey(sid)
 local v = enter(sid, ARGV[4], ARGV[2])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
-local expired = 0
+local expired = -1
 for i = 7, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
@@ -138,7 +139,7 @@ for i = 7, #ARGV, 4 do
     end
     drop(path, first, first ~= name)
   end
-  if recent(path, ARGV[6]) then expired = 1 end
+  expired = math.max(expired, recent(path, ARGV[6]))
 end
 local tokens = {}
 for i = 7, #ARGV, 4 do
@@ -159,8 +160,8 @@ return {1, tokens, v, late, expired}
 
 /// ARGV: queue path, entry name, token, kind filter, nearest, whether to report `recent` ('1').
 /// Returns {0} if the entry is gone, else {1, {ahead…}, the ms left to the nearest's session
-/// (-1 unless it asked for the nearest of any kind), whether an entry of the queue was dropped
-/// as expired lately (1, else 0: see `drop`)}.
+/// (-1 unless it asked for the nearest of any kind), the ms left to the queue's mark that an
+/// entry of it was dropped as expired (-1 if none, or not asked: see `drop`)}.
 pub(crate) static STILL_AHEAD: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "still_ahead",
@@ -169,15 +170,14 @@ if not held(ARGV[2], ARGV[3]) then return {0} end
 local out, first = ahead(ARGV[1], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 local wait = -1
 if ARGV[4] == '' and ARGV[5] == '1' then wait = first or -1 end
-return {1, out, wait, recent(ARGV[1], ARGV[6]) and 1 or 0}
+return {1, out, wait, recent(ARGV[1], ARGV[6])}
 "#,
     )
 });
 
-/// ARGV: own name, own token, target name, target token, whether to report `recent` ('1').
-/// Returns {0} if our entry is gone, {1, 0, whether an entry of the queue was dropped as
-/// expired lately (1, else 0: see `drop`)} if the target is gone (dropped now if its session
-/// is), else {1, 1, the target session's remaining ms}.
+/// ARGV: own name, own token, target name, target token. Returns {0} if our entry is gone,
+/// {1, 0} if the target is gone (dropping it if its session is), else {1, 1, the target
+/// session's remaining ms}.
 pub(crate) static CHECK_WAIT: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "check_wait",
@@ -186,11 +186,11 @@ local own = held(ARGV[1], ARGV[2])
 if not own then return {0} end
 local path = own[4]
 local score = redis.call('ZSCORE', qkey(path), ARGV[3])
-if not score or score ~= ARGV[4] then return {1, 0, recent(path, ARGV[5]) and 1 or 0} end
+if not score or score ~= ARGV[4] then return {1, 0} end
 local t = live(ARGV[3])
 if not t then
   drop(path, ARGV[3], true)
-  return {1, 0, recent(path, ARGV[5]) and 1 or 0}
+  return {1, 0}
 end
 return {1, 1, t[5]}
 "#,

@@ -21,17 +21,17 @@ impl Primary {
     /// reconfigured yet, they expire because their owners moved on, and the grant would be
     /// a second holder's (black-box round 22). Sentinels that do not answer change nothing.
     ///
-    /// Callers share a question that started after they called: the entries of a crashed
-    /// process, dropped as expired, each make a grant ask (n waiters, or a semaphore waiter
-    /// with n targets), and the sentinels are asked once or twice, not n times.
-    pub(crate) async fn moved_now(self: &Arc<Self>) -> bool {
+    /// A question that started at `since` or later serves: the entries of a crashed process,
+    /// dropped as expired, each make a grant ask (n waiters, a semaphore waiter with n targets,
+    /// every grant of the queue for a while, see [`crate::expired`]), and the sentinels are
+    /// asked once or twice, not n times.
+    pub(crate) async fn moved_now(self: &Arc<Self>, since: Instant) -> bool {
         if self.sentinels.is_none() {
             return false;
         }
         let before = self.generation();
-        let called = Instant::now();
         let mut answered = self.asking.lock().await;
-        if answered.is_none_or(|started| started < called) {
+        if answered.is_none_or(|started| started < since) {
             let started = Instant::now();
             *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
             self.resolve().await;

@@ -1,13 +1,13 @@
 //! A wait for the entries ahead of one entry: on the session's own channel, or subscribed to
 //! the entry it waits for (see [`crate::own_channel`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencelock::backend::{Entry, Peer};
 use fencelock::Result;
 
 use crate::error::unexpected;
-use crate::expired::{ask_recent, unless_moved};
+use crate::expired::unless_moved;
 use crate::layout::chan_entry;
 use crate::lifecycle::{RedisSession, EXPIRY_SLACK};
 use crate::own_channel::inbox::Word;
@@ -44,12 +44,10 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
         // and it has been since: the target's deletion is published there. Its session's
         // expiry is not: looked at (by the core's next read) when the read said it comes.
         let until = tokio::time::Instant::now() + left + EXPIRY_SLACK;
-        let word = reg.news(&own.key, own.token.get(), until).await?;
-        // No message by then: the session ahead expired (see `crate::expired`).
-        let expired = word.is_none_or(|w| w == Word::Expired);
-        unless_moved(session, expired, generation, "wait").await?;
-        if matches!(word, Some(Word::Head | Word::Expired)) {
-            session.headed(own);
+        // No message by then: the core's next read looks (and drops what expired, see
+        // `crate::expired`).
+        if let Some(word) = reg.news(&own.key, own.token.get(), until).await? {
+            headed(session, own, word, generation).await?;
         }
         return Ok(());
     }
@@ -65,31 +63,20 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
     // word that the entry's hash was deleted (the core's next read says it vanished), which
     // this wait, the session's first, took a TTL of the predecessor's to learn.
     let own_channel = session.own_channel.heard(generation);
-    // Whether the read below follows the predecessor's session's expiry (see `crate::expired`).
-    let mut expired = false;
     loop {
         let reply = session
             .call(
                 "wait",
                 &scripts::CHECK_WAIT,
                 &group,
-                args![
-                    &own.key,
-                    own.token.get(),
-                    &target.key,
-                    target.order,
-                    ask_recent(session),
-                ],
+                args![&own.key, own.token.get(), &target.key, target.order,],
             )
             .await?;
         let a = array(&reply).ok_or_else(|| unexpected("wait"))?;
         let left = match (a.first().and_then(int), a.get(1).and_then(int)) {
             (Some(0), _) => return Err(RedisSession::vanished(own)),
-            (Some(1), Some(0)) => {
-                // Gone; `1` next: an entry of the queue was dropped as expired lately.
-                let recent = a.get(2).and_then(int) == Some(1);
-                return unless_moved(session, expired || recent, generation, "wait").await;
-            }
+            // Gone (dropped now if its session expired): the core's next read decides.
+            (Some(1), Some(0)) => return Ok(()),
             (Some(1), Some(1)) => a.get(2).and_then(int).unwrap_or(0),
             _ => return Err(unexpected("wait")),
         };
@@ -107,11 +94,7 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
             // core's next read says what it means.
             n = news => {
                 if let Some(word) = n? {
-                    unless_moved(session, word == Word::Expired, generation, "wait").await?;
-                    if word != Word::Ahead {
-                        session.headed(own);
-                    }
-                    return Ok(());
+                    return headed(session, own, word, generation).await;
                 }
             }
             r = reg.notified() => {
@@ -121,14 +104,27 @@ async fn wait_for(session: &RedisSession, own: &Entry, target: &Peer) -> Result<
                 if r? {
                     if let Some((name, token, expired)) = reg.head() {
                         if name == own.key && token == own.token.get() {
-                            unless_moved(session, expired, generation, "wait").await?;
-                            session.headed(own);
+                            let word = if expired { Word::Expired } else { Word::Head };
+                            return headed(session, own, word, generation).await;
                         }
                     }
                     return Ok(());
                 }
             }
-            _ = tokio::time::sleep_until(until) => expired = true,
+            _ = tokio::time::sleep_until(until) => {}
         }
     }
+}
+
+/// What a message (of a wait that began on the primary of `generation`) told `own`: at the
+/// head, it is granted without a read, unless the entry ahead expired and the primary moved
+/// (see [`crate::expired`]).
+async fn headed(session: &RedisSession, own: &Entry, word: Word, generation: u64) -> Result<()> {
+    if word == Word::Ahead {
+        return Ok(());
+    }
+    let since = (word == Word::Expired).then(Instant::now);
+    unless_moved(session, since, generation, "wait").await?;
+    session.headed(own);
+    Ok(())
 }

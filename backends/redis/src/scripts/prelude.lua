@@ -58,10 +58,14 @@ local RECENT = '10000'
 local function xkey(path)
   return guard(P .. ':x:' .. path)
 end
--- Whether an entry of queue `path` was dropped as expired in the last `RECENT` ms, if the
--- caller asks (`ask` '1': a client behind Sentinel; others pay nothing for it).
+-- The ms left to queue `path`'s mark (an entry of it dropped as expired `RECENT` less that
+-- many ms ago), -1 if it has none or the caller does not ask (`ask` '1': a client behind
+-- Sentinel; others do not read it).
 local function recent(path, ask)
-  return ask == '1' and redis.call('EXISTS', xkey(path)) == 1
+  if ask ~= '1' then return -1 end
+  local left = redis.call('PTTL', xkey(path))
+  if left < 0 then return -1 end
+  return left
 end
 -- An entry's {session, token, kind, queue, the ms left to its session} if it is live (its
 -- hash is there, and so is its session's key), else nil. (The session's PTTL, not EXISTS: one
