@@ -1059,29 +1059,7 @@ async fn an_expired_entry_dropped_marks_its_queue_and_says_so() {
         .await
         .unwrap();
     let (queue, sid) = (format!("{ns}/m"), "0000000000000000000000000000000d");
-    let dead = format!("{queue}/{sid}");
-    tokio::task::block_in_place(|| {
-        let run = |args: &[&str]| assert_ne!(server.cli(args).unwrap().trim(), "", "{args:?}");
-        run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", &dead, "1"]);
-        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "1500"]);
-        run(&[
-            "HSET",
-            &format!("fencelock:e:{dead}"),
-            "q",
-            &queue,
-            "t",
-            "1",
-            "s",
-            sid,
-            "k",
-            "x",
-            "c",
-            "0",
-            "v",
-            "",
-        ]);
-        run(&["ZADD", &format!("fencelock:q:{queue}"), "1", &dead]);
-    });
+    tokio::task::block_in_place(|| server.write_entry(&queue, sid, 1500));
     let mut own = redis::Client::open(server.url())
         .unwrap()
         .get_async_pubsub()

@@ -659,25 +659,7 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
         let r = g.server(next);
         let run = |args: &[&str]| assert_ne!(r.cli(args).unwrap().trim(), "", "{args:?}");
         run(&["CONFIG", "SET", "replica-read-only", "no"]);
-        run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", ahead, "1"]);
-        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "120000"]);
-        run(&[
-            "HSET",
-            &format!("fencelock:e:{ahead}"),
-            "q",
-            "/sentinel/moved",
-            "t",
-            "1",
-            "s",
-            sid,
-            "k",
-            "x",
-            "c",
-            "0",
-            "v",
-            "",
-        ]);
-        run(&["ZADD", "fencelock:q:/sentinel/moved", "1", ahead]);
+        assert_eq!(r.write_entry("/sentinel/moved", sid, 120_000), ahead);
         // The failover goes to that replica.
         run(&["CONFIG", "SET", "replica-read-only", "yes"]);
         g.server(other)
@@ -748,32 +730,9 @@ async fn sentinel_expired_entries_ask_the_sentinels_once_for_all() {
     let sid = "0000000000000000000000000000000e";
     tokio::task::block_in_place(|| {
         let p = g.server(g.primary_index());
-        let run = |args: &[&str]| assert_ne!(p.cli(args).unwrap().trim(), "", "{args:?}");
         for i in 0..LOCKS {
-            let (queue, entry) = (
-                format!("/sentinel/crashed{i}"),
-                format!("/sentinel/crashed{i}/{sid}"),
-            );
-            run(&["HSET", &format!("fencelock:s:{sid}"), "v", "1", &entry, "1"]);
-            run(&[
-                "HSET",
-                &format!("fencelock:e:{entry}"),
-                "q",
-                &queue,
-                "t",
-                "1",
-                "s",
-                sid,
-                "k",
-                "x",
-                "c",
-                "0",
-                "v",
-                "",
-            ]);
-            run(&["ZADD", &format!("fencelock:q:{queue}"), "1", &entry]);
+            p.write_entry(&format!("/sentinel/crashed{i}"), sid, 3000);
         }
-        run(&["PEXPIRE", &format!("fencelock:s:{sid}"), "3000"]);
     });
     // The sentinels' own traffic (their pings of each other) over as long as the waits take is
     // measured after them, and taken off.

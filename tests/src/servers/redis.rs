@@ -244,6 +244,35 @@ impl RedisServer {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Writes, as fencelock's scripts would, an exclusive entry of session `sid` with token 1
+    /// at the head of queue `queue`, and gives the session's key `ttl_ms` to live (blocking):
+    /// another process's entry, and a killed one's once that runs out. Returns the entry's
+    /// name, `{queue}/{sid}`.
+    pub fn write_entry(&self, queue: &str, sid: &str, ttl_ms: u64) -> String {
+        let entry = format!("{queue}/{sid}");
+        let session = format!("fencelock:s:{sid}");
+        let run = |args: &[&str]| assert_ne!(self.cli(args).unwrap().trim(), "", "{args:?}");
+        run(&["HSET", &session, "v", "1", &entry, "1"]);
+        run(&["PEXPIRE", &session, &ttl_ms.to_string()]);
+        let fields = [
+            ("q", queue),
+            ("t", "1"),
+            ("s", sid),
+            ("k", "x"),
+            ("c", "0"),
+            ("v", ""),
+        ];
+        let mut hset = vec!["HSET".to_string(), format!("fencelock:e:{entry}")];
+        hset.extend(
+            fields
+                .iter()
+                .flat_map(|(f, v)| [f.to_string(), v.to_string()]),
+        );
+        run(&hset.iter().map(String::as_str).collect::<Vec<_>>());
+        run(&["ZADD", &format!("fencelock:q:{queue}"), "1", &entry]);
+        entry
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
