@@ -330,7 +330,11 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// request that the target's deletion will be reported: etcd does, when a watch kept
     /// from an earlier wait on the same key already covers the target's whole life. The
     /// core confirms `own` at the next [`still_ahead`](Self::still_ahead), before any grant,
-    /// as it must anyway for an entry deleted during the wait.
+    /// as it must anyway for an entry deleted during the wait. A backend whose check of `own`
+    /// is a request of its own may skip it at the start, and find `own` gone at its next
+    /// periodic look instead (within a third of the TTL, at most 5 s): the core calls `wait`
+    /// right after an [`enqueue`](Self::enqueue) or a `still_ahead` that showed `own`.
+    /// ZooKeeper does (the check was one request in six of a contended acquisition).
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
 
     /// The entries still ahead of `own` in `queue` that its grant may depend on: of the

@@ -270,6 +270,45 @@ async fn zookeeper_release_wakes_one_waiter() {
     check_loads(sessions, &Notifications::ZooKeeper(server.port(0)), 1.3).await;
 }
 
+/// A contended mutex acquisition costs ZooKeeper five requests, as zookeeper-client's own
+/// recipe does: the create and the listing sent with it, the data watch on the node ahead, the
+/// listing once it went, and the release's delete (counted by the server: `mntr`'s
+/// `zk_packets_received`). The wait checked the waiter's own node beside its watch: a sixth
+/// request, which the listings before and after it make needless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_contended_acquisition_costs_five_requests() {
+    if !available(Kind::ZooKeeper) {
+        return;
+    }
+    let (server, sessions) = zookeeper_sessions(SESSIONS, "requests").await;
+    let received = || {
+        let mntr = server.four_letter(0, "mntr").expect("mntr answers");
+        mntr.lines()
+            .find_map(|l| {
+                l.strip_prefix("zk_packets_received")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .expect("zk_packets_received in mntr")
+    };
+    // Once first: the queue's parent node is made by the first acquisitions.
+    run_load(&sessions, Load::Mutex, "requests", 1).await;
+    let before = received();
+    run_load(&sessions, Load::Mutex, "requests", ROUNDS).await;
+    let per = (received() - before) / (SESSIONS * ROUNDS) as f64;
+    println!("{per:.2} requests per contended acquisition");
+    assert!(per <= 5.2, "{per:.2} requests per acquisition");
+    // Contended at all: uncontended, an acquisition costs three.
+    assert!(
+        per > 4.0,
+        "{per:.2} requests per acquisition: barely contended"
+    );
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
+
 /// Redis keeps no count of pub/sub deliveries, but every waiter woken runs a check script: a
 /// herd shows as requests per acquisition growing with the number of waiters. Counted by the
 /// server (`INFO commandstats`: script calls), with 2 and with 6 sessions. A mutex waiter

@@ -86,9 +86,9 @@ pub(crate) async fn wait(session: &ZkSession, own: &Entry, target: &Peer) -> Res
                 own: Some(own),
                 gone: || Ok(()),
             };
-            // Our node is checked as the watch is set, then now and then: a waiter watches
-            // only the node ahead of it, so an operator's delete of ours would be learnt only
-            // at our turn.
+            // Our node is checked now and then (and with any re-read of the target, see
+            // `DataWatch::own`): a waiter watches only the node ahead of it, so an operator's
+            // delete of ours would be learnt only at our turn.
             let still_there = || async move {
                 match session.client()?.check_stat(&own.key).await {
                     Ok(stat) => Ok(stat.is_some_and(|s| s.czxid as u64 == own.token.get())),

@@ -30,8 +30,11 @@ pub(crate) struct DataWatch<'a, G> {
     /// The node read and watched (a data watch, as Curator's recipes use: unlike an exists
     /// watch it leaves nothing behind when the node is gone already).
     pub path: &'a str,
-    /// Our own entry, checked in the same round trip: gone (or re-created), the wait fails
-    /// with [`Error::EntryVanished`].
+    /// Our own entry, checked in the same round trip as each read but the first: gone (or
+    /// re-created), the wait fails with [`Error::EntryVanished`]. Not at the first: the wait
+    /// follows a listing that showed it (the enqueue's, or `still_ahead`'s, as the core calls
+    /// them), and a contended acquisition would pay one request in six for it; a deletion
+    /// since is found by the wait's periodic check, or by the listing at its turn.
     pub own: Option<&'a Entry>,
     /// The outcome once the node is gone.
     pub gone: G,
@@ -48,19 +51,21 @@ impl ZkSession {
         mut decide: impl FnMut(&[u8], &zk::Stat) -> Option<Result<T>>,
     ) -> Result<T> {
         let op = w.op;
+        let mut own: Option<&Entry> = None;
         loop {
             let broken = self.broken(op);
             let client = self.client()?;
-            // One round trip: our own entry checked, the node read and watched.
+            // One round trip: our own entry checked (from the second read on), the node read
+            // and watched.
             let mine = async {
-                match w.own {
+                match own {
                     Some(own) => Some(client.check_stat(&own.key).await),
                     None => None,
                 }
             };
             let (mine, read) = futures::join!(mine, client.get_and_watch_data(w.path));
             drop(client);
-            if let (Some(own), Some(mine)) = (w.own, mine) {
+            if let (Some(own), Some(mine)) = (own, mine) {
                 match mine {
                     Ok(Some(stat)) if stat.czxid as u64 == own.token.get() => {}
                     Ok(_) => {
@@ -88,7 +93,11 @@ impl ZkSession {
                         check_session_event(op, &ev)?;
                         return Err(error::disconnected(op));
                     }
-                    _ => continue, // its data changed: read it again
+                    _ => {
+                        // Its data changed: read it again, with our own entry this time.
+                        own = w.own;
+                        continue;
+                    }
                 },
                 err = broken => return Err(err),
             }
