@@ -4,8 +4,8 @@
 //! `instructions serve` starts one etcd member, one ZooKeeper server and one Redis server
 //! (natively, not under valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
 //! releases one uncontended lock `n` times in one session on a single-threaded runtime
-//! (`redis-fencelock-4`: four sessions contend for one lock, `n` acquisitions in all, each
-//! handed over by the release before it).
+//! (`redis-fencelock-4`, `zookeeper-fencelock-4`, `zookeeper-client-lock-4`: four sessions
+//! contend for one lock, `n` acquisitions in all, each handed over by the release before it).
 //! The script runs each `what` twice (`n` = 50 and 250) under callgrind: the difference over
 //! 200 acquisitions leaves out the start (connecting, the session, TLS provider set-up).
 
@@ -19,12 +19,14 @@ use fencelock_integration::servers::Cluster;
 use zookeeper_client as zk;
 
 /// Every `what`: ours and the peers', on etcd, ZooKeeper and Redis.
-const WHAT: [&str; 10] = [
+const WHAT: [&str; 12] = [
     "etcd-fencelock",
     "etcd-client-lock",
     "etcd-raw-txn",
     "zookeeper-fencelock",
+    "zookeeper-fencelock-4",
     "zookeeper-client-lock",
+    "zookeeper-client-lock-4",
     "zookeeper-raw",
     "redis-fencelock",
     "redis-fencelock-4",
@@ -104,19 +106,27 @@ async fn run(what: &str, n: usize, address: &str) {
                 .unwrap();
             mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
         }
-        "zookeeper-client-lock" => {
-            let c = zk_client(address).await;
-            let open = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-            let options = zk::LockOptions::new(zk::Acls::anyone_all())
-                .with_ancestor_options(open)
-                .unwrap();
-            for _ in 0..n {
-                let prefix = zk::LockPrefix::new_curator("/instructions-lock", "lock-").unwrap();
-                let lock = c.lock(prefix, b"", options.clone()).await.unwrap();
-                c.delete(lock.lock_path(), None).await.unwrap();
-                // Released above, confirmed: skip the drop's background delete.
-                std::mem::forget(lock);
+        "zookeeper-fencelock-4" => {
+            let mut rounds = Vec::new();
+            for _ in 0..4 {
+                let b = fencelock_zookeeper::ZooKeeperBackend::builder(address)
+                    .connect()
+                    .await
+                    .unwrap();
+                rounds.push(mutex_rounds(
+                    Session::builder(b).namespace("instructions"),
+                    n / 4,
+                ));
             }
+            futures::future::join_all(rounds).await;
+        }
+        "zookeeper-client-lock" => zk_recipe_rounds(zk_client(address).await, n).await,
+        "zookeeper-client-lock-4" => {
+            let mut rounds = Vec::new();
+            for _ in 0..4 {
+                rounds.push(zk_recipe_rounds(zk_client(address).await, n / 4));
+            }
+            futures::future::join_all(rounds).await;
         }
         "zookeeper-raw" => {
             let c = zk_client(address).await;
@@ -199,6 +209,22 @@ async fn mutex_rounds(builder: fencelock::SessionBuilder, n: usize) {
         m.lock().await.unwrap().release().await.unwrap();
     }
     s.close().await.unwrap();
+}
+
+/// `n` rounds of zookeeper-client's lock recipe (Curator's naming, container parents) and a
+/// confirmed delete.
+async fn zk_recipe_rounds(c: zk::Client, n: usize) {
+    let open = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let options = zk::LockOptions::new(zk::Acls::anyone_all())
+        .with_ancestor_options(open)
+        .unwrap();
+    for _ in 0..n {
+        let prefix = zk::LockPrefix::new_curator("/instructions-lock", "lock-").unwrap();
+        let lock = c.lock(prefix, b"", options.clone()).await.unwrap();
+        c.delete(lock.lock_path(), None).await.unwrap();
+        // Released above, confirmed: skip the drop's background delete.
+        std::mem::forget(lock);
+    }
 }
 
 async fn zk_client(address: &str) -> zk::Client {
