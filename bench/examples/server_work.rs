@@ -40,6 +40,7 @@ async fn main() {
     };
     match args.first().map(String::as_str) {
         Some("zookeeper") => zookeeper(seconds).await,
+        Some("zookeeper-held") => zookeeper_held().await,
         Some("etcd") => etcd(seconds).await,
         _ => usage(),
     }
@@ -163,6 +164,113 @@ async fn zookeeper(seconds: f64) {
                 (client1 - client0) * 10_000.0 / acquisitions,
             );
         }
+    }
+}
+
+/// One session takes 1,000 distinct locks new to the server (64 in flight), then releases
+/// them all: the requests and CPU of each phase, per lock, ours and the recipe's.
+async fn zookeeper_held() {
+    use futures::{stream, StreamExt};
+    const N: usize = 1000;
+    let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
+        .await
+        .expect("start ZooKeeper");
+    let connect = server.connect_string();
+    let (pid, me) = (server.pid(0).expect("server pid"), std::process::id());
+    println!("ZooKeeper, {N} fresh locks in one session (64 in flight); per lock:\n");
+    println!("| implementation | phase | per second | requests | replies + notifications | server CPU µs | client CPU µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let sample = || {
+        (
+            mntr(&server),
+            cpu_ticks(pid),
+            cpu_ticks(me),
+            std::time::Instant::now(),
+        )
+    };
+    let row = |name: &str,
+               phase: &str,
+               a: &(BTreeMap<String, f64>, f64, f64, std::time::Instant),
+               b: &(BTreeMap<String, f64>, f64, f64, std::time::Instant)| {
+        let d = per_acquisition(&a.0, &b.0, N as f64);
+        let get = |k: &str| d.iter().find(|(n, _)| n == k).map_or(0.0, |(_, v)| *v);
+        println!(
+            "| {name} | {phase} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} |",
+            N as f64 / (b.3 - a.3).as_secs_f64(),
+            get("zk_packets_received"),
+            get("zk_packets_sent"),
+            (b.1 - a.1) * 10_000.0 / N as f64,
+            (b.2 - a.2) * 10_000.0 / N as f64,
+        );
+    };
+    for rep in 0..2 {
+        let b = ZooKeeperBackend::builder(connect.as_str())
+            .min_ttl(MIN_SESSION_TIMEOUT)
+            .connect()
+            .await
+            .expect("connect");
+        let session = session_on(b).await;
+        let names: Vec<String> = (0..N).map(|i| format!("held/r{rep}/{i}")).collect();
+        let a = sample();
+        let guards: Vec<fencelock::Guard> = stream::iter(&names)
+            .map(|name| {
+                let s = session.clone();
+                async move { s.mutex(name).expect("mutex").lock().await.expect("lock") }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        let b = sample();
+        stream::iter(guards)
+            .map(|g| async move { g.release().await.expect("release") })
+            .buffer_unordered(64)
+            .collect::<Vec<()>>()
+            .await;
+        let c = sample();
+        row("fencelock Mutex", "acquire", &a, &b);
+        row("fencelock Mutex", "release", &b, &c);
+        session.close().await.expect("close");
+
+        let client = zk::Client::connector()
+            .with_session_timeout(TTL)
+            .connect(&connect)
+            .await
+            .expect("zookeeper-client connect");
+        let dirs: Vec<String> = (0..N)
+            .map(|i| format!("/bench/peer-held/r{rep}/{i}"))
+            .collect();
+        let a = sample();
+        let held: Vec<zk::OwnedLockClient> = stream::iter(&dirs)
+            .map(|dir| {
+                let c = client.clone();
+                async move {
+                    let prefix = zk::LockPrefix::new_curator(dir, "lock-").expect("prefix");
+                    let options = zk::LockOptions::new(zk::Acls::anyone_all())
+                        .with_ancestor_options(
+                            zk::CreateMode::Container.with_acls(zk::Acls::anyone_all()),
+                        )
+                        .expect("options");
+                    c.lock(prefix, b"", options)
+                        .await
+                        .expect("lock")
+                        .into_owned()
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        let b = sample();
+        stream::iter(held)
+            .map(|l| async move {
+                l.delete(l.lock_path(), None).await.expect("delete");
+                std::mem::forget(l);
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<()>>()
+            .await;
+        let c = sample();
+        row("zookeeper-client Client::lock", "acquire", &a, &b);
+        row("zookeeper-client Client::lock", "release", &b, &c);
     }
 }
 

@@ -174,8 +174,9 @@ impl ZkSession {
         Err(error::temporary("close", failure))
     }
 
-    /// A clone of the current client for one operation, or the reason there is none.
-    /// Operations must not keep it across long waits (watches): the session may move to
+    /// The current client for one operation, or the reason there is none. Held through its
+    /// link, not cloned (a `zk::Client` clone copies the session's password: an allocation
+    /// per request). Operations must not keep it across long waits (watches): the session may move to
     /// another client meanwhile, and [`close`](BackendSession::close) must really end it.
     ///
     /// A client that is reconnecting fails the operation at once (temporary; the core retries
@@ -184,14 +185,14 @@ impl ZkSession {
     /// it then. A create sent so, after its retry through the new client had created and
     /// found the entry, left a second entry of the session in the queue that nobody knew of:
     /// once the first was released, it held the lock for as long as the session lived.
-    pub(crate) fn client(&self) -> Result<zk::Client> {
+    pub(crate) fn client(&self) -> Result<LinkClient> {
         let link = self.links.current()?;
         match link.state.peek_state() {
             // Refused credentials are permanent, as the request's own error would say.
             zk::SessionState::AuthFailed => Err(error::map("request", zk::Error::AuthFailed)),
             state => match error::state_error("request", state) {
                 Some(e) => Err(e),
-                None => Ok(link.client.clone()),
+                None => Ok(LinkClient(link)),
             },
         }
     }
@@ -351,4 +352,16 @@ pub(crate) async fn next_event(session: &ZkSession) -> SessionEvent {
 
 pub(crate) async fn close(session: &ZkSession) -> Result<()> {
     session.close_once().await
+}
+
+/// The client of the link current when an operation started (see [`ZkSession::client`]),
+/// used as a `zk::Client`.
+pub(crate) struct LinkClient(Arc<crate::link::Link>);
+
+impl std::ops::Deref for LinkClient {
+    type Target = zk::Client;
+
+    fn deref(&self) -> &zk::Client {
+        &self.0.client
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use fencelock::backend::{EnqueueRequest, Entry, EntryKind, Peer};
+use fencelock::backend::{Ahead, EnqueueRequest, Entry, EntryKind, Peer};
 use fencelock::{Error, FencingToken, Result};
 use tracing::{debug, warn};
 use zookeeper_client as zk;
@@ -30,20 +30,35 @@ pub(crate) fn entry(key: String, seq: u64, kind: EntryKind, czxid: i64) -> Entry
     }
 }
 
-/// The entries of `sorted` (a queue's listing) ahead of the entry named `own`, or `None` if
-/// `own` is not in it.
-pub(crate) fn ahead_of(parent: &str, sorted: &[Listed], own: &str) -> Option<Vec<Peer>> {
+/// The entries of `sorted` (a queue's listing) ahead of the entry named `own` that `want`
+/// asks for (of its kind, if given; the nearest ones), in queue order, or `None` if `own` is
+/// not in it. Only those get a path made: a long queue costs its listing, not a path per entry.
+pub(crate) fn ahead_of(
+    parent: &str,
+    sorted: &[Listed],
+    own: &str,
+    want: Ahead,
+) -> Option<Vec<Peer>> {
     let pos = sorted.iter().position(|l| l.name == own)?;
-    Some(
-        sorted[..pos]
-            .iter()
-            .map(|l| Peer {
-                key: join(parent, &l.name),
-                order: l.seq,
-                kind: l.kind,
-            })
-            .collect(),
-    )
+    Some(nearest(parent, &sorted[..pos], want))
+}
+
+/// The `want.nearest` last entries of `before` (of `want.kind`, if given), in queue order, as
+/// peers under `parent`.
+pub(crate) fn nearest(parent: &str, before: &[Listed], want: Ahead) -> Vec<Peer> {
+    let mut peers: Vec<Peer> = before
+        .iter()
+        .rev()
+        .filter(|l| want.kind.is_none_or(|k| l.kind == k))
+        .take(want.nearest)
+        .map(|l| Peer {
+            key: join(parent, &l.name),
+            order: l.seq,
+            kind: l.kind,
+        })
+        .collect();
+    peers.reverse();
+    peers
 }
 
 /// A node created by a create request: its path, and the entry it is.

@@ -22,6 +22,10 @@ impl KnownParents {
 
     pub(crate) fn remember(&self, parent: &str) {
         let mut set = self.set.lock().unwrap();
+        // Most often known already: no copy of the path made.
+        if set.contains(parent) {
+            return;
+        }
         if set.len() >= CAPACITY {
             set.clear();
         }

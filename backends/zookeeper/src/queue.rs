@@ -2,14 +2,14 @@
 //! for the entries ahead, re-read them, remove or abandon an entry, set its value (a leader's
 //! proclaimed value lives outside the election's parent, see [`value_path`]).
 
-use fencelock::backend::{EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId};
+use fencelock::backend::{Ahead, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId};
 use fencelock::{Error, Result};
 use tracing::debug;
 use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{self};
-use crate::layout::{basename, is_latch, join, queue_path, sorted_entries, value_path};
+use crate::layout::{basename, is_latch, queue_path, sorted_entries, value_path};
 use crate::lifecycle::ZkSession;
 use crate::nodes::ahead_of;
 use crate::watch::DataWatch;
@@ -41,7 +41,8 @@ pub(crate) async fn enqueue(session: &ZkSession, req: EnqueueRequest<'_>) -> Res
                     }
                     debug!(key = %own.key, "adopted the entry of a create whose reply was lost");
                     let sorted = sorted_entries(children, req.queue.kind);
-                    let ahead = ahead_of(&parent, &sorted, basename(&own.key)).unwrap_or_default();
+                    let ahead = ahead_of(&parent, &sorted, basename(&own.key), req.ahead)
+                        .unwrap_or_default();
                     return Ok(Enqueued::new(own, ahead));
                 }
             }
@@ -49,18 +50,27 @@ pub(crate) async fn enqueue(session: &ZkSession, req: EnqueueRequest<'_>) -> Res
             let own = created.entry;
             let name = basename(&own.key).to_string();
             // The listing sent with the create shows our node; should it not, list again.
-            let listed = created
-                .listing
-                .and_then(|c| ahead_of(&parent, &sorted_entries(c, req.queue.kind), &name));
+            let listed = created.listing.and_then(|c| {
+                ahead_of(
+                    &parent,
+                    &sorted_entries(c, req.queue.kind),
+                    &name,
+                    req.ahead,
+                )
+            });
             let ahead = match listed {
                 Some(ahead) => ahead,
                 None => {
                     let children = session.children(OP, &parent).await?;
-                    ahead_of(&parent, &sorted_entries(children, req.queue.kind), &name).ok_or_else(
-                        || Error::EntryVanished {
-                            key: own.key.clone(),
-                        },
-                    )?
+                    ahead_of(
+                        &parent,
+                        &sorted_entries(children, req.queue.kind),
+                        &name,
+                        req.ahead,
+                    )
+                    .ok_or_else(|| Error::EntryVanished {
+                        key: own.key.clone(),
+                    })?
                 }
             };
             Ok(Enqueued::new(own, ahead))
@@ -130,17 +140,13 @@ pub(crate) async fn still_ahead(
                     key: own.key.clone(),
                 });
             }
-            let mut ahead: Vec<Peer> = sorted_entries(children, queue.kind)
-                .into_iter()
-                .filter(|l| l.seq < own.order && kind.is_none_or(|k| l.kind == k))
-                .map(|l| Peer {
-                    key: join(&parent, &l.name),
-                    order: l.seq,
-                    kind: l.kind,
-                })
-                .collect();
-            let skip = ahead.len().saturating_sub(nearest);
-            Ok(ahead.split_off(skip))
+            let sorted = sorted_entries(children, queue.kind);
+            let before = sorted.partition_point(|l| l.seq < own.order);
+            Ok(crate::nodes::nearest(
+                &parent,
+                &sorted[..before],
+                Ahead { kind, nearest },
+            ))
         })
         .await
 }
