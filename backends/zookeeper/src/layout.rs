@@ -264,15 +264,20 @@ pub(crate) fn queue_path_of(namespace: &str, name: &str, chrooted: bool) -> Resu
     if name.is_empty() {
         return Err(invalid(name, "empty"));
     }
-    let root = namespace_root(namespace, chrooted)?;
-    let path = join(&root, name);
-    if root == "/" {
+    // One string, checked in two parts: the namespace's (as `namespace_root` checks it) and
+    // the name's (made on every acquisition: no root string of its own).
+    fencelock::validate_namespace(namespace)?;
+    let ns = namespace.strip_prefix('/').unwrap_or(namespace);
+    if ns.is_empty() {
+        let path = ["/", name].concat();
         check_zk_path(&path, name, chrooted)?;
-    } else {
-        // The root's segments are checked above: only the name's (`/{name}`), whose first
-        // segment is not top-level (so not the reserved `/zookeeper`: hence `true`).
-        check_zk_path(&path[root.len()..], name, true)?;
+        return Ok(path);
     }
+    let path = ["/", ns, "/", name].concat();
+    let (root, rest) = path.split_at(1 + ns.len());
+    check_zk_path(root, namespace, chrooted)?;
+    // The name's first segment is not top-level (so not the reserved `/zookeeper`: `true`).
+    check_zk_path(rest, name, true)?;
     Ok(path)
 }
 
