@@ -23,8 +23,9 @@
 //!
 //! - **Entries of a kind** ([`EntryKind`]): readers and writers of a read-write lock share one
 //!   order; a reader waits only on the nearest earlier writer.
-//! - **The entries ahead of one's own** ([`Enqueued::ahead`]): an enqueue returns all of them,
-//!   in order, in the same round trip as the create. They can only leave, never be added, so
+//! - **The entries ahead of one's own** ([`Enqueued::ahead`]): an enqueue returns those the
+//!   caller asks for ([`EnqueueRequest::ahead`]: all of them by default, or the nearest of a
+//!   kind), in order, in the same round trip as the create. They can only leave, never be added, so
 //!   the core walks this list instead of re-reading the queue: a handoff costs the same
 //!   whatever the queue's length, and a semaphore with `n` permits can reason about the `n`
 //!   entries ahead of a waiter.
@@ -307,8 +308,9 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
 
     /// Creates this session's entry as `req` asks, or finds it again when `req.retry` is set
     /// and an earlier try of the same attempt created it (the create-succeeded-but-reply-lost
-    /// case). Returns the entry and every entry ahead of it, in as
-    /// few round trips as the backend can (one on etcd and ZooKeeper).
+    /// case). Returns the entry and the entries ahead of it that `req.ahead` asks for (at
+    /// least those; every one by default), in as few round trips as the backend can (one on
+    /// etcd and ZooKeeper).
     ///
     /// Must fail with a permanent error, having created nothing, for a value longer than
     /// [`MAX_VALUE_LEN`] (the core checks first; this is the backstop).
@@ -322,9 +324,10 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// Waits until `target` (an entry ahead of `own` from [`enqueue`](Self::enqueue)) is gone:
     /// deleted, expired, or replaced by a newer entry with its key. Returns at once if it is
     /// gone already. Must not miss a deletion that happens while the call is starting (watch
-    /// first, then read). Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) if
-    /// it finds `own` gone when it starts, so that a waiter whose entry was deleted does not
-    /// wait on. Costs a constant number of requests whatever the queue's length.
+    /// first, then read). Fails with [`Error::EntryVanished`](crate::Error::EntryVanished) once
+    /// it finds `own` gone (at its start, where it checks then, else at a later look: see
+    /// below), so that a waiter whose entry was deleted does not wait on. Costs a constant
+    /// number of requests whatever the queue's length.
     ///
     /// A backend may skip the read (and so the check of `own`) when it knows without a
     /// request that the target's deletion will be reported: etcd does, when a watch kept
@@ -332,9 +335,11 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// core confirms `own` at the next [`still_ahead`](Self::still_ahead), before any grant,
     /// as it must anyway for an entry deleted during the wait. A backend whose check of `own`
     /// is a request of its own may skip it at the start, and find `own` gone at its next
-    /// periodic look instead (within a third of the TTL, at most 5 s): the core calls `wait`
-    /// right after an [`enqueue`](Self::enqueue) or a `still_ahead` that showed `own`.
-    /// ZooKeeper does (the check was one request in six of a contended acquisition).
+    /// periodic look instead (a third of the TTL, from 0.5 s to 5 s): the core calls `wait`
+    /// right after an [`enqueue`](Self::enqueue) or a `still_ahead` that showed `own`, or
+    /// again after a temporary error of the wait (a disconnect), each call's periodic look
+    /// counted from its start. ZooKeeper does (the check was one request in six of a
+    /// contended acquisition).
     async fn wait(&self, own: &Entry, target: &Peer) -> Result<()>;
 
     /// The entries still ahead of `own` in `queue` that its grant may depend on: of the

@@ -12,6 +12,7 @@ use fencelock::{IntoBackend, Session};
 use fencelock_integration::load::{our_op, Load};
 use fencelock_integration::notifications::Notifications;
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
+use fencelock_integration::servers::fourlw;
 use fencelock_integration::servers::zookeeper::{ZkEnsemble, MIN_SESSION_TIMEOUT};
 use fencelock_integration::servers::{available, Cluster};
 use fencelock_integration::target::Kind;
@@ -283,14 +284,8 @@ async fn zookeeper_contended_acquisition_costs_five_requests() {
     let (server, sessions) = zookeeper_sessions(SESSIONS, "requests").await;
     let received = || {
         let mntr = server.four_letter(0, "mntr").expect("mntr answers");
-        mntr.lines()
-            .find_map(|l| {
-                l.strip_prefix("zk_packets_received")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .expect("zk_packets_received in mntr")
+        fourlw::mntr_value(&mntr, "zk_packets_received").expect("zk_packets_received in mntr")
+            as f64
     };
     // Once first: the queue's parent node is made by the first acquisitions.
     run_load(&sessions, Load::Mutex, "requests", 1).await;
@@ -298,7 +293,9 @@ async fn zookeeper_contended_acquisition_costs_five_requests() {
     run_load(&sessions, Load::Mutex, "requests", ROUNDS).await;
     let per = (received() - before) / (SESSIONS * ROUNDS) as f64;
     println!("{per:.2} requests per contended acquisition");
-    assert!(per <= 5.2, "{per:.2} requests per acquisition");
+    // 4.99 measured, 5.98 with the check; the margin is for the sessions' heartbeats (a
+    // `sync` every few seconds each) on a slow run.
+    assert!(per <= 5.5, "{per:.2} requests per acquisition");
     // Contended at all: uncontended, an acquisition costs three.
     assert!(
         per > 4.0,
