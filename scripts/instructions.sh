@@ -14,10 +14,18 @@ command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get ins
 cargo build --release -q -p fencelock-bench --example instructions
 bin=target/release/examples/instructions
 work="$(mktemp -d)"
-# The servers run natively, in a process group of their own that the trap stops.
+# The servers run natively, in a process group of their own. The trap asks the serving
+# process to stop them (it removes their data dirs as it does), then stops whatever is left.
 setsid "$bin" serve >"$work/addresses" 2>"$work/serve.log" &
 serve=$!
-trap 'kill -- -"$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; rm -rf "$work"' EXIT
+stop_servers() {
+  kill "$serve" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$serve" 2>/dev/null || break; sleep 0.1; done
+  kill -- -"$serve" 2>/dev/null || true
+  wait "$serve" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap stop_servers EXIT
 for _ in $(seq 1 120); do
   [ -s "$work/addresses" ] && break
   kill -0 "$serve" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
