@@ -39,7 +39,7 @@ count() { # what n address → instructions
 }
 echo "| client, lock + release | instructions per acquisition |"
 echo "|---|---:|"
-for what in ${INSTRUCTIONS_ONLY:-etcd-fencelock etcd-client-lock etcd-raw-txn zookeeper-fencelock zookeeper-fencelock-4 zookeeper-client-lock zookeeper-client-lock-4 zookeeper-raw redis-fencelock redis-fencelock-4 redis-rslock redis-bare}; do
+for what in ${INSTRUCTIONS_ONLY:-memory-fencelock etcd-fencelock etcd-client-lock etcd-raw-txn zookeeper-fencelock zookeeper-fencelock-4 zookeeper-client-lock zookeeper-client-lock-4 zookeeper-raw redis-fencelock redis-fencelock-4 redis-rslock redis-bare}; do
   case "$what" in etcd-*) address="http://$etcd" ;; redis-*) address="$redis" ;; *) address="$zookeeper" ;; esac
   small=$(count "$what" 50 "$address")
   large=$(count "$what" 250 "$address")

@@ -4,7 +4,8 @@
 //! `instructions serve` starts one etcd member, one ZooKeeper server and one Redis server
 //! (natively, not under valgrind) and prints their addresses; `instructions <what> <n> <address>` then takes and
 //! releases one uncontended lock `n` times in one session on a single-threaded runtime
-//! (`redis-fencelock-4`, `zookeeper-fencelock-4`, `zookeeper-client-lock-4`: four sessions
+//! (`memory-fencelock`: the in-memory backend, the core's own cost; `redis-fencelock-4`,
+//! `zookeeper-fencelock-4`, `zookeeper-client-lock-4`: four sessions
 //! contend for one lock, `n` acquisitions in all, each handed over by the release before it).
 //! The script runs each `what` twice (`n` = 50 and 250) under callgrind: the difference over
 //! 200 acquisitions leaves out the start (connecting, the session, TLS provider set-up).
@@ -19,7 +20,8 @@ use fencelock_integration::servers::Cluster;
 use zookeeper_client as zk;
 
 /// Every `what`: ours and the peers', on etcd, ZooKeeper and Redis.
-const WHAT: [&str; 12] = [
+const WHAT: [&str; 13] = [
+    "memory-fencelock",
     "etcd-fencelock",
     "etcd-client-lock",
     "etcd-raw-txn",
@@ -84,6 +86,14 @@ fn main() {
 
 async fn run(what: &str, n: usize, address: &str) {
     match what {
+        "memory-fencelock" => {
+            // The core's own cost: the in-memory backend does next to nothing per request.
+            mutex_rounds(
+                Session::builder(fencelock::MemoryBackend::new()).namespace("instructions"),
+                n,
+            )
+            .await;
+        }
         "etcd-fencelock" => {
             let b = fencelock_etcd::EtcdBackend::connect([address])
                 .await
