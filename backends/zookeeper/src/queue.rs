@@ -126,7 +126,12 @@ pub(crate) async fn still_ahead(
     session
         .unless_moved("still_ahead", async {
             const OP: &str = "read queue";
-            let parent = queue_path(queue, session.chrooted())?;
+            // Our node's parent, from its path (made and checked at the enqueue): this read
+            // follows each wake-up, on the handoff's critical path.
+            let parent = match own.key.rsplit_once('/') {
+                Some((parent, _)) if !parent.is_empty() => parent.to_string(),
+                _ => queue_path(queue, session.chrooted())?,
+            };
             // One request: our node is in the listing if it still exists (its name carries the
             // attempt's uuid: never re-used, so its presence is its identity). Curator's recipes
             // list the children on each wake-up too.
