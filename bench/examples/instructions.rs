@@ -131,18 +131,15 @@ async fn run(what: &str, n: usize, address: &str) {
             mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
         }
         "zookeeper-fencelock-4" => {
-            let mut rounds = Vec::new();
+            let mut sessions = Vec::new();
             for _ in 0..4 {
                 let b = fencelock_zookeeper::ZooKeeperBackend::builder(address)
                     .connect()
                     .await
                     .unwrap();
-                rounds.push(mutex_rounds(
-                    Session::builder(b).namespace("instructions"),
-                    n / 4,
-                ));
+                sessions.push(Session::builder(b));
             }
-            futures::future::join_all(rounds).await;
+            contended_rounds(sessions, n).await;
         }
         "zookeeper-client-lock" => zk_recipe_rounds(zk_client(address).await, n).await,
         "zookeeper-client-lock-4" => {
@@ -171,18 +168,14 @@ async fn run(what: &str, n: usize, address: &str) {
             mutex_rounds(Session::builder(b).namespace("instructions"), n).await;
         }
         "redis-fencelock-4" => {
-            // Four sessions contending: `n` acquisitions in all, each a handoff.
-            let mut rounds = Vec::new();
+            let mut sessions = Vec::new();
             for _ in 0..4 {
                 let b = fencelock_redis::RedisBackend::connect(address)
                     .await
                     .unwrap();
-                rounds.push(mutex_rounds(
-                    Session::builder(b).namespace("instructions"),
-                    n / 4,
-                ));
+                sessions.push(Session::builder(b));
             }
-            futures::future::join_all(rounds).await;
+            contended_rounds(sessions, n).await;
         }
         "redis-rslock" => {
             let lm = rslock::LockManager::new(vec![address.to_string()]);
@@ -233,6 +226,15 @@ async fn mutex_rounds(builder: fencelock::SessionBuilder, n: usize) {
         m.lock().await.unwrap().release().await.unwrap();
     }
     s.close().await.unwrap();
+}
+
+/// The sessions of `builders` contending for one lock: `n` acquisitions in all, each a handoff.
+async fn contended_rounds(builders: Vec<fencelock::SessionBuilder>, n: usize) {
+    let per = n / builders.len().max(1);
+    let rounds = builders
+        .into_iter()
+        .map(|b| mutex_rounds(b.namespace("instructions"), per));
+    futures::future::join_all(rounds).await;
 }
 
 /// `n` rounds of zookeeper-client's lock recipe (Curator's naming, container parents) and a
