@@ -19,16 +19,16 @@
 //! and the recipe's, twice.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencelock::Session;
-use fencelock_bench::{pingpong, run_slice, Op};
+use fencelock_bench::zookeeper::{our_op, our_session, recipe_op, zk_client};
+use fencelock_bench::{pingpong, run_slice};
+use fencelock_integration::load::{self, Load};
 use fencelock_integration::notifications::http_get;
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
-use fencelock_integration::servers::zookeeper::{ZkEnsemble, MIN_SESSION_TIMEOUT};
+use fencelock_integration::servers::zookeeper::ZkEnsemble;
 use fencelock_integration::servers::Cluster;
-use fencelock_zookeeper::ZooKeeperBackend;
 use zookeeper_client as zk;
 
 const SESSIONS: [usize; 3] = [1, 4, 16];
@@ -53,27 +53,6 @@ async fn main() {
 fn usage() -> ! {
     eprintln!("usage: server_work <zookeeper|etcd|zookeeper-held> [seconds, 3 by default]");
     std::process::exit(2);
-}
-
-/// Our `Mutex` lock + release on `contended`, in a session of `session`'s.
-fn mutex_op(session: Session) -> Op {
-    let m = Arc::new(session.mutex("contended").expect("mutex"));
-    Box::new(move || {
-        let (m, _s) = (m.clone(), session.clone());
-        Box::pin(async move {
-            let g = m.lock().await.expect("lock");
-            g.release().await.expect("release");
-        })
-    })
-}
-
-async fn session_on(backend: impl fencelock::IntoBackend) -> Session {
-    Session::builder(backend)
-        .namespace("bench")
-        .ttl(TTL)
-        .start()
-        .await
-        .expect("session")
 }
 
 /// A counter's rise per acquisition, for each counter that rose.
@@ -122,12 +101,48 @@ fn mntr(server: &ZkEnsemble) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// What a ZooKeeper row reads before and after its phase.
+struct ZkSample {
+    mntr: BTreeMap<String, f64>,
+    server_ticks: f64,
+    client_ticks: f64,
+    at: Instant,
+}
+
+impl ZkSample {
+    fn now(server: &ZkEnsemble, pid: u32) -> ZkSample {
+        ZkSample {
+            mntr: mntr(server),
+            server_ticks: cpu_ticks(pid),
+            client_ticks: cpu_ticks(std::process::id()),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// Prints a ZooKeeper row: `name`, `what` (sessions or phase), then the rate of `count`
+/// operations between `a` and `b`, and per operation the requests, the replies and
+/// notifications, and the CPU of the server and of this process.
+fn zk_row(name: &str, what: &str, a: &ZkSample, b: &ZkSample, count: u64) {
+    let count = count.max(1) as f64;
+    let d = per_acquisition(&a.mntr, &b.mntr, count);
+    let get = |k: &str| d.iter().find(|(n, _)| n == k).map_or(0.0, |(_, v)| *v);
+    println!(
+        "| {name} | {what} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} |",
+        count / (b.at - a.at).as_secs_f64(),
+        get("zk_packets_received"),
+        get("zk_packets_sent"),
+        (b.server_ticks - a.server_ticks) * 10_000.0 / count,
+        (b.client_ticks - a.client_ticks) * 10_000.0 / count,
+    );
+}
+
 async fn zookeeper(seconds: f64) {
     let server = tokio::task::spawn_blocking(|| ZkEnsemble::start(1))
         .await
         .expect("start ZooKeeper");
     let connect = server.connect_string();
-    let (pid, me) = (server.pid(0).expect("server pid"), std::process::id());
+    let pid = server.pid(0).expect("server pid");
     println!("ZooKeeper, {seconds} s per row; per acquisition:\n");
     println!("| implementation | sessions | acquisitions/s | requests | replies + notifications | server CPU µs | client CPU µs |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -136,37 +151,22 @@ async fn zookeeper(seconds: f64) {
             let mut ops = Vec::new();
             for _ in 0..n {
                 ops.push(if ours {
-                    let b = ZooKeeperBackend::builder(connect.as_str())
-                        .min_ttl(MIN_SESSION_TIMEOUT)
-                        .connect()
-                        .await
-                        .expect("connect");
-                    mutex_op(session_on(b).await)
+                    our_op(&connect, "contended").await
                 } else {
-                    recipe_op(&connect).await
+                    recipe_op(zk_client(&connect).await, "/bench/recipe")
                 });
             }
             // A first slice makes the queue's parent and warms the server up.
             let (_, _, ops) = run_slice(ops, 0.5).await;
-            let (before, server0, client0) = (mntr(&server), cpu_ticks(pid), cpu_ticks(me));
-            let (counts, elapsed, _) = run_slice(ops, seconds).await;
-            let (after, server1, client1) = (mntr(&server), cpu_ticks(pid), cpu_ticks(me));
-            let acquisitions = counts.iter().sum::<u64>().max(1) as f64;
-            let d = per_acquisition(&before, &after, acquisitions);
-            let get = |k: &str| d.iter().find(|(n, _)| n == k).map_or(0.0, |(_, v)| *v);
+            let before = ZkSample::now(&server, pid);
+            let (counts, _, _) = run_slice(ops, seconds).await;
+            let after = ZkSample::now(&server, pid);
             let name = if ours {
                 "fencelock Mutex"
             } else {
                 "zookeeper-client Client::lock"
             };
-            println!(
-                "| {name} | {n} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} |",
-                acquisitions / elapsed,
-                get("zk_packets_received"),
-                get("zk_packets_sent"),
-                (server1 - server0) * 10_000.0 / acquisitions,
-                (client1 - client0) * 10_000.0 / acquisitions,
-            );
+            zk_row(name, &n.to_string(), &before, &after, counts.iter().sum());
         }
     }
 }
@@ -180,40 +180,14 @@ async fn zookeeper_held() {
         .await
         .expect("start ZooKeeper");
     let connect = server.connect_string();
-    let (pid, me) = (server.pid(0).expect("server pid"), std::process::id());
+    let pid = server.pid(0).expect("server pid");
     println!("ZooKeeper, {N} fresh locks in one session (64 in flight); per lock:\n");
     println!("| implementation | phase | per second | requests | replies + notifications | server CPU µs | client CPU µs |");
     println!("|---|---|---:|---:|---:|---:|---:|");
-    let sample = || {
-        (
-            mntr(&server),
-            cpu_ticks(pid),
-            cpu_ticks(me),
-            std::time::Instant::now(),
-        )
-    };
-    let row = |name: &str,
-               phase: &str,
-               a: &(BTreeMap<String, f64>, f64, f64, std::time::Instant),
-               b: &(BTreeMap<String, f64>, f64, f64, std::time::Instant)| {
-        let d = per_acquisition(&a.0, &b.0, N as f64);
-        let get = |k: &str| d.iter().find(|(n, _)| n == k).map_or(0.0, |(_, v)| *v);
-        println!(
-            "| {name} | {phase} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} |",
-            N as f64 / (b.3 - a.3).as_secs_f64(),
-            get("zk_packets_received"),
-            get("zk_packets_sent"),
-            (b.1 - a.1) * 10_000.0 / N as f64,
-            (b.2 - a.2) * 10_000.0 / N as f64,
-        );
-    };
+    let sample = || ZkSample::now(&server, pid);
+    let n = N as u64;
     for rep in 0..2 {
-        let b = ZooKeeperBackend::builder(connect.as_str())
-            .min_ttl(MIN_SESSION_TIMEOUT)
-            .connect()
-            .await
-            .expect("connect");
-        let session = session_on(b).await;
+        let session = our_session(&connect, TTL).await;
         let names: Vec<String> = (0..N).map(|i| format!("held/r{rep}/{i}")).collect();
         let a = sample();
         let guards: Vec<fencelock::Guard> = stream::iter(&names)
@@ -231,15 +205,11 @@ async fn zookeeper_held() {
             .collect::<Vec<()>>()
             .await;
         let c = sample();
-        row("fencelock Mutex", "acquire", &a, &b);
-        row("fencelock Mutex", "release", &b, &c);
+        zk_row("fencelock Mutex", "acquire", &a, &b, n);
+        zk_row("fencelock Mutex", "release", &b, &c, n);
         session.close().await.expect("close");
 
-        let client = zk::Client::connector()
-            .with_session_timeout(TTL)
-            .connect(&connect)
-            .await
-            .expect("zookeeper-client connect");
+        let client = zk_client(&connect).await;
         let dirs: Vec<String> = (0..N)
             .map(|i| format!("/bench/peer-held/r{rep}/{i}"))
             .collect();
@@ -273,32 +243,9 @@ async fn zookeeper_held() {
             .collect::<Vec<()>>()
             .await;
         let c = sample();
-        row("zookeeper-client Client::lock", "acquire", &a, &b);
-        row("zookeeper-client Client::lock", "release", &b, &c);
+        zk_row("zookeeper-client Client::lock", "acquire", &a, &b, n);
+        zk_row("zookeeper-client Client::lock", "release", &b, &c, n);
     }
-}
-
-/// `zookeeper-client`'s lock recipe (Curator's naming, container parents) and a confirmed
-/// delete, on a connection of its own: as the benchmark's contended rows run it.
-async fn recipe_op(connect: &str) -> Op {
-    let client = zk::Client::connector()
-        .with_session_timeout(TTL)
-        .connect(connect)
-        .await
-        .expect("zookeeper-client connect");
-    Box::new(move || {
-        let c = client.clone();
-        Box::pin(async move {
-            let prefix = zk::LockPrefix::new_curator("/bench/recipe", "lock-").expect("prefix");
-            let options = zk::LockOptions::new(zk::Acls::anyone_all())
-                .with_ancestor_options(zk::CreateMode::Container.with_acls(zk::Acls::anyone_all()))
-                .expect("options");
-            let lock = c.lock(prefix, b"", options).await.expect("recipe lock");
-            c.delete(lock.lock_path(), None).await.expect("delete");
-            // Released above, confirmed: skip the drop's background delete.
-            std::mem::forget(lock);
-        })
-    })
 }
 
 /// The counters of an etcd member's `/metrics` this program reports, summed by gRPC method.
@@ -349,48 +296,59 @@ async fn etcd(seconds: f64) {
     println!("| implementation | sessions | acquisitions/s | counter | per acquisition |");
     println!("|---|---:|---:|---|---:|");
     for n in SESSIONS {
-        let mut ops = Vec::new();
+        // The sessions kept for the row: an op holds its mutex, not its session.
+        let mut sessions: Vec<Session> = Vec::new();
         for _ in 0..n {
             let b = etcd_harness::connect(std::slice::from_ref(&ep)).await;
-            ops.push(mutex_op(session_on(b).await));
+            let s = Session::builder(b)
+                .namespace("bench")
+                .ttl(TTL)
+                .start()
+                .await
+                .expect("session");
+            sessions.push(s);
         }
+        let ops = sessions
+            .iter()
+            .map(|s| load::our_op(s.clone(), Load::Mutex, "contended"))
+            .collect();
         let (_, _, ops) = run_slice(ops, 0.5).await;
         let before = etcd_metrics(&ep).await;
         let (counts, elapsed, _) = run_slice(ops, seconds).await;
         let after = etcd_metrics(&ep).await;
         let acquisitions = counts.iter().sum::<u64>().max(1) as f64;
-        for (i, (k, v)) in per_acquisition(&before, &after, acquisitions)
-            .iter()
-            .enumerate()
-        {
-            let (name, sessions, rate) = if i == 0 {
-                (
-                    "fencelock Mutex",
-                    n.to_string(),
-                    format!("{:.0}", acquisitions / elapsed),
-                )
-            } else {
-                ("", String::new(), String::new())
-            };
-            println!("| {name} | {sessions} | {rate} | {k} | {v:.2} |");
-        }
+        let rate = acquisitions / elapsed;
+        etcd_rows("fencelock Mutex", n, rate, &before, &after, acquisitions);
     }
     let before = etcd_metrics(&ep).await;
     let rate = pingpong::etcd(&ep, seconds).await;
     let after = etcd_metrics(&ep).await;
-    for (i, (k, v)) in per_acquisition(&before, &after, (rate * seconds).max(1.0))
-        .iter()
-        .enumerate()
-    {
-        let (name, sessions, shown) = if i == 0 {
-            (
-                "raw ping-pong (the handoff limit)",
-                "2",
-                format!("{rate:.0}"),
-            )
+    let handoffs = (rate * seconds).max(1.0);
+    etcd_rows(
+        "raw ping-pong (the handoff limit)",
+        2,
+        rate,
+        &before,
+        &after,
+        handoffs,
+    );
+}
+
+/// Prints the etcd rows of `name`: its sessions and rate once, then each counter that rose
+/// between `before` and `after`, per one of `count` acquisitions.
+fn etcd_rows(
+    name: &str,
+    sessions: usize,
+    rate: f64,
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    count: f64,
+) {
+    for (i, (k, v)) in per_acquisition(before, after, count).iter().enumerate() {
+        if i == 0 {
+            println!("| {name} | {sessions} | {rate:.0} | {k} | {v:.2} |");
         } else {
-            ("", "", String::new())
-        };
-        println!("| {name} | {sessions} | {shown} | {k} | {v:.2} |");
+            println!("|  |  |  | {k} | {v:.2} |");
+        }
     }
 }

@@ -40,7 +40,8 @@ async fn backend(connect: &str) -> ZooKeeperBackend {
         .expect("connect to ZooKeeper")
 }
 
-async fn our_session(connect: &str, ttl: Duration) -> Session {
+/// A session of its own (one connection) on `connect`, in namespace `bench`, with `ttl`.
+pub async fn our_session(connect: &str, ttl: Duration) -> Session {
     Session::builder(backend(connect).await)
         .namespace("bench")
         .ttl(ttl)
@@ -50,7 +51,7 @@ async fn our_session(connect: &str, ttl: Duration) -> Session {
 }
 
 /// Our `Mutex` lock + release on `name`, in a session of its own (one connection).
-async fn our_op(connect: &str, name: &str) -> Op {
+pub async fn our_op(connect: &str, name: &str) -> Op {
     let s = our_session(connect, TTL).await;
     let m = Arc::new(s.mutex(name).expect("mutex"));
     Box::new(move || {
@@ -64,7 +65,7 @@ async fn our_op(connect: &str, name: &str) -> Op {
 
 /// `zookeeper-client`'s lock recipe (`Client::lock`, Curator's `_c_{uuid}-lock-` naming,
 /// CONTAINER parents like ours) on `dir`, with a confirmed delete as release.
-fn recipe_op(client: zk::Client, dir: &'static str) -> Op {
+pub fn recipe_op(client: zk::Client, dir: &'static str) -> Op {
     Box::new(move || {
         let c = client.clone();
         Box::pin(async move {
@@ -82,7 +83,8 @@ fn recipe_op(client: zk::Client, dir: &'static str) -> Op {
     })
 }
 
-async fn zk_client(connect: &str) -> zk::Client {
+/// A `zookeeper-client` connection to `connect`, with the rows' session timeout.
+pub async fn zk_client(connect: &str) -> zk::Client {
     zk::Client::connector()
         .with_session_timeout(TTL)
         .connect(connect)
