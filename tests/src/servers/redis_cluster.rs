@@ -246,14 +246,15 @@ impl RedisCluster {
             .to_string()
     }
 
-    /// Moves `slot` to node `to` (a primary) the way `redis-cli --cluster reshard` does: the
-    /// target importing, the source migrating, the keys `MIGRATE`d in batches, then the slot
-    /// assigned to the target on every primary. `between` runs after the first batch moved,
-    /// with the slot half moved (requests to it meet `ASK` or `TRYAGAIN`). Blocking.
-    pub fn move_slot(&self, slot: u16, to: usize, between: impl FnOnce()) {
-        let from = self.primary_of(slot);
-        assert_ne!(from, to, "slot {slot} is already on node {to}");
-        let (from_id, to_id) = (self.id_of(from), self.id_of(to));
+    /// Moves `slot` to another primary the way `redis-cli --cluster reshard` does: the target
+    /// importing, the source migrating, the keys `MIGRATE`d in batches, then the slot assigned
+    /// to the target on every primary. `between` runs after the first batch moved, with the slot
+    /// half moved (requests to it meet `ASK` or `TRYAGAIN`). Returns the target. Blocking.
+    ///
+    /// The target and the source are the nodes that call themselves primaries when asked: with a
+    /// 1 s node timeout, a loaded machine can fail a primary over in the shared cluster, and one
+    /// node's table may not show it yet (a replica then refuses `SETSLOT`: "only with masters").
+    pub fn move_slot(&self, slot: u16, between: impl FnOnce()) -> usize {
         let s = slot.to_string();
         // A node may refuse a moment (a node id it has not heard of yet by gossip, on a loaded
         // machine): asked again for up to 10 s before the move fails.
@@ -268,11 +269,34 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(100));
             }
         };
-        ok(
-            to,
-            &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id],
-            "importing",
-        );
+        let start = Instant::now();
+        let (from, to) = loop {
+            self.wait_ok();
+            let from = self.primary_of(slot);
+            let to = self
+                .primaries()
+                .into_iter()
+                .find(|&p| p != from && self.says_primary(p));
+            if let Some(to) = to.filter(|_| self.says_primary(from)) {
+                let out = self.nodes[to]
+                    .cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.id_of(from)])
+                    .unwrap();
+                if out.trim() == "OK" {
+                    break (from, to);
+                }
+                assert!(
+                    out.contains("only with masters") || out.contains("I don't know"),
+                    "importing: {out}"
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no two primaries agree for 30 s: {}",
+                self.nodes_table()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let to_id = self.id_of(to);
         ok(
             from,
             &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id],
@@ -306,6 +330,14 @@ impl RedisCluster {
             ok(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id], "node");
         }
         self.wait_ok();
+        to
+    }
+
+    /// Whether node `i` calls itself a primary (its own `ROLE`, not another node's table).
+    fn says_primary(&self, i: usize) -> bool {
+        self.nodes[i]
+            .cli(&["ROLE"])
+            .is_ok_and(|r| r.lines().next() == Some("master"))
     }
 
     fn nodes_table(&self) -> String {
