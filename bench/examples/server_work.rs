@@ -9,10 +9,15 @@
 //! per acquisition:
 //! - ZooKeeper: requests received and replies and notifications sent (`mntr`'s
 //!   `zk_packets_received`, `zk_packets_sent`), and the CPU time of the server and of this
-//!   client process (`/proc/PID/stat`, in 10 ms ticks: read the larger figures);
+//!   client process (`/proc/PID/stat`, in 10 ms ticks: read the larger figures),
+//!   and how often the threads of each went to sleep (voluntary context switches);
 //! - etcd: gRPC messages received by method (`grpc_server_msg_received_total`), the store's
 //!   ranges (each compare of a txn is one), puts, deletes and txns, watch events, WAL fsyncs
 //!   (`/metrics`).
+//!
+//! `server_work redis`: the same for Redis, ours against `rslock` (retrying after 1 ms): the
+//! commands the server ran per acquisition (`INFO commandstats`, each command a script calls
+//! counted), its CPU (`INFO cpu`, in µs) and the client's, and the threads' sleeps of both.
 //!
 //! `server_work zookeeper-held`: one session takes 1,000 locks new to the server (64 in
 //! flight), then releases them all; the same ZooKeeper figures per lock for each phase, ours
@@ -22,11 +27,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fencelock::Session;
+use fencelock_bench::redis as bench_redis;
 use fencelock_bench::zookeeper::{our_op, our_session, recipe_op, zk_client};
 use fencelock_bench::{pingpong, run_slice};
 use fencelock_integration::load::{self, Load};
 use fencelock_integration::notifications::http_get;
 use fencelock_integration::servers::etcd::{self as etcd_harness, EtcdCluster};
+use fencelock_integration::servers::redis::{Durability, RedisServer};
 use fencelock_integration::servers::zookeeper::ZkEnsemble;
 use fencelock_integration::servers::Cluster;
 use zookeeper_client as zk;
@@ -46,12 +53,13 @@ async fn main() {
         Some("zookeeper") => zookeeper(seconds).await,
         Some("zookeeper-held") => zookeeper_held().await,
         Some("etcd") => etcd(seconds).await,
+        Some("redis") => redis(seconds).await,
         _ => usage(),
     }
 }
 
 fn usage() -> ! {
-    eprintln!("usage: server_work <zookeeper|etcd|zookeeper-held> [seconds, 3 by default]");
+    eprintln!("usage: server_work <zookeeper|etcd|redis|zookeeper-held> [seconds, 3 by default]");
     std::process::exit(2);
 }
 
@@ -90,6 +98,24 @@ fn cpu_ticks(pid: u32) -> f64 {
     tick(11) + tick(12)
 }
 
+/// Voluntary context switches of process `pid`, summed over its threads (`/proc/PID/task/*/status`):
+/// how often its threads went to sleep, so about how many wake-ups its work took.
+fn sleeps(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .sum()
+}
+
 /// `mntr`'s numeric values.
 fn mntr(server: &ZkEnsemble) -> BTreeMap<String, f64> {
     let text = server.four_letter(0, "mntr").unwrap_or_default();
@@ -106,6 +132,8 @@ struct ZkSample {
     mntr: BTreeMap<String, f64>,
     server_ticks: f64,
     client_ticks: f64,
+    server_sleeps: f64,
+    client_sleeps: f64,
     at: Instant,
 }
 
@@ -115,6 +143,8 @@ impl ZkSample {
             mntr: mntr(server),
             server_ticks: cpu_ticks(pid),
             client_ticks: cpu_ticks(std::process::id()),
+            server_sleeps: sleeps(pid),
+            client_sleeps: sleeps(std::process::id()),
             at: Instant::now(),
         }
     }
@@ -122,18 +152,20 @@ impl ZkSample {
 
 /// Prints a ZooKeeper row: `name`, `what` (sessions or phase), then the rate of `count`
 /// operations between `a` and `b`, and per operation the requests, the replies and
-/// notifications, and the CPU of the server and of this process.
+/// notifications, the CPU of the server and of this process, and their threads' sleeps.
 fn zk_row(name: &str, what: &str, a: &ZkSample, b: &ZkSample, count: u64) {
     let count = count.max(1) as f64;
     let d = per_acquisition(&a.mntr, &b.mntr, count);
     let get = |k: &str| d.iter().find(|(n, _)| n == k).map_or(0.0, |(_, v)| *v);
     println!(
-        "| {name} | {what} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} |",
+        "| {name} | {what} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} |",
         count / (b.at - a.at).as_secs_f64(),
         get("zk_packets_received"),
         get("zk_packets_sent"),
         (b.server_ticks - a.server_ticks) * 10_000.0 / count,
         (b.client_ticks - a.client_ticks) * 10_000.0 / count,
+        (b.server_sleeps - a.server_sleeps) / count,
+        (b.client_sleeps - a.client_sleeps) / count,
     );
 }
 
@@ -144,8 +176,8 @@ async fn zookeeper(seconds: f64) {
     let connect = server.connect_string();
     let pid = server.pid(0).expect("server pid");
     println!("ZooKeeper, {seconds} s per row; per acquisition:\n");
-    println!("| implementation | sessions | acquisitions/s | requests | replies + notifications | server CPU µs | client CPU µs |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| implementation | sessions | acquisitions/s | requests | replies + notifications | server CPU µs | client CPU µs | server thread sleeps | client thread sleeps |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in SESSIONS {
         for ours in [true, false] {
             let mut ops = Vec::new();
@@ -182,8 +214,8 @@ async fn zookeeper_held() {
     let connect = server.connect_string();
     let pid = server.pid(0).expect("server pid");
     println!("ZooKeeper, {N} fresh locks in one session (64 in flight); per lock:\n");
-    println!("| implementation | phase | per second | requests | replies + notifications | server CPU µs | client CPU µs |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("| implementation | phase | per second | requests | replies + notifications | server CPU µs | client CPU µs | server thread sleeps | client thread sleeps |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let sample = || ZkSample::now(&server, pid);
     let n = N as u64;
     for rep in 0..2 {
@@ -349,6 +381,95 @@ fn etcd_rows(
             println!("| {name} | {sessions} | {rate:.0} | {k} | {v:.2} |");
         } else {
             println!("|  |  |  | {k} | {v:.2} |");
+        }
+    }
+}
+
+/// What a Redis row reads before and after its phase: `INFO`'s fields of its server, as
+/// numbers (`cmdstat_*` lines give their `calls`), and this process's CPU and sleeps.
+struct RedisSample {
+    info: BTreeMap<String, f64>,
+    client_ticks: f64,
+    client_sleeps: f64,
+    at: Instant,
+}
+
+impl RedisSample {
+    fn now(server: &RedisServer) -> RedisSample {
+        let text = server.cli(&["INFO", "all"]).unwrap_or_default();
+        let mut info = BTreeMap::new();
+        for line in text.lines() {
+            let Some((k, v)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let value = match k.strip_prefix("cmdstat_") {
+                // `calls=N,usec=…`
+                Some(_) => v.split(',').find_map(|f| f.strip_prefix("calls=")),
+                None => Some(v),
+            };
+            if let Some(n) = value.and_then(|v| v.parse::<f64>().ok()) {
+                info.insert(k.to_string(), n);
+            }
+        }
+        RedisSample {
+            info,
+            client_ticks: cpu_ticks(std::process::id()),
+            client_sleeps: sleeps(std::process::id()),
+            at: Instant::now(),
+        }
+    }
+}
+
+async fn redis(seconds: f64) {
+    let server = tokio::task::spawn_blocking(|| RedisServer::start(Durability::None))
+        .await
+        .expect("start redis");
+    let url = server.url();
+    let sample = || RedisSample::now(&server);
+    let pid = sample().info.get("process_id").copied().unwrap_or(0.0) as u32;
+    println!("Redis, {seconds} s per row; per acquisition:\n");
+    println!("| implementation | sessions | acquisitions/s | commands (each a script calls counted) | scripts run (FCALL, EVALSHA) | server CPU µs | client CPU µs | server thread sleeps | client thread sleeps |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for n in SESSIONS {
+        for ours in [true, false] {
+            let mut ops = Vec::new();
+            for _ in 0..n {
+                ops.push(if ours {
+                    bench_redis::our_op(server.backend().await, "contended").await
+                } else {
+                    bench_redis::rslock_op(&url, "bench:rslock-contended")
+                });
+            }
+            let (_, _, ops) = run_slice(ops, 0.5).await;
+            let (a, server_a) = (sample(), sleeps(pid));
+            let (counts, _, _) = run_slice(ops, seconds).await;
+            let (b, server_b) = (sample(), sleeps(pid));
+            let count = counts.iter().sum::<u64>().max(1) as f64;
+            let rise = |k: &dyn Fn(&str) -> bool| {
+                b.info
+                    .iter()
+                    .filter(|(name, _)| k(name))
+                    .map(|(name, v)| v - a.info.get(name).unwrap_or(&0.0))
+                    .sum::<f64>()
+                    / count
+            };
+            let commands = rise(&|k| k.starts_with("cmdstat_") && k != "cmdstat_info");
+            let scripts =
+                rise(&|k| ["cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"].contains(&k));
+            let cpu = rise(&|k| k == "used_cpu_sys" || k == "used_cpu_user") * 1e6;
+            println!(
+                "| {} | {n} | {:.0} | {commands:.2} | {:.2} | {cpu:.0} | {:.0} | {:.1} | {:.1} |",
+                if ours {
+                    "fencelock Mutex"
+                } else {
+                    "rslock, retry 1 ms"
+                },
+                count / (b.at - a.at).as_secs_f64(),
+                scripts,
+                (b.client_ticks - a.client_ticks) * 10_000.0 / count,
+                (server_b - server_a) / count,
+                (b.client_sleeps - a.client_sleeps) / count,
+            );
         }
     }
 }

@@ -60,7 +60,7 @@ pub(crate) fn bare_op(con: RedisConnection, key: &'static str, retry: Duration) 
 }
 
 /// `rslock`: `acquire` (loops over `lock`, retrying after its delay) + `unlock`.
-fn rslock_op(url: &str, resource: &'static str) -> Op {
+pub fn rslock_op(url: &str, resource: &'static str) -> Op {
     rslock_op_with(
         Arc::new(rslock_with(url, Duration::from_millis(1))),
         resource,
@@ -95,7 +95,8 @@ pub(crate) fn rslock_op_with(lm: Arc<rslock::LockManager>, resource: &'static st
     })
 }
 
-pub(crate) async fn our_op(backend: RedisBackend, name: &str) -> Op {
+/// Our `Mutex` lock + release, on a session of its own over `backend`.
+pub async fn our_op(backend: RedisBackend, name: &str) -> Op {
     let s = Session::builder(backend)
         .namespace("bench")
         .ttl(TTL)
