@@ -333,6 +333,18 @@ impl RedisCluster {
         to
     }
 
+    /// Sets every running node's `cluster-node-timeout` (how long a node may miss pings
+    /// before the others fail it over). Blocking.
+    pub fn set_node_timeout(&self, timeout: Duration) {
+        let ms = timeout.as_millis().to_string();
+        for i in self.running() {
+            let out = self.nodes[i]
+                .cli(&["CONFIG", "SET", "cluster-node-timeout", &ms])
+                .unwrap();
+            assert_eq!(out.trim(), "OK", "node {i}: {out}");
+        }
+    }
+
     /// Whether node `i` calls itself a primary (its own `ROLE`, not another node's table).
     fn says_primary(&self, i: usize) -> bool {
         self.nodes[i]
@@ -479,7 +491,14 @@ static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
 
 /// The cluster shared by the tests of one binary; `None` if Redis is missing outside CI.
 pub fn shared() -> Option<Arc<RedisCluster>> {
-    super::shared(&SHARED, Kind::Redis, RedisCluster::start)
+    super::shared(&SHARED, Kind::Redis, || {
+        let cluster = RedisCluster::start();
+        // No test of the shared cluster fails a node over (those start a cluster of their
+        // own): a node timeout of 5 s instead of 1 s keeps a loaded machine's slow pings from
+        // failing a primary over under the tests' feet (CI run 64).
+        cluster.set_node_timeout(Duration::from_secs(5));
+        cluster
+    })
 }
 
 /// The conformance factory over a Redis Cluster.
