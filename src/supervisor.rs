@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use futures_util::FutureExt;
 use tracing::{info, warn};
 
 use crate::race::{race, First};
@@ -38,6 +39,12 @@ use crate::{
 /// future is left to run to its end (the release is never cut short), and supervision then ends
 /// as for a future that returned. (To step down for a while and take part again, return and
 /// call `lead`/`hold` again.)
+///
+/// Your closure must move the [`Leadership`] or [`Guard`] into the future it returns. One that
+/// drops it instead (`|_leader| async { serve().await }`: the closure's argument is dropped
+/// when the closure returns) would leave the future running without the grant, and another
+/// process leading beside it: supervision ends with [`Error::InvalidConfig`] before that future
+/// is ever polled.
 ///
 /// Errors end supervision only when they are permanent: a temporary error, a lost session, or a
 /// waiting entry deleted by someone else (an operator) leads to another try. An invalid name or
@@ -83,6 +90,8 @@ enum TermEnd {
     Done,
     /// The tenure was lost.
     Lost(LostReason),
+    /// The user's closure dropped the grant instead of moving it into its future.
+    GrantDropped,
 }
 
 impl Supervisor {
@@ -126,6 +135,7 @@ impl Supervisor {
         crate::acquire::value_fits(self.builder.backend_name(), &value)?;
         self.supervise(
             name,
+            "Leadership",
             shutdown,
             |session, name| {
                 let value = value.clone();
@@ -167,6 +177,7 @@ impl Supervisor {
         self.builder.check_name(name)?;
         self.supervise(
             name,
+            "Guard",
             shutdown,
             |session, name| {
                 let name = name.to_string();
@@ -183,10 +194,12 @@ impl Supervisor {
         .await
     }
 
-    /// The loop behind [`lead`](Self::lead) and [`hold`](Self::hold).
+    /// The loop behind [`lead`](Self::lead) and [`hold`](Self::hold); `grant` names what a
+    /// term hands the user's closure.
     async fn supervise<T, A, AF, S, L, UF>(
         &self,
         name: &str,
+        grant: &str,
         shutdown: impl Future<Output = ()>,
         mut acquire: A,
         mut start: S,
@@ -230,24 +243,39 @@ impl Supervisor {
             let began = Instant::now();
             let end = {
                 let (lost, user) = start(tenure);
-                let mut user = pin!(user);
-                match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
-                    First::Left(()) => TermEnd::Shutdown,
-                    First::Right(First::Left(reason)) if ended_by_the_work(reason, &s) => {
-                        // The user's own code released, resigned or dropped the grant, or
-                        // closed its session: its choice, not a loss. Let it finish (dropping
-                        // it now would cut its release short), then end as for a returned
-                        // future.
-                        match race(shutdown.as_mut(), user.as_mut()).await {
-                            First::Left(()) => TermEnd::Shutdown,
-                            First::Right(()) => TermEnd::Done,
+                let (mut lost, mut user) = (pin!(lost), pin!(user));
+                // Released before the term's future was ever polled: the closure dropped the
+                // grant instead of moving it into the future, which would run on without it
+                // (beside the next holder). Polled once here, as the race below would first.
+                if let Some(LostReason::Released) = lost.as_mut().now_or_never() {
+                    TermEnd::GrantDropped
+                } else {
+                    match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
+                        First::Left(()) => TermEnd::Shutdown,
+                        First::Right(First::Left(reason)) if ended_by_the_work(reason, &s) => {
+                            // The user's own code released, resigned or dropped the grant, or
+                            // closed its session: its choice, not a loss. Let it finish (dropping
+                            // it now would cut its release short), then end as for a returned
+                            // future.
+                            match race(shutdown.as_mut(), user.as_mut()).await {
+                                First::Left(()) => TermEnd::Shutdown,
+                                First::Right(()) => TermEnd::Done,
+                            }
                         }
+                        First::Right(First::Left(reason)) => TermEnd::Lost(reason),
+                        First::Right(First::Right(())) => TermEnd::Done,
                     }
-                    First::Right(First::Left(reason)) => TermEnd::Lost(reason),
-                    First::Right(First::Right(())) => TermEnd::Done,
                 }
             };
             match end {
+                TermEnd::GrantDropped => {
+                    let _ = s.close().await;
+                    return Err(Error::invalid_config(
+                        format!("the term's {grant}"),
+                        "dropped by the closure before its future ran: move it into the future \
+                         that uses it",
+                    ));
+                }
                 TermEnd::Shutdown | TermEnd::Done => {
                     // Everything at once: the successor takes over in milliseconds.
                     let _ = s.close().await;

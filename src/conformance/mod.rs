@@ -164,6 +164,7 @@ macro_rules! conformance_tests {
             supervisor_campaigns_again_when_its_entry_is_deleted,
             supervisor_deposes_a_term_held_through_a_reentered_guard,
             supervisor_spaces_quick_losses,
+            supervisor_refuses_a_grant_dropped_by_its_closure,
             state_changes_until_closed,
             readers_share_writer_excludes,
             queued_writer_holds_back_later_readers,

@@ -93,6 +93,50 @@ pub async fn supervisor_spaces_quick_losses(f: &dyn Factory) {
     probe.close().await.unwrap();
 }
 
+/// A closure that drops its grant instead of moving it into the future it returns
+/// (`|_leader| async { serve().await }`) would leave that future serving without the grant,
+/// beside the next holder: supervision ends with `InvalidConfig` before the future is ever
+/// polled, for `lead` and for `hold`, and nothing is left on the cluster.
+pub async fn supervisor_refuses_a_grant_dropped_by_its_closure(f: &dyn Factory) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for how in ["lead", "hold"] {
+        let ns = unique_namespace("supervisor_dropped");
+        let builder = crate::Session::builder(f.backend()).namespace(&ns).ttl(TTL);
+        let supervisor = crate::Supervisor::new(builder);
+        let polled = Arc::new(AtomicBool::new(false));
+        let serve = {
+            let polled = polled.clone();
+            move || {
+                let polled = polled.clone();
+                async move {
+                    polled.store(true, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        let never = std::future::pending::<()>();
+        let run = async {
+            if how == "lead" {
+                supervisor.lead("e", b"v", never, |_leader| serve()).await
+            } else {
+                supervisor.hold("m", never, |_guard| serve()).await
+            }
+        };
+        let r = bounded(WAIT, "supervision ends at once", run).await;
+        assert!(
+            matches!(r, Err(crate::Error::InvalidConfig(_))),
+            "{how}: {r:?}"
+        );
+        assert!(
+            !polled.load(Ordering::SeqCst),
+            "{how}: the future ran without its grant"
+        );
+        let probe = open(f, &ns, TTL).await;
+        wait_entries(&probe, "nothing left", |l| l.is_empty()).await;
+        probe.close().await.unwrap();
+    }
+}
+
 /// A supervised future that releases its own grant (`hold` with `release()`, `hold` dropping
 /// the guard, `hold` closing its session, `lead` with `resign()`) is not deposed: it runs exactly once, its release
 /// completes (`Ok`), the code after it runs, and supervision then ends with `Ok(())` and no

@@ -184,7 +184,7 @@ async fn supervisor_drops_the_term_before_closing_its_session() {
                             let _ = tx.send(());
                         }
                         async move {
-                            let _probe = probe;
+                            let (_leader, _probe) = (leader, probe);
                             std::future::pending::<()>().await;
                         }
                     },
