@@ -51,7 +51,12 @@ use crate::{
 /// value is reported at once, before any session is started (also while the cluster is down).
 ///
 /// After a loss the next term starts in a new session, the old one closed: a grant your code
-/// kept beyond its term (moved into a spawned task, say) cannot hold up the next one.
+/// kept beyond its term (moved into a spawned task, say) cannot hold up the next one. A term
+/// lost by its session's local deadline is dropped before that session is closed on the
+/// cluster (the supervisor starts its sessions with
+/// [`close_at_deadline(false)`](SessionBuilder::close_at_deadline)), so that no successor is
+/// granted while the old term's future is still there; the cluster's expiry, a safety margin
+/// later, bounds the wait if the future takes longer to drop.
 ///
 /// A panic in your future unwinds out of `lead`/`hold`: supervision ends, and the session is
 /// closed as its handles drop (the grant goes with it).
@@ -323,9 +328,18 @@ impl Supervisor {
             .filter(|s| !matches!(s.state(), SessionState::Lost(_)));
         let s = match live {
             Some(s) => s,
-            None => self.builder.clone().start().await.inspect_err(|e| {
-                warn!(error = %e, "cannot start a session yet");
-            })?,
+            // Not closed by its heartbeat task at the local deadline: the loop drops the
+            // term's future first, then closes the session, so that no successor is granted
+            // while the old term's code still runs (see `SessionBuilder::close_at_deadline`).
+            None => self
+                .builder
+                .clone()
+                .close_at_deadline(false)
+                .start()
+                .await
+                .inspect_err(|e| {
+                    warn!(error = %e, "cannot start a session yet");
+                })?,
         };
         *session.lock().unwrap() = Some(s.clone());
         let acquiring = (acquire.lock().unwrap())(s.clone(), name);

@@ -749,3 +749,98 @@ async fn a_session_left_open_at_its_deadline_is_closed_when_dropped() {
     .await
     .expect("closed on the cluster once dropped, not at its expiry");
 }
+
+/// A supervisor's term ends (its future dropped) before its session frees the grant: a session
+/// lost by its local deadline closed itself at once, on its heartbeat task, while the
+/// supervisor dropped the term's future later, on its own task, so a second supervisor could
+/// begin its term while the first one's future was still being dropped (black-box round 32: 11
+/// of 59 hand-overs, by 11–36 µs). Here dropping a term takes 200 ms, and keep-alives go
+/// unanswered past the leader's deadline: the next term begins only once the last one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_supervised_term_is_dropped_before_its_successor_begins() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Counts the terms running; dropping one takes a while (a service stopping its work).
+    struct Running(Arc<AtomicUsize>);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(200));
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    let backend = MemoryBackend::new();
+    let (running, overlaps, terms) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut supervisors = Vec::new();
+    for _ in 0..2 {
+        let supervisor = fencelock::Supervisor::new(
+            Session::builder(backend.clone()).ttl(Duration::from_secs(2)),
+        );
+        let (running, overlaps, terms) = (running.clone(), overlaps.clone(), terms.clone());
+        let mut stopped = stopped.clone();
+        supervisors.push(tokio::spawn(async move {
+            supervisor
+                .lead(
+                    "e",
+                    b"v",
+                    async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    },
+                    move |leader| {
+                        if running.fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        terms.fetch_add(1, Ordering::SeqCst);
+                        let term = Running(running.clone());
+                        async move {
+                            let _held = (leader, term);
+                            std::future::pending::<()>().await
+                        }
+                    },
+                )
+                .await
+        }));
+    }
+    for cycle in 1..=3 {
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        while terms.load(Ordering::SeqCst) < cycle {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "cycle {cycle}: no term"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Past the leader's local deadline (1 s after its last confirmed heartbeat), short
+        // of the cluster's expiry of its grant.
+        backend.hold_keep_alives();
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        while terms.load(Ordering::SeqCst) < cycle + 1 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "cycle {cycle}: no next term"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        backend.release_keep_alives();
+    }
+    let _ = stop.send(true);
+    for s in supervisors {
+        tokio::time::timeout(Duration::from_secs(30), s)
+            .await
+            .expect("supervision ends on shutdown")
+            .unwrap()
+            .unwrap();
+    }
+    assert!(terms.load(Ordering::SeqCst) >= 4, "the workload barely ran");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "a term began while another one's future was still there"
+    );
+}
