@@ -13,9 +13,10 @@ use crate::duration::{connect_timeout, duration, positive_duration};
 /// The command gets FENCELOCK_TOKEN (the grant's fencing token: pass it with every write to the
 /// protected resource, which refuses tokens lower than one it has seen), FENCELOCK_KEY (the
 /// lock's etcd key or ZooKeeper node; on Redis its entry's name, whose hash is the key
-/// fencelock:e:NAME), FENCELOCK_NAME and FENCELOCK_ENDPOINTS (the cluster the lock is on,
-/// --endpoints or the variable); never the credentials (FENCELOCK_PASSWORD is removed,
-/// FENCELOCK_ENDPOINTS loses its user info).
+/// fencelock:e:NAME, on a Redis Cluster fencelock{G}:e:NAME with the queue's group G),
+/// FENCELOCK_NAME and FENCELOCK_ENDPOINTS (the cluster the lock is on, --endpoints or the
+/// variable); never the credentials (FENCELOCK_PASSWORD and FENCELOCK_SENTINEL_PASSWORD are
+/// removed, FENCELOCK_ENDPOINTS loses its user info).
 ///
 /// The command's whole process tree goes with the grant: fencelock adopts its orphans (even a
 /// daemon that called setsid). If the grant is lost, the tree is SIGKILLed at once, without
