@@ -116,6 +116,19 @@ fn sleeps(pid: u32) -> f64 {
         .sum()
 }
 
+/// `n` contenders, each made by `make` (one connection each).
+async fn contenders<F, Fut>(n: usize, mut make: F) -> Vec<fencelock_bench::Op>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = fencelock_bench::Op>,
+{
+    let mut ops = Vec::with_capacity(n);
+    for _ in 0..n {
+        ops.push(make().await);
+    }
+    ops
+}
+
 /// `mntr`'s numeric values.
 fn mntr(server: &ZkEnsemble) -> BTreeMap<String, f64> {
     let text = server.four_letter(0, "mntr").unwrap_or_default();
@@ -180,14 +193,14 @@ async fn zookeeper(seconds: f64) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in SESSIONS {
         for ours in [true, false] {
-            let mut ops = Vec::new();
-            for _ in 0..n {
-                ops.push(if ours {
+            let ops = contenders(n, || async {
+                if ours {
                     our_op(&connect, "contended").await
                 } else {
                     recipe_op(zk_client(&connect).await, "/bench/recipe")
-                });
-            }
+                }
+            })
+            .await;
             // A first slice makes the queue's parent and warms the server up.
             let (_, _, ops) = run_slice(ops, 0.5).await;
             let before = ZkSample::now(&server, pid);
@@ -432,14 +445,14 @@ async fn redis(seconds: f64) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in SESSIONS {
         for ours in [true, false] {
-            let mut ops = Vec::new();
-            for _ in 0..n {
-                ops.push(if ours {
+            let ops = contenders(n, || async {
+                if ours {
                     bench_redis::our_op(server.backend().await, "contended").await
                 } else {
                     bench_redis::rslock_op(&url, "bench:rslock-contended")
-                });
-            }
+                }
+            })
+            .await;
             let (_, _, ops) = run_slice(ops, 0.5).await;
             let (a, server_a) = (sample(), sleeps(pid));
             let (counts, _, _) = run_slice(ops, seconds).await;
