@@ -34,7 +34,7 @@ use crate::{
 /// a TTL.
 ///
 /// Supervision ends when your future returns. Releasing the guard (its last reentered share),
-/// resigning the leadership, dropping it or closing its session inside your code is your
+/// resigning the leadership, dropping it or closing its session inside your future is your
 /// decision, not a loss: no new term is started, your
 /// future is left to run to its end (the release is never cut short), and supervision then ends
 /// as for a future that returned. (To step down for a while and take part again, return and
@@ -246,32 +246,50 @@ impl Supervisor {
             // started with it) before the session is closed on a shutdown, so that no work of
             // the old term runs on while a successor takes over.
             let began = Instant::now();
+            // Should the loop end without closing the term's session (a panic in the user's
+            // future, or this future dropped) while a handle of it lives on (a grant the
+            // user's code moved into a spawned task), a lost one is closed all the same.
+            let mut close_if_lost = CloseIfLost(Some(s.clone()));
             let end = {
                 let (lost, user) = start(tenure);
                 let (mut lost, mut user) = (pin!(lost), pin!(user));
-                // Released before the term's future was ever polled: the closure dropped the
-                // grant instead of moving it into the future, which would run on without it
-                // (beside the next holder). Polled once here, as the race below would first.
-                if let Some(LostReason::Released) = lost.as_mut().now_or_never() {
-                    TermEnd::GrantDropped
-                } else {
-                    match race(shutdown.as_mut(), race(lost, user.as_mut())).await {
-                        First::Left(()) => TermEnd::Shutdown,
-                        First::Right(First::Left(reason)) if ended_by_the_work(reason, &s) => {
-                            // The user's own code released, resigned or dropped the grant, or
-                            // closed its session: its choice, not a loss. Let it finish (dropping
-                            // it now would cut its release short), then end as for a returned
-                            // future.
-                            match race(shutdown.as_mut(), user.as_mut()).await {
-                                First::Left(()) => TermEnd::Shutdown,
-                                First::Right(()) => TermEnd::Done,
-                            }
+                // Polled once before the user's future, as the race below would first. Ended
+                // already by a release: the closure dropped the grant instead of moving it
+                // into the future, which would run on without it (beside the next holder).
+                // Ended otherwise (lost before the first poll): a loss as any other (`lost`
+                // is done, and must not be polled again).
+                let first = match lost.as_mut().now_or_never() {
+                    Some(LostReason::Released) => None,
+                    Some(reason) => Some(First::Right(First::Left(reason))),
+                    None => Some(race(shutdown.as_mut(), race(lost, user.as_mut())).await),
+                };
+                match first {
+                    None => TermEnd::GrantDropped,
+                    Some(First::Left(())) => TermEnd::Shutdown,
+                    Some(First::Right(First::Left(reason))) if ended_by_the_work(reason, &s) => {
+                        // The user's own code released, resigned or dropped the grant, or
+                        // closed its session: its choice, not a loss. Let it finish (dropping
+                        // it now would cut its release short), then end as for a returned
+                        // future. Its session, lost meanwhile, is closed at once: it is not
+                        // closed by its heartbeat task (see `obtain`), and what it still
+                        // holds (a release that failed) would stay until the cluster's expiry.
+                        let close_when_lost = async {
+                            let _ = s.lost().await;
+                            let _ = s.close().await;
+                            std::future::pending::<std::convert::Infallible>().await
+                        };
+                        match race(shutdown.as_mut(), race(user.as_mut(), close_when_lost)).await {
+                            First::Left(()) => TermEnd::Shutdown,
+                            First::Right(First::Left(())) => TermEnd::Done,
+                            First::Right(First::Right(never)) => match never {},
                         }
-                        First::Right(First::Left(reason)) => TermEnd::Lost(reason),
-                        First::Right(First::Right(())) => TermEnd::Done,
                     }
+                    Some(First::Right(First::Left(reason))) => TermEnd::Lost(reason),
+                    Some(First::Right(First::Right(()))) => TermEnd::Done,
                 }
             };
+            // Each arm below closes the session itself.
+            close_if_lost.0 = None;
             match end {
                 TermEnd::GrantDropped => {
                     let _ = s.close().await;
@@ -360,6 +378,29 @@ impl Supervisor {
                 // someone keeps deleting it.
                 warn!(error = %e, "cannot acquire");
                 Err(e)
+            }
+        }
+    }
+}
+
+/// The term's session, while the loop has not closed it (see `supervise`): on drop, it is
+/// closed if lost, and closed by its heartbeat task if lost later.
+struct CloseIfLost(Option<Session>);
+
+impl Drop for CloseIfLost {
+    fn drop(&mut self) {
+        let Some(s) = self.0.take() else {
+            return;
+        };
+        // The term's future is gone: a later loss by the deadline is closed by the heartbeat
+        // task, as by default. One that came already was left unclosed for the loop: the first
+        // poll of `close` claims it and hands the close to a task of its own (outside a
+        // runtime nothing can run it: the cluster's expiry frees the grant then).
+        if s.shared().close_once_lost() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = s.close().await;
+                });
             }
         }
     }

@@ -109,8 +109,8 @@ impl SessionBuilder {
     /// guard, which must be stopped before anyone else may start (the `fencelock` command
     /// SIGKILLs the command's processes): it stops the work when the session is lost, then
     /// closes the session, so that the next holder is granted only after the work is stopped,
-    /// and not a TTL later either. A session dropped without a close leaves its entries to
-    /// the cluster's expiry.
+    /// and not a TTL later either. A session lost this way whose last handle is dropped without
+    /// a close is closed then.
     pub fn close_at_deadline(mut self, close: bool) -> Self {
         self.close_at_deadline = close;
         self

@@ -113,18 +113,24 @@ pub(crate) async fn run(
                 Wake::Deadline => {
                     let mut close = !halted;
                     if let Some(shared) = weak.upgrade() {
-                        if shared.close_at_deadline || halted {
+                        if shared.close_at_deadline.load(Ordering::SeqCst) || halted {
                             shared.set_lost(SessionEnd::LocalDeadline);
                         } else {
                             close = false;
                             if shared.set_lost_unclosed(SessionEnd::LocalDeadline) {
-                                drop(shared);
-                                // Left to the owner's close, which takes the mark; closed
-                                // here if the last handle goes first.
-                                stop.cancelled().await;
-                                close = weak.upgrade().is_none_or(|s| {
-                                    s.orphaned.swap(false, Ordering::SeqCst)
-                                });
+                                if shared.close_at_deadline.load(Ordering::SeqCst) {
+                                    // Turned on meanwhile (`close_once_lost`): closed here,
+                                    // unless its caller took the close.
+                                    close = shared.orphaned.swap(false, Ordering::SeqCst);
+                                } else {
+                                    drop(shared);
+                                    // Left to the owner's close, which takes the mark; closed
+                                    // here if the last handle goes first.
+                                    stop.cancelled().await;
+                                    close = weak.upgrade().is_none_or(|s| {
+                                        s.orphaned.swap(false, Ordering::SeqCst)
+                                    });
+                                }
                             }
                         }
                     }

@@ -40,8 +40,9 @@ pub(crate) struct Shared {
     /// (its runtime shut down), or the local deadline passed while `close_at_deadline` is off.
     pub(crate) orphaned: AtomicBool,
     /// Whether the heartbeat task closes the session on the cluster at the local deadline (see
-    /// [`SessionBuilder::close_at_deadline`](crate::SessionBuilder::close_at_deadline)).
-    pub(crate) close_at_deadline: bool,
+    /// [`SessionBuilder::close_at_deadline`](crate::SessionBuilder::close_at_deadline)). Turned
+    /// on later by [`close_once_lost`](Self::close_once_lost).
+    pub(crate) close_at_deadline: AtomicBool,
     /// The local queues tasks of this session line up in before the cluster's.
     pub(crate) local: LocalQueues,
     cleanup: mpsc::UnboundedSender<Cleanup>,
@@ -89,7 +90,7 @@ impl Shared {
             stop: CancellationToken::new(),
             halted: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
-            close_at_deadline,
+            close_at_deadline: AtomicBool::new(close_at_deadline),
             local,
             cleanup,
             span,
@@ -194,6 +195,18 @@ impl Shared {
     /// Returns whether it marked it.
     pub(crate) fn set_lost_unclosed(&self, reason: SessionEnd) -> bool {
         self.lose(reason, true)
+    }
+
+    /// From now on, a session lost by its local deadline is closed on the cluster at once, as
+    /// with `close_at_deadline` on (for a session started with it off whose owner no longer
+    /// needs the delay: the Supervisor once its term's future is gone). Returns whether it is
+    /// lost already and left for a close, which is then the caller's to make (with
+    /// [`Session::close`](crate::Session::close)).
+    pub(crate) fn close_once_lost(&self) -> bool {
+        self.close_at_deadline.store(true, Ordering::SeqCst);
+        // After the store: the heartbeat task marks the loss, then reads the flag; one of the
+        // two sees the other's write.
+        self.orphaned.load(Ordering::SeqCst)
     }
 
     /// Claims the session's close on the cluster for the caller, under the state's lock (so

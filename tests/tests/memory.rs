@@ -844,3 +844,178 @@ async fn a_supervised_term_is_dropped_before_its_successor_begins() {
         "a term began while another one's future was still there"
     );
 }
+
+/// A term whose grant is lost before its future first runs (its entry deleted at once by an
+/// operator's script, or its session lost by a suspend while the closure ran) is a loss as any
+/// other: the next term begins. The check for a closure that drops its grant polled the term's
+/// `lost()` to its end there, and the loop then polled it again: a panic.
+#[tokio::test]
+async fn a_grant_lost_before_its_term_ran_is_a_loss() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    for how in ["entry deleted", "session suspended"] {
+        let backend = MemoryBackend::new();
+        let supervisor = fencelock::Supervisor::new(Session::builder(backend.clone()));
+        let terms = Arc::new(AtomicUsize::new(0));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let supervised = tokio::spawn({
+            let (terms, backend) = (terms.clone(), backend.clone());
+            async move {
+                supervisor
+                    .lead(
+                        "e",
+                        b"v",
+                        async {
+                            let _ = stopped.await;
+                        },
+                        move |leader| {
+                            if terms.fetch_add(1, Ordering::SeqCst) == 0 {
+                                if how == "entry deleted" {
+                                    assert!(backend.delete_key(leader.key()));
+                                } else {
+                                    leader.session().simulate_suspend(Duration::from_secs(60));
+                                }
+                            }
+                            async move {
+                                let _leader = leader;
+                                std::future::pending::<()>().await
+                            }
+                        },
+                    )
+                    .await
+            }
+        });
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        while terms.load(Ordering::SeqCst) < 2 {
+            assert!(
+                !supervised.is_finished(),
+                "{how}: supervision ended: {:?}",
+                supervised.await
+            );
+            assert!(tokio::time::Instant::now() < until, "{how}: no second term");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        supervised.await.unwrap().unwrap();
+    }
+}
+
+/// A term's code that released its grant runs on to its end; its session, lost meanwhile by
+/// the local deadline (a release the cluster refused, then keep-alives unanswered), is closed
+/// at once, so what the failed release left goes then and not at the cluster's expiry (the
+/// supervisor's sessions are not closed by their heartbeat task at the deadline).
+#[tokio::test(start_paused = true)]
+async fn a_session_lost_after_the_work_released_is_closed_at_once() {
+    let backend = MemoryBackend::new();
+    let (ttl, margin) = (Duration::from_secs(10), Duration::from_secs(5));
+    let supervisor = fencelock::Supervisor::new(
+        Session::builder(backend.clone())
+            .ttl(ttl)
+            .safety_margin(margin),
+    );
+    let (released_tx, released) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
+    let mut released_tx = Some(released_tx);
+    let supervised = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            supervisor
+                .hold("m", std::future::pending::<()>(), move |guard| {
+                    let (tx, backend) = (released_tx.take(), backend.clone());
+                    async move {
+                        backend.refuse_removes(1);
+                        assert!(guard.release().await.is_err(), "the removal was refused");
+                        backend.hold_keep_alives();
+                        let _ = tx.expect("one term").send(tokio::time::Instant::now());
+                        std::future::pending::<()>().await
+                    }
+                })
+                .await
+        }
+    });
+    let other = Session::builder(backend.clone())
+        .ttl(Duration::from_secs(600))
+        .start()
+        .await
+        .unwrap();
+    let since = released.await.unwrap();
+    let granted = loop {
+        if other
+            .mutex("m")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+        {
+            break since.elapsed();
+        }
+        assert!(since.elapsed() < Duration::from_secs(60), "never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The local deadline comes `ttl - margin` after the last heartbeat; the cluster's expiry
+    // `ttl` after it.
+    assert!(
+        granted < ttl - margin / 2,
+        "granted {granted:?} after the release failed: at the cluster's expiry, not the deadline"
+    );
+    supervised.abort();
+}
+
+/// A term's code that moved its grant into a task of its own, then panicked: supervision ends
+/// with the panic, and the grant the task keeps lives on with its session; lost later by its
+/// local deadline, that session is closed then, as any session by default, not left to the
+/// cluster's expiry (the supervisor's sessions are not closed by their heartbeat task at the
+/// deadline while a term's future may still run).
+#[tokio::test(start_paused = true)]
+async fn a_grant_kept_past_a_panicked_term_goes_at_the_deadline() {
+    let backend = MemoryBackend::new();
+    let (ttl, margin) = (Duration::from_secs(10), Duration::from_secs(5));
+    let supervisor = fencelock::Supervisor::new(
+        Session::builder(backend.clone())
+            .ttl(ttl)
+            .safety_margin(margin),
+    );
+    let supervised = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            supervisor
+                .hold("m", std::future::pending::<()>(), move |guard| {
+                    let backend = backend.clone();
+                    async move {
+                        tokio::spawn(async move {
+                            let _kept = guard;
+                            std::future::pending::<()>().await
+                        });
+                        backend.hold_keep_alives();
+                        panic!("the term's code panicked");
+                    }
+                })
+                .await
+        }
+    });
+    assert!(supervised.await.unwrap_err().is_panic());
+    let since = tokio::time::Instant::now();
+    let other = Session::builder(backend.clone())
+        .ttl(Duration::from_secs(600))
+        .start()
+        .await
+        .unwrap();
+    let granted = loop {
+        if other
+            .mutex("m")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+        {
+            break since.elapsed();
+        }
+        assert!(since.elapsed() < Duration::from_secs(60), "never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        granted < ttl - margin / 2,
+        "granted {granted:?} after the panic: at the cluster's expiry, not the deadline"
+    );
+}
