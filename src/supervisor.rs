@@ -59,7 +59,13 @@ use crate::{
 /// later, bounds the wait if the future takes longer to drop.
 ///
 /// A panic in your future unwinds out of `lead`/`hold`: supervision ends, and the session is
-/// closed as its handles drop (the grant goes with it).
+/// closed as its handles drop (the grant goes with it). A handle your code moved elsewhere (a
+/// grant in a spawned task) keeps the session until it drops, or until the session is lost
+/// by its local deadline, when it is closed at once.
+///
+/// Once your future has released its grant and runs on to its end, its session is closed as
+/// soon as it is lost by its local deadline: whatever else your code still holds in it (a lock
+/// taken through `guard.session()`) goes then too.
 ///
 /// Terms lost one after the other soon after they began (an operator or a script deleting each
 /// new entry, a session lost as soon as it starts) are spaced by the retry policy's growing
@@ -123,7 +129,9 @@ impl Supervisor {
     ///
     /// Dropping the future is a shutdown without waiting: the `lead` future is dropped, and
     /// the session's last handle with it, so its background task closes the session on the
-    /// cluster (the leadership and any waiting candidacy go at once).
+    /// cluster (the leadership and any waiting candidacy go at once). A handle your code moved
+    /// elsewhere keeps the session until it drops, or until the session is lost (see
+    /// [`Supervisor`]).
     pub async fn lead<F, Fut>(
         &self,
         name: &str,
@@ -395,7 +403,7 @@ impl Drop for CloseIfLost {
         // The term's future is gone: a later loss by the deadline is closed by the heartbeat
         // task, as by default. One that came already was left unclosed for the loop: the first
         // poll of `close` claims it and hands the close to a task of its own (outside a
-        // runtime nothing can run it: the cluster's expiry frees the grant then).
+        // runtime, the heartbeat task closes it when its last handle drops).
         if s.shared().close_once_lost() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
