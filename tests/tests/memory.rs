@@ -938,20 +938,7 @@ async fn a_session_lost_after_the_work_released_is_closed_at_once() {
         .await
         .unwrap();
     let since = released.await.unwrap();
-    let granted = loop {
-        if other
-            .mutex("m")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-        {
-            break since.elapsed();
-        }
-        assert!(since.elapsed() < Duration::from_secs(60), "never granted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let granted = granted_since(&other, "m", since).await;
     // The local deadline comes `ttl - margin` after the last heartbeat; the cluster's expiry
     // `ttl` after it.
     assert!(
@@ -1000,22 +987,28 @@ async fn a_grant_kept_past_a_panicked_term_goes_at_the_deadline() {
         .start()
         .await
         .unwrap();
-    let granted = loop {
+    let granted = granted_since(&other, "m", since).await;
+    assert!(
+        granted < ttl - margin / 2,
+        "granted {granted:?} after the panic: at the cluster's expiry, not the deadline"
+    );
+}
+
+/// How long after `since` session `other` is first granted the mutex `name` (tried every
+/// 50 ms, for at most a minute).
+async fn granted_since(other: &Session, name: &str, since: tokio::time::Instant) -> Duration {
+    loop {
         if other
-            .mutex("m")
+            .mutex(name)
             .unwrap()
             .try_lock()
             .await
             .unwrap()
             .is_some()
         {
-            break since.elapsed();
+            return since.elapsed();
         }
         assert!(since.elapsed() < Duration::from_secs(60), "never granted");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(
-        granted < ttl - margin / 2,
-        "granted {granted:?} after the panic: at the cluster's expiry, not the deadline"
-    );
+    }
 }
