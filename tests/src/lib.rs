@@ -27,30 +27,77 @@ pub fn in_ci() -> bool {
 
 /// A free TCP port on 127.0.0.1 (bound once and released), for a server started next.
 ///
-/// Picked at random below the kernel's ephemeral range (32768–60999 by default), never twice
-/// in one process: a port the kernel hands out for `bind(0)` is also what it hands to the next
-/// outgoing connection of any process, and the suites run side by side open thousands of
-/// connections. A ZooKeeper server that lost its port to one exited at its start (CI run 40).
+/// Picked below the kernel's ephemeral range (32768–60999 by default), never twice in one
+/// process: a port the kernel hands out for `bind(0)` is also what it hands to the next outgoing
+/// connection of any process, and the suites run side by side open thousands of connections. A
+/// ZooKeeper server that lost its port to one exited at its start (CI run 40).
+///
+/// And never one that another test process may give out: each process takes blocks of
+/// [`PORT_BLOCK`] ports by locking a file per block in the temporary directory (the lock goes
+/// with the process), and picks only inside its own blocks. Otherwise a port is free to another
+/// process's probe while the server that had it is down: a ZooKeeper member killed by the
+/// adversity suite could not come back on its port (CI of stop 52).
 pub fn free_port() -> u16 {
     use std::collections::BTreeSet;
+    use std::fs::File;
     use std::sync::Mutex;
-    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1000 {
-        let port = fastrand::u16(20_000..32_000);
-        if given.contains(&port) {
-            continue;
-        }
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.insert(port);
+    struct Claimed {
+        /// The first port of each block this process holds, and the block's lock.
+        blocks: Vec<(u16, File)>,
+        given: BTreeSet<u16>,
+    }
+    static CLAIMED: Mutex<Claimed> = Mutex::new(Claimed {
+        blocks: Vec::new(),
+        given: BTreeSet::new(),
+    });
+    let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let candidate = claimed
+            .blocks
+            .iter()
+            .flat_map(|(first, _)| *first..*first + PORT_BLOCK)
+            .find(|p| {
+                !claimed.given.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()
+            });
+        if let Some(port) = candidate {
+            claimed.given.insert(port);
             return port;
         }
+        match claim_port_block() {
+            Some(block) => claimed.blocks.push(block),
+            // Every block held by other processes: let the kernel choose.
+            None => {
+                return std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map(|a| a.port())
+                    .expect("a free loopback port")
+            }
+        }
     }
-    // Crowded: let the kernel choose.
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+}
+
+/// How many ports a test process takes at a time (see [`free_port`]).
+pub const PORT_BLOCK: u16 = 100;
+
+/// Locks a block of ports that no other live process holds, trying the blocks of 20000–31999
+/// from a random one; `None` if every block is held.
+fn claim_port_block() -> Option<(u16, std::fs::File)> {
+    const FIRST: u16 = 20_000;
+    const BLOCKS: u16 = 120;
+    let dir = std::env::temp_dir().join("fencelock-test-ports");
+    std::fs::create_dir_all(&dir).ok()?;
+    let start = fastrand::u16(0..BLOCKS);
+    (0..BLOCKS).find_map(|k| {
+        let first = FIRST + (start + k) % BLOCKS * PORT_BLOCK;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{first}.lock")))
+            .ok()?;
+        file.try_lock().ok()?;
+        Some((first, file))
+    })
 }
 
 /// The README's Rust snippets, compiled (and run where they can) as doctests.
