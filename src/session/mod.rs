@@ -3,6 +3,8 @@
 mod builder;
 mod cleanup;
 pub(crate) mod clock;
+#[cfg(all(test, feature = "testing"))]
+mod close_once_lost_tests;
 mod handoff;
 mod heartbeat;
 mod local;
