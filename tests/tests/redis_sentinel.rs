@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(6);
 /// The TTL of the sessions across a failover. Through `SENTINEL FAILOVER` the old primary
 /// takes writes until the sentinels reconfigure the other replica, which then needs a full
 /// resynchronisation from the new primary, and no write is acknowledged by a replica
-/// meanwhile: heartbeats fail for that long. A killed primary costs the failover (about 2 s)
+/// meanwhile: heartbeats fail for that long. A killed primary costs the failover (about 4 s)
 /// and the other replica's move to the new primary, which a loaded machine stretched past a
 /// TTL of 6 s (CI run 63), and past 15 s once and 20 s twice (clean-clone CI runs of
 /// 2026-12-05, the second time with the test servers' `repl-diskless-sync-delay` at 0, the
@@ -204,10 +204,11 @@ async fn follows(how: Failover) {
             }
             assert!(
                 !matches!(a.state(), SessionState::Lost(_)),
-                "the holder's session was lost: {:?} (states {:?}, failover {took:.2?}; {})",
+                "the holder's session was lost: {:?} (states {:?}, failover {took:.2?}; {})\n{}",
                 a.state(),
                 seen.lock().unwrap(),
-                tokio::task::block_in_place(|| replication(&g))
+                tokio::task::block_in_place(|| replication(&g)),
+                g.sentinel_logs(40)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -230,7 +231,17 @@ async fn follows(how: Failover) {
             "{seen:?}"
         );
     }
-    assert!(!waiter.is_finished(), "the waiter was granted a held lock");
+    if waiter.is_finished() {
+        let got = waiter.await.unwrap().map(|g| g.token());
+        panic!(
+            "the waiter was granted a held lock (token {:?}, the holder's {}; states {seen:?}; \
+             {})\n{}",
+            got,
+            held.token(),
+            tokio::task::block_in_place(|| replication(&g)),
+            g.sentinel_logs(60)
+        );
+    }
     let next = hands_over(held, waiter).await;
     next.release().await.unwrap();
 

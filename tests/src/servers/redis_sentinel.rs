@@ -17,8 +17,14 @@ use crate::target::{Kind, Target};
 pub const MASTER: &str = "fl";
 
 /// How long the sentinels wait before they call a silent primary down: short, for tests,
-/// though not so short that a loaded machine fails over by mistake.
-pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+/// though not so short that a loaded machine fails over by mistake. At 1 s it did: a second
+/// after a failover, the sentinels' fresh links to the new primary had no answer yet on a
+/// loaded machine, they called it down and promoted the other replica, and the demoted one,
+/// still a primary, became a replica only when the sentinels converted it, 8–10 s later
+/// (Sentinel's own delay): no write could be acknowledged by a replica meanwhile, and the
+/// holder's session in `sentinel_killed_primary_keeps_sessions_and_locks` was lost by its
+/// deadline (CI runs 66 and 67, and once in 39 runs of its file here beside a build).
+pub const DOWN_AFTER: Duration = Duration::from_millis(3000);
 
 /// How a failover is made when the harness "kills" the primary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +42,7 @@ pub enum Failover {
 /// One `redis-server --sentinel`; killed (by PID) when dropped.
 #[derive(Debug)]
 struct SentinelProcess {
-    _child: ManagedChild,
+    child: ManagedChild,
     port: u16,
     _dir: tempfile::TempDir,
 }
@@ -164,6 +170,18 @@ impl SentinelGroup {
     /// Server `i`.
     pub fn server(&self, i: usize) -> &RedisServer {
         &self.servers[i]
+    }
+
+    /// The sentinels' events (`+sdown`, `+odown`, `+failover-*`, `+switch-master`…), the last
+    /// `lines` of each log, and the servers' ports, for failure messages: which server the
+    /// sentinels promoted, when, and whether twice.
+    pub fn sentinel_logs(&self, lines: usize) -> String {
+        let ports: Vec<u16> = self.servers.iter().map(|s| s.port()).collect();
+        let mut out = format!("servers' ports {ports:?}");
+        for (i, s) in self.sentinels.iter().enumerate() {
+            out.push_str(&format!("\nsentinel {i}:\n{}", s.child.log_tail(lines)));
+        }
+        out
     }
 
     /// Runs `redis-cli` against sentinel `i` (blocking).
@@ -360,7 +378,7 @@ fn start_sentinel(
         std::thread::sleep(Duration::from_millis(20));
     }
     SentinelProcess {
-        _child: child,
+        child,
         port,
         _dir: dir,
     }
