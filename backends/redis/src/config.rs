@@ -369,7 +369,7 @@ impl RedisConfig {
 
 /// The longest one attempt of a request to a cluster's node waits (see [`RedisConfig::timeout`]
 /// for the whole request).
-const CLUSTER_ATTEMPT: Duration = Duration::from_secs(1);
+pub(crate) const CLUSTER_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// What a [`RedisConfig`] connects to.
 pub(crate) enum Target {

@@ -221,7 +221,8 @@ impl RedisBackend {
     /// The connection the sessions use, for operations fencelock does not cover (such as a
     /// resource of your own in Redis that checks fencing tokens). Behind Sentinel, the
     /// connection to the primary of the moment: after a failover, call this again. On a
-    /// cluster, requests go to the node that serves their first key.
+    /// cluster, requests go to the node that serves their first key; after a node hung, the
+    /// sessions' connection is made again (see the README), so call this again then too.
     pub fn connection(&self) -> RedisConnection {
         self.primary.con()
     }

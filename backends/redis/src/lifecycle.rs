@@ -127,14 +127,29 @@ impl RedisSession {
         let bound = self.primary.timeout();
         // Bounded here as documented (each request at most the timeout): the connection
         // manager makes a request wait for its reconnect, two connects and a backoff more.
-        match tokio::time::timeout(
+        let request = tokio::time::timeout(
             bound,
             self.primary
                 .runner
                 .run(&mut con, script, group.key(), &args),
-        )
-        .await
-        {
+        );
+        // On a cluster, a request still unanswered after one attempt's time has the connection
+        // made again (see `Primary::rebuild`), while it goes on waiting: the heartbeat's own
+        // patience may end it before its timeout would tell.
+        let reply = match self.primary.cluster_attempt() {
+            Some(attempt) => {
+                tokio::pin!(request);
+                match tokio::time::timeout(attempt, &mut request).await {
+                    Ok(reply) => reply,
+                    Err(_) => {
+                        self.primary.rebuild();
+                        request.await
+                    }
+                }
+            }
+            None => request.await,
+        };
+        match reply {
             Ok(reply) => reply.map_err(|e| self.primary.failed(op, e)),
             Err(_) => Err(self.primary.failed(
                 op,

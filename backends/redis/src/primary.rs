@@ -32,6 +32,7 @@ use crate::scripts::Runner;
 use crate::sentinel::{Located, Sentinels};
 
 mod ask;
+mod rebuild;
 
 /// The shortest time between two questions to the sentinels.
 pub(crate) const RESOLVE_EVERY: Duration = Duration::from_millis(200);
@@ -48,8 +49,10 @@ pub(crate) struct Primary {
     sentinels: Option<Sentinels>,
     /// On a cluster, a client of each node of the URL: pub/sub connections go to one of them.
     nodes: Vec<redis::Client>,
+    /// On a cluster, its client: a new connection after a timeout (see [`Primary::rebuild`]).
+    cluster: Option<redis::cluster::ClusterClient>,
     current: StdMutex<Current>,
-    /// Whether a resolution runs.
+    /// Whether a resolution (behind Sentinel) or a rebuild (on a cluster) runs.
     resolving: AtomicBool,
     /// When the last resolution started.
     last: StdMutex<Option<Instant>>,
@@ -111,6 +114,7 @@ impl Primary {
                     base: first.clone(),
                     sentinels: None,
                     nodes,
+                    cluster: Some(cluster),
                     current: StdMutex::new(Current {
                         client: first,
                         con: RedisConnection::cluster(con),
@@ -179,6 +183,7 @@ impl Primary {
             base,
             sentinels,
             nodes,
+            cluster: None,
             current: StdMutex::new(Current {
                 client,
                 con: RedisConnection::server(con),
@@ -255,10 +260,14 @@ impl Primary {
     }
 
     /// The error of a request of operation `op`, mapped (see [`crate::error::map`]); behind
-    /// Sentinel, one that a failover causes has the sentinels asked again (in the background).
+    /// Sentinel, one that a failover causes has the sentinels asked again (in the background);
+    /// on a cluster, a timeout has the connection made again (see [`Primary::rebuild`]).
     pub(crate) fn failed(self: &Arc<Self>, op: &'static str, e: RedisError) -> Error {
         if moved_maybe(&e) {
             self.suspect();
+        }
+        if e.is_timeout() {
+            self.rebuild();
         }
         crate::error::map(op, e)
     }
