@@ -907,12 +907,8 @@ async fn a_grant_lost_before_its_term_ran_is_a_loss() {
 #[tokio::test(start_paused = true)]
 async fn a_session_lost_after_the_work_released_is_closed_at_once() {
     let backend = MemoryBackend::new();
-    let (ttl, margin) = (Duration::from_secs(10), Duration::from_secs(5));
-    let supervisor = fencelock::Supervisor::new(
-        Session::builder(backend.clone())
-            .ttl(ttl)
-            .safety_margin(margin),
-    );
+    let (ttl, margin) = (DEADLINE_TTL, DEADLINE_MARGIN);
+    let supervisor = deadline_supervisor(&backend);
     let (released_tx, released) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
     let mut released_tx = Some(released_tx);
     let supervised = tokio::spawn({
@@ -956,12 +952,8 @@ async fn a_session_lost_after_the_work_released_is_closed_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_grant_kept_past_a_panicked_term_goes_at_the_deadline() {
     let backend = MemoryBackend::new();
-    let (ttl, margin) = (Duration::from_secs(10), Duration::from_secs(5));
-    let supervisor = fencelock::Supervisor::new(
-        Session::builder(backend.clone())
-            .ttl(ttl)
-            .safety_margin(margin),
-    );
+    let (ttl, margin) = (DEADLINE_TTL, DEADLINE_MARGIN);
+    let supervisor = deadline_supervisor(&backend);
     let supervised = tokio::spawn({
         let backend = backend.clone();
         async move {
@@ -992,6 +984,21 @@ async fn a_grant_kept_past_a_panicked_term_goes_at_the_deadline() {
         granted < ttl - margin / 2,
         "granted {granted:?} after the panic: at the cluster's expiry, not the deadline"
     );
+}
+
+/// The TTL and safety margin of the deadline tests above: the local deadline comes 5 s after
+/// the last heartbeat, the cluster's expiry 10 s after it, so a grant before 7.5 s was freed by
+/// the deadline's close, not by the expiry.
+const DEADLINE_TTL: Duration = Duration::from_secs(10);
+const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+
+/// A supervisor on `backend` whose sessions have [`DEADLINE_TTL`] and [`DEADLINE_MARGIN`].
+fn deadline_supervisor(backend: &MemoryBackend) -> fencelock::Supervisor {
+    fencelock::Supervisor::new(
+        Session::builder(backend.clone())
+            .ttl(DEADLINE_TTL)
+            .safety_margin(DEADLINE_MARGIN),
+    )
 }
 
 /// How long after `since` session `other` is first granted the mutex `name` (tried every
