@@ -38,8 +38,9 @@ pub enum LostReason {
     /// It was released or resigned by its owner.
     Released,
     /// Its server was replaced by a failover (Redis behind Sentinel, without
-    /// `wait_for_replicas`), and the new one has other entries ahead of it: the grant was made
-    /// on a server that had lost track of them.
+    /// `wait_for_replicas`), and the new one has other entries ahead of it, or lacks the entry
+    /// (a replica that had not received it): the grant was made on a server that had lost
+    /// track of them, or is unknown to the new one.
     Superseded,
 }
 
@@ -50,7 +51,7 @@ impl fmt::Display for LostReason {
             LostReason::EntryDeleted => f.write_str("our entry was deleted by someone else"),
             LostReason::Released => f.write_str("released by its owner"),
             LostReason::Superseded => f.write_str(
-                "after a failover, the new server has others ahead of it: granted on a server that had lost track of them",
+                "after a failover, the new server has others ahead of it or lacks it: granted on a server that had lost track of them",
             ),
         }
     }

@@ -645,6 +645,28 @@ async fn on_every_server(g: &SentinelGroup, path: &str, n: usize) {
 /// Without the check the holder held on beside the entry ahead of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
+    grant_lost_in_failover(Diverged::EntryAhead).await;
+}
+
+/// The same when the new primary lacks the holder's entry (a replica that had not received
+/// it): `Superseded` too, not `EntryDeleted` (black-box round 34 read "our entry was deleted by
+/// someone else" after a failover to a lagging replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_grant_the_new_primary_lacks_is_superseded() {
+    grant_lost_in_failover(Diverged::OwnEntryMissing).await;
+}
+
+/// How the replica a failover goes to differs from the primary: changed there alone, as a
+/// demoted primary's writes are lost.
+#[derive(Clone, Copy, PartialEq)]
+enum Diverged {
+    /// It has a live entry ahead of the holder's.
+    EntryAhead,
+    /// It lacks the holder's entry.
+    OwnEntryMissing,
+}
+
+async fn grant_lost_in_failover(diverged: Diverged) {
     let Some(g) = group(Failover::Command).await else {
         return;
     };
@@ -661,16 +683,28 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
         .unwrap();
     let held = s.mutex("moved").unwrap().lock().await.unwrap();
     assert!(held.token().get() > 1);
+    let queue = "fencelock:q:/sentinel/moved";
     on_every_server(&g, "/sentinel/moved", 1).await;
     let old = tokio::task::block_in_place(|| g.primary_index());
     let (next, other) = ((old + 1) % 3, (old + 2) % 3);
     tokio::task::block_in_place(|| {
-        let ahead = "/sentinel/moved/0000000000000000000000000000000f";
-        let sid = "0000000000000000000000000000000f";
         let r = g.server(next);
         let run = |args: &[&str]| assert_ne!(r.cli(args).unwrap().trim(), "", "{args:?}");
         run(&["CONFIG", "SET", "replica-read-only", "no"]);
-        assert_eq!(r.write_entry("/sentinel/moved", sid, 120_000), ahead);
+        match diverged {
+            Diverged::EntryAhead => {
+                let ahead = "/sentinel/moved/0000000000000000000000000000000f";
+                let sid = "0000000000000000000000000000000f";
+                assert_eq!(r.write_entry("/sentinel/moved", sid, 120_000), ahead);
+            }
+            Diverged::OwnEntryMissing => {
+                let ours = r.cli(&["ZRANGE", queue, "0", "-1"]).unwrap();
+                let ours = ours.trim();
+                assert!(ours.starts_with("/sentinel/moved/"), "{ours:?}");
+                run(&["ZREM", queue, ours]);
+                run(&["DEL", &format!("fencelock:e:{ours}")]);
+            }
+        }
         // The failover goes to that replica.
         run(&["CONFIG", "SET", "replica-read-only", "yes"]);
         g.server(other)
@@ -693,12 +727,13 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
     assert!(!held.is_held());
     // Its entry removed before `lost()` said so: the session's next acquisition of the lock
     // (an entry of the same name) does not find it again.
-    let left = tokio::task::block_in_place(|| {
-        g.server(next)
-            .cli(&["ZCARD", "fencelock:q:/sentinel/moved"])
-            .unwrap()
-    });
-    assert_eq!(left.trim(), "1", "the superseded entry is still queued");
+    let left = tokio::task::block_in_place(|| g.server(next).cli(&["ZCARD", queue]).unwrap());
+    let others = usize::from(diverged == Diverged::EntryAhead);
+    assert_eq!(
+        left.trim(),
+        others.to_string(),
+        "the superseded entry is still queued"
+    );
     assert!(matches!(
         held.release().await,
         Err(Error::NotHeld(fencelock::LostReason::Superseded))

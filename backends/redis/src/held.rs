@@ -50,7 +50,14 @@ async fn watch(
     let mut checked = 0;
     loop {
         if session.read_own(own, false).await?.is_none() {
-            return Ok(LostReason::EntryDeleted);
+            // Gone from a primary that a failover put in place since the last look: a replica
+            // that never got the entry (a lagging one), not someone's delete.
+            let moved = grant.is_some() && session.primary.generation() != checked;
+            return Ok(if moved {
+                LostReason::Superseded
+            } else {
+                LostReason::EntryDeleted
+            });
         }
         if let Some((queue, kind, nearest)) = grant {
             let generation = session.primary.generation();
