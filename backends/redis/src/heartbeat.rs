@@ -9,7 +9,7 @@ use fencelock::{Error, Result, SessionEnd};
 use crate::error::{unexpected, NAME};
 use crate::layout::{Group, Groups};
 use crate::lifecycle::RedisSession;
-use crate::reply::{args, array, int, ms};
+use crate::reply::{args, array, int, ms, text};
 use crate::scripts;
 
 /// Renews the session (see the module's documentation).
@@ -79,14 +79,14 @@ async fn beat(session: &RedisSession) -> Result<()> {
     // on no shard is not lost to one that hangs (its `PING` to a primary at random, held up by
     // a hung one, lost idle sessions at TTLs up to 6 s; the cluster client holds requests
     // back while it reconnects to that node).
-    let groups: Vec<(Group, bool, i64)> = {
+    let groups: Vec<(Group, bool, i64, u64)> = {
         let mut o = session.owned();
         if session.groups == Groups::Cluster {
             o.forget_unused(|name| session.groups.of_entry(name));
         }
         o.groups
             .iter()
-            .map(|(g, s)| (g.clone(), s.confirmed, s.version))
+            .map(|(g, s)| (g.clone(), s.confirmed, s.version, s.renewed_to))
             .collect()
     };
     if groups.is_empty() {
@@ -95,31 +95,40 @@ async fn beat(session: &RedisSession) -> Result<()> {
             Groups::Single => session.ping().await,
         };
     }
-    let beats = groups.iter().map(|(group, confirmed, known)| async move {
-        let reply = session
-            .heartbeat_call(
-                &scripts::KEEP_ALIVE,
-                group,
-                args![
-                    &session.sid,
-                    ms(session.ttl),
-                    *known,
-                    if *confirmed { "1" } else { "0" },
-                ],
-            )
-            .await?;
-        let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
-        match a.first().and_then(int) {
-            Some(v) if v >= 0 => {}
-            // Not made yet: the enqueue that makes it is in flight.
-            Some(-2) => return Ok(false),
-            Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
-            None => return Err(unexpected("keep-alive")),
-        }
-        let mut o = session.owned();
-        o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
-        Ok(o.groups.get(group).is_some_and(|g| g.diverged))
-    });
+    let beats = groups
+        .iter()
+        .map(|(group, confirmed, known, cursor)| async move {
+            let reply = session
+                .heartbeat_call(
+                    &scripts::KEEP_ALIVE,
+                    group,
+                    args![
+                        &session.sid,
+                        ms(session.ttl),
+                        *known,
+                        if *confirmed { "1" } else { "0" },
+                        *cursor,
+                    ],
+                )
+                .await?;
+            let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
+            match a.first().and_then(int) {
+                Some(v) if v >= 0 => {}
+                // Not made yet: the enqueue that makes it is in flight.
+                Some(-2) => return Ok(false),
+                Some(_) => return Err(Error::SessionLost(SessionEnd::Expired)),
+                None => return Err(unexpected("keep-alive")),
+            }
+            let mut o = session.owned();
+            o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
+            // Where this beat's renewal of the entries' expiries stopped (the cursor can pass
+            // `i64::MAX`: read as unsigned).
+            let cursor = a.get(2).and_then(text).and_then(|c| c.parse().ok());
+            if let (Some(g), Some(c)) = (o.groups.get_mut(group), cursor) {
+                g.renewed_to = c;
+            }
+            Ok(o.groups.get(group).is_some_and(|g| g.diverged))
+        });
     let (mut diverged, mut failed) = (Vec::new(), None);
     for (beat, (group, ..)) in futures_util::future::join_all(beats)
         .await

@@ -33,6 +33,9 @@ pub(crate) struct InGroup {
     /// A reply showed the session's key there: from now on, its absence means the session is
     /// gone (before, a heartbeat may find the key not made yet).
     pub(crate) confirmed: bool,
+    /// Where the next heartbeat goes on renewing the expiries of the session's entries there
+    /// (an `HSCAN` cursor of its key: see `KEEP_ALIVE`).
+    pub(crate) renewed_to: u64,
 }
 
 impl Owned {

@@ -70,7 +70,8 @@ skey(sid); qkey(path); ekey(name)
 local v = enter(sid, ARGV[10], ARGV[6])
 if not v then return '-1' end
 local late = behind(v, ARGV[9])
-local token, created, after, empty = create(sid, path, name, ARGV[4], ARGV[5], ARGV[6], v, ARGV[11])
+local linger = lingering(ARGV[6])
+local token, created, after, empty = create(sid, path, name, ARGV[4], ARGV[5], linger, v, ARGV[11])
 local want, nearest = ARGV[7], tonumber(ARGV[8])
 -- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
 -- no range read of what is ahead (callgrind: about 4,000 of the server's instructions).
@@ -92,11 +93,11 @@ if created == 1 then
   -- alone to set. Else extended, never shortened: others' entries count on it (behind a live
   -- entry, the queue was there before this call, with the expiry its maker set).
   if alone or (head and want == '' and nearest > 0) then
-    redis.call('PEXPIRE', qkey(path), ARGV[6])
+    redis.call('PEXPIRE', qkey(path), linger)
   elseif head then
-    extend(qkey(path), ARGV[6])
+    extend(qkey(path), linger)
   else
-    extend_expiring(qkey(path), ARGV[6])
+    extend_expiring(qkey(path), linger)
   end
   if head then announce(path) end
 end
@@ -142,14 +143,15 @@ for i = 7, #ARGV, 4 do
   expired = math.max(expired, recent(path, ARGV[6]))
 end
 local tokens = {}
+local linger = lingering(ttl)
 for i = 7, #ARGV, 4 do
-  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ttl, v, ARGV[5])
+  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], linger, v, ARGV[5])
   tokens[#tokens + 1] = token
   v = after or v
   -- Each queue was empty of live entries but ours: the entry heads it, alone (its expiry is
   -- ours to set).
   if created == 1 then
-    redis.call('PEXPIRE', qkey(ARGV[i]), ttl)
+    redis.call('PEXPIRE', qkey(ARGV[i]), linger)
     announce(ARGV[i])
   end
 end

@@ -53,6 +53,16 @@ local function ekey(name)
   if name ~= e_of then e_of, e_key = name, guard(P .. ':e:' .. name) end
   return e_key
 end
+-- How many of its session's TTLs an entry's hash and its queue live past their last renewal.
+-- Whether an entry is live is its session key's to say (see `live`): these expiries only
+-- clear what a session that ended without its close left where no waiter drops it. Long, so
+-- that a heartbeat need not renew every entry of a session that holds many (see
+-- `KEEP_ALIVE`): one that ran into every entry of a session holding 100,000 blocked the
+-- server for 0.5-1 s each third of the TTL.
+local LINGER = 60
+-- The expiry (ms, as text) of an entry's hash and its queue, given the session's `ttl` (ms, as
+-- text).
+local function lingering(ttl) return string.format('%d', tonumber(ttl) * LINGER) end
 -- Queue `path`'s mark that an entry of it was dropped as expired, for `RECENT` ms (see `drop`).
 local RECENT = '10000'
 local function xkey(path)
@@ -224,8 +234,8 @@ local function ahead(path, below, want, nearest)
   return out, first
 end
 -- Creates entry `name` of session `sid` (whose version is `v`) in queue `path` unless it
--- exists (`ttl` in ms, `created` the client's time in ms, both as text; the caller sets the
--- queue's expiry); returns its token as text, whether it was created, the session's
+-- exists (`linger` its expiry in ms (see `lingering`), `created` the client's time in ms, both
+-- as text; the caller sets the queue's expiry); returns its token as text, whether it was created, the session's
 -- version after it (false if unchanged), and whether the queue was empty before it. The
 -- session's key holds, besides its version `v`, a field per entry it owns in this group
 -- (named by the entry; entry names have a '/', so never 'v'): one key, whose TTL is the
@@ -235,7 +245,7 @@ end
 -- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
 -- `` + `svc/x`), and its order must be one. (A retry that finds its entry spends a token
 -- unused: tokens grow, not by one.)
-local function create(sid, path, name, kind, value, ttl, v, created)
+local function create(sid, path, name, kind, value, linger, v, created)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('INCR', K)
   -- The queue's last member: a new entry must score above every member, or it would queue
@@ -258,7 +268,7 @@ local function create(sid, path, name, kind, value, ttl, v, created)
     if redis.call('HGET', e, 's') == sid then
       -- Found again (a retry). Touched, so that a WAIT that follows covers it; owned again,
       -- in case the first try stopped before it got there (a slot migrating).
-      redis.call('PEXPIRE', e, ttl)
+      redis.call('PEXPIRE', e, linger)
       redis.call('HSET', skey(sid), name, '1')
       -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
       return redis.call('ZSCORE', q, name), 0, false, false
@@ -267,7 +277,7 @@ local function create(sid, path, name, kind, value, ttl, v, created)
     redis.call('ZADD', q, t, name)
   end
   redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', created, 'v', value)
-  redis.call('PEXPIRE', e, ttl)
+  redis.call('PEXPIRE', e, linger)
   v = v + 1
   redis.call('HSET', skey(sid), name, '1', 'v', string.format('%d', v))
   return t, 1, v, last[1] == nil

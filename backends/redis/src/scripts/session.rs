@@ -19,13 +19,19 @@ return 1
 });
 
 /// ARGV: sid, ttl ms, the version the client knows, whether the session's key in this group
-/// was confirmed ('1'; else its first enqueue here is in flight). Extends the session and
-/// everything it owns; returns {-1} if the confirmed key is gone, {-2} if an unconfirmed one
-/// is not there (yet), else {version, behind}.
+/// was confirmed ('1'; else its first enqueue here is in flight), where the last heartbeat's
+/// renewal of entries stopped (an `HSCAN` cursor; '0' at first). Extends the session, and the
+/// expiries of its entries and their queues, a slice at a time: every one while it owns up to
+/// `WHOLE`, else at least a `SLICES`th per heartbeat, so that a cycle over them all takes at
+/// most `SLICES` heartbeats (a few more if the hash grows meanwhile), each at most a TTL
+/// after the last, well within the `LINGER` TTLs an entry lives past its renewal. Returns
+/// {-1} if the confirmed key is gone, {-2} if an unconfirmed one is not there (yet), else
+/// {version, behind, the cursor to start the next heartbeat's slice from}.
 pub(crate) static KEEP_ALIVE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "keep_alive",
         r#"
+local WHOLE, SLICES = 256, 20
 local sid, ttl = ARGV[1], ARGV[2]
 if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
   if ARGV[4] == '1' then return {-1} end
@@ -33,31 +39,38 @@ if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
 end
 local v = version(sid)
 local late = behind(v, ARGV[3])
+local linger = lingering(ttl)
+local quota = math.max(WHOLE, math.ceil(redis.call('HLEN', skey(sid)) / SLICES))
+local cursor, done = ARGV[5] or '0', 0
 -- Each entry's keys unguarded (a guard per entry would cost as much as the heartbeat): only
 -- expiries are extended, and on a cluster an entry not found is left owned (its release
 -- takes it out), so a half-moved slot can only delay an extension. (On a node that lost a
 -- key to a migration the first such access stops the script, to be retried.)
-for _, name in ipairs(redis.call('HKEYS', skey(sid))) do
-  if name ~= 'v' then
-    local e = redis.call('HMGET', P .. ':e:' .. name, 's', 'q')
-    if e[1] == sid then
-      redis.call('PEXPIRE', P .. ':e:' .. name, ttl)
-      extend_expiring(P .. ':q:' .. e[2], ttl)
-    elseif e[1] or not GUARD then
-      -- Its hash gone (deleted by hand, evicted; on one server, where keys need no guard):
-      -- what it left in its queue is dropped, and the entry behind it woken. So is our wait
-      -- on it, if it listens on the session's own channel: told that something is ahead, it
-      -- reads, and finds its entry gone (it waited on until its predecessor's session would
-      -- have expired: a TTL).
-      if not e[1] then
+repeat
+  local page = redis.call('HSCAN', skey(sid), cursor, 'COUNT', tostring(quota))
+  cursor = page[1]
+  local fields = page[2]
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if name ~= 'v' then
+      done = done + 1
+      if redis.call('PEXPIRE', P .. ':e:' .. name, linger) == 1 then
+        local path = entry_parts(name)
+        if path then extend_expiring(P .. ':q:' .. path, linger) end
+      elseif not GUARD then
+        -- Its hash gone (deleted by hand, evicted; on one server, where keys need no guard):
+        -- what it left in its queue is dropped, and the entry behind it woken. So is our wait
+        -- on it, if it listens on the session's own channel: told that something is ahead, it
+        -- reads, and finds its entry gone (it waited on until its predecessor's session would
+        -- have expired: a TTL).
         local token = drop_leftover(name)
         if token then redis.call('PUBLISH', C .. ':w:' .. sid, name .. ' ' .. token .. ' ahead') end
+        redis.call('HDEL', skey(sid), name)
       end
-      redis.call('HDEL', skey(sid), name)
     end
   end
-end
-return {v, late}
+until cursor == '0' or done >= quota
+return {v, late, cursor}
 "#,
     )
 });
