@@ -232,6 +232,7 @@ impl Observer {
 
     fn failed(&mut self, shared: &Shared, e: Error) -> Error {
         self.backoff.get_or_insert_with(|| shared.backoff());
+        shared.note(&e);
         e
     }
 }

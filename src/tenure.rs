@@ -258,6 +258,10 @@ async fn grant_lost(
         Ok(why) => why,
         Err(e) => {
             debug!(error = %e, "cannot watch our entry");
+            // The session's own loss ends the wait, recorded now if this is its report.
+            if let Some(s) = session.upgrade() {
+                s.note(&e);
+            }
             std::future::pending().await
         }
     }

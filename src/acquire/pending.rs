@@ -187,7 +187,7 @@ pub(super) async fn create<T: Send + 'static>(
             Error::is_temporary,
         );
     // Pauses included: a lost session ends the wait at once.
-    shared.unless_lost(tries).await?
+    shared.noted(shared.unless_lost(tries).await?)
 }
 
 /// Awaits a create in flight, kept in `slot` meanwhile (so that a drop of the attempt hands it

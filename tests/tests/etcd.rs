@@ -236,6 +236,42 @@ async fn go_recipes_rwmutex_layout() {
     s.close().await.unwrap();
 }
 
+/// A session whose lease an operator revoked is lost at the first request that finds it gone:
+/// the request fails with `SessionLost(Expired)`, and from then on the session says
+/// `Lost(Expired)` and its guards are not held. Before, `state()` said `Live` and the guard
+/// `is_held()` until the next heartbeat (up to a third of the TTL: 0.66 s after another
+/// session had been granted the lock, black-box round 35).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_is_lost_at_the_first_request_that_finds_it() {
+    use fencelock::{SessionEnd, SessionState};
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("revoked");
+    // A long TTL: no heartbeat finds the revocation first.
+    let s = Session::builder(f.etcd().clone())
+        .namespace(&ns)
+        .ttl(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    let lease = i64::from_str_radix(&s.id(), 16).unwrap();
+    f.etcd().client().clone().lease_revoke(lease).await.unwrap();
+    let r = s.mutex("next").unwrap().try_lock().await;
+    assert!(
+        matches!(r, Err(Error::SessionLost(SessionEnd::Expired))),
+        "{r:?}"
+    );
+    assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
+    assert!(!held.is_held());
+    assert_eq!(
+        held.lost().await,
+        fencelock::LostReason::Session(SessionEnd::Expired)
+    );
+    let _ = s.close().await;
+}
+
 /// A key under a lock's prefix that is not UTF-8 (written by hand) holds the lock up like any
 /// other entry, and its waiter looks again at a bounded rate: read lossily, its name never
 /// existed, and the waiter read the queue again without a pause (thousands of txns a second).
