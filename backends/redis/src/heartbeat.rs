@@ -122,10 +122,10 @@ async fn beat(session: &RedisSession) -> Result<()> {
             let mut o = session.owned();
             o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
             // Where this beat's renewal of the entries' expiries stopped (the cursor can pass
-            // `i64::MAX`: read as unsigned).
+            // `i64::MAX`: read as unsigned); from the start again if it cannot be read.
             let cursor = a.get(2).and_then(text).and_then(|c| c.parse().ok());
-            if let (Some(g), Some(c)) = (o.groups.get_mut(group), cursor) {
-                g.renewed_to = c;
+            if let Some(g) = o.groups.get_mut(group) {
+                g.renewed_to = cursor.unwrap_or(0);
             }
             Ok(o.groups.get(group).is_some_and(|g| g.diverged))
         });

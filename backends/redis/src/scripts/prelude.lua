@@ -62,7 +62,9 @@ end
 local LINGER = 60
 -- The expiry (ms, as text) of an entry's hash and its queue, given the session's `ttl` (ms, as
 -- text).
-local function lingering(ttl) return string.format('%d', tonumber(ttl) * LINGER) end
+-- ('%.0f', not '%d': a 32-bit server's `long` overflows past a TTL of 35 minutes, and a
+-- negative expiry deletes the key.)
+local function lingering(ttl) return string.format('%.0f', tonumber(ttl) * LINGER) end
 -- Queue `path`'s mark that an entry of it was dropped as expired, for `RECENT` ms (see `drop`).
 local RECENT = '10000'
 local function xkey(path)

@@ -32,6 +32,9 @@ pub(crate) static KEEP_ALIVE: LazyLock<Op> = LazyLock::new(|| {
         "keep_alive",
         r#"
 local WHOLE, SLICES = 256, 20
+-- `HSCAN` below is nondeterministic: before Redis 5, a script replicated as a whole may not
+-- write after it unless it replicates its effects instead.
+if not SEVEN and redis.replicate_commands then redis.replicate_commands() end
 local sid, ttl = ARGV[1], ARGV[2]
 if redis.call('PEXPIRE', skey(sid), ttl) == 0 then
   if ARGV[4] == '1' then return {-1} end
