@@ -89,6 +89,20 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
     Error::backend(NAME, op, temporary, readable(&e))
 }
 
+/// Whether `e` (mapped by [`map`]) is a request that met a Redis Cluster slot half moved: a
+/// script stopped by a key of its slot on the other node (`TRYAGAIN`, "non local key"), or a
+/// redirection redis-rs gave up following.
+pub(crate) fn slot_moving(e: &Error) -> bool {
+    let Error::Backend { source, .. } = e else {
+        return false;
+    };
+    let text = source.to_string();
+    ["TRYAGAIN", "ASK", "MOVED"]
+        .iter()
+        .any(|code| text.starts_with(code))
+        || text.contains("non local key in a cluster node")
+}
+
 /// `e` in words: redis-rs writes its error kind's debug name into its text ("Password
 /// authentication failed - AuthenticationFailed", "refused to switch database -
 /// Server(ResponseError): DB index is out of range"), which a user read in the CLI's messages.

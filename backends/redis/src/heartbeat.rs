@@ -63,6 +63,40 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
     }
 }
 
+/// A heartbeat of a Redis Cluster group whose slot is half moved: its script, which meets keys
+/// on both nodes, stops with `TRYAGAIN` until the move ends — seconds if the slot holds many
+/// keys (`redis-cli --cluster reshard` moves them in batches), and a session beyond its
+/// deadline was lost with its locks on every shard (black-box round 35, at 2 s half moved and
+/// a TTL of 4 s). The session's key alone is renewed then, by a command the cluster client
+/// sends on to the node that has it (`ASK`); its entries need no renewal at each beat (they
+/// live 60 TTLs past their last: see `KEEP_ALIVE`). Whether the server lost changes is not
+/// learnt at this beat (false).
+async fn renew_key_alone(session: &RedisSession, group: &Group, confirmed: bool) -> Result<bool> {
+    let mut con = session.primary.con();
+    let mut pexpire = redis::cmd("PEXPIRE");
+    pexpire
+        .arg(group.session_key(&session.sid))
+        .arg(ms(session.ttl).to_string());
+    let renewed = tokio::time::timeout(
+        session.primary.timeout(),
+        pexpire.query_async::<i64>(&mut con),
+    )
+    .await;
+    match renewed {
+        Ok(Ok(1)) => Ok(false),
+        // Not there (yet: the enqueue that makes it is in flight).
+        Ok(Ok(_)) if !confirmed => Ok(false),
+        Ok(Ok(_)) => Err(Error::SessionLost(SessionEnd::Expired)),
+        Ok(Err(e)) => Err(session.primary.failed("keep-alive", e)),
+        Err(_) => Err(Error::backend(
+            NAME,
+            "keep-alive",
+            true,
+            "no answer within the timeout",
+        )),
+    }
+}
+
 /// How long a heartbeat waits for the sentinels before it beats (see [`keep_alive`]); past it,
 /// they are asked in the background.
 const CHECK_PATIENCE: Duration = Duration::from_millis(300);
@@ -110,7 +144,14 @@ async fn beat(session: &RedisSession) -> Result<()> {
                         *cursor,
                     ],
                 )
-                .await?;
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) if session.groups == Groups::Cluster && crate::error::slot_moving(&e) => {
+                    return renew_key_alone(session, group, *confirmed).await;
+                }
+                Err(e) => return Err(e),
+            };
             let a = array(&reply).ok_or_else(|| unexpected("keep-alive"))?;
             match a.first().and_then(int) {
                 Some(v) if v >= 0 => {}

@@ -74,6 +74,12 @@ impl Group {
     pub(crate) fn key(&self) -> &str {
         &self.0
     }
+
+    /// The key of session `sid` in this group (`{prefix}:s:{sid}`).
+    pub(crate) fn session_key(&self, sid: &str) -> String {
+        let prefix = self.0.strip_suffix(":t").unwrap_or(&self.0);
+        [prefix, ":s:", sid].concat()
+    }
 }
 
 /// The groups of a deployment: one for a server, [`GROUPS`] for a cluster.
