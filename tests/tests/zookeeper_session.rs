@@ -646,3 +646,57 @@ async fn concurrent_closes_are_all_confirmed() {
     assert!(left.is_empty(), "{left:?}");
     probe.close().await.unwrap();
 }
+
+/// A one-way partition (the client's requests arrive, nothing comes back) costs the session
+/// at its local deadline, and the next holder is granted once the server expires it: the
+/// close tried at the deadline gives up after its first unanswered try instead of trying
+/// again for a TTL, each try's attach renewing the session on the server. The waiter was
+/// granted 2.7 TTLs after the holder's last heartbeat (black-box round 35: 16 s after the
+/// holder gave up at a TTL of 6 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_way_partition_frees_the_lock_a_ttl_after_the_deadline() {
+    const TTL6: Duration = Duration::from_secs(6);
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let proxy = Proxy::start(&f.server().connect_string()).await;
+    let ns = unique_namespace("zk_one_way");
+    let a = Session::builder(ZooKeeperBackend::connect(&proxy.addr()).await.unwrap())
+        .namespace(&ns)
+        .ttl(TTL6)
+        .start()
+        .await
+        .unwrap();
+    let b = Session::builder(f.zookeeper().clone())
+        .namespace(&ns)
+        .ttl(TTL6)
+        .start()
+        .await
+        .unwrap();
+    let held = a.mutex("m").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("m").unwrap();
+        async move { m.lock().await }
+    });
+    proxy.set(Mode::BlackHoleReplies);
+    let cut = Instant::now();
+    let lost = bounded(WAIT, "the holder's loss", held.lost()).await;
+    let lost_after = cut.elapsed();
+    let granted = bounded(Duration::from_secs(40), "the waiter's grant", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let freed_after = cut.elapsed();
+    proxy.set(Mode::Pass);
+    // The deadline comes within a TTL of the cut; the server expires the session a TTL after
+    // the last request that reached it (the close's first try, a few seconds at most).
+    // Before, the close was tried again until a TTL had passed: about 16 s after the deadline.
+    assert!(
+        freed_after < lost_after + TTL6 + Duration::from_secs(5),
+        "lost {lost:?} after {lost_after:?}, the waiter granted after {freed_after:?}"
+    );
+    assert!(granted.token() > held.token());
+    granted.release().await.unwrap();
+    let _ = a.close().await;
+    b.close().await.unwrap();
+}

@@ -119,11 +119,13 @@ impl ZkSession {
         }
     }
 
-    /// Ends the session here and on the cluster (each try at most [`CLOSE_WAIT`]). A close
-    /// that no server confirmed is a temporary error, so that the core tries again (the
-    /// cluster may be electing a leader, or down) — for one TTL at most: every try reaches the
-    /// cluster with the session's id, and renews it there if a one-way partition keeps the
-    /// confirmation from us. Then the cluster expires it.
+    /// Ends the session here and on the cluster (each try at most `Links::close_bound`). A
+    /// close that every server refused is a temporary error, so that the core tries again
+    /// (the cluster may be electing a leader, or down), for one TTL at most. One that went
+    /// unanswered is not tried again: its attach may have reached a server (a one-way
+    /// partition keeps the answer from us), and renewed the session there, as every try
+    /// after it would (behind a one-way partition the next holder waited 2.7 TTLs after the
+    /// holder's last heartbeat, black-box round 35). Then the cluster expires it.
     pub(crate) async fn close_once(&self) -> Result<()> {
         // Taken first: a close (the caller's, and the heartbeat task's, which `Session::close`
         // starts too) that found the link ended by the other must wait for that one's client
@@ -151,8 +153,9 @@ impl ZkSession {
             Closing::NotYet => Instant::now(),
             Closing::Tried(first) => first,
         };
-        let res = tokio::time::timeout(CLOSE_WAIT, self.links.close_on_cluster()).await;
-        let failure = match res {
+        let bound = self.links.close_bound();
+        let res = tokio::time::timeout(bound, self.links.close_on_cluster()).await;
+        let (failure, unanswered) = match res {
             Ok(Ok(())) => {
                 debug!(session = %self.id(), "zookeeper session closed");
                 *closed = Closing::Done;
@@ -160,12 +163,14 @@ impl ZkSession {
             }
             // Its cause, not its name: the message read "zookeeper: close failed" (the name
             // again) and said nothing of why.
-            Ok(Err(e)) => {
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string())
-            }
-            Err(_) => "not confirmed in time".to_string(),
+            Ok(Err(u)) => (
+                std::error::Error::source(&u.error)
+                    .map_or_else(|| u.error.to_string(), |c| c.to_string()),
+                u.unanswered,
+            ),
+            Err(_) => ("not confirmed in time".to_string(), true),
         };
-        if first.elapsed() >= self.ttl {
+        if unanswered || first.elapsed() >= self.ttl {
             warn!(session = %self.id(), error = %failure, "the ZooKeeper session could not be closed; it expires after its timeout");
             *closed = Closing::Done;
             return Ok(());
@@ -253,7 +258,7 @@ impl Drop for ZkSession {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let links = self.links.clone();
             rt.spawn(async move {
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+                let _ = tokio::time::timeout(links.close_bound(), links.close_on_cluster()).await;
             });
         }
     }
@@ -274,7 +279,7 @@ async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: D
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
                 // As the cluster would: its entries go now, not a TTL after the client's own
                 // last ping.
-                let _ = tokio::time::timeout(CLOSE_WAIT, links.close_on_cluster()).await;
+                let _ = tokio::time::timeout(links.close_bound(), links.close_on_cluster()).await;
             }
             return;
         }

@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
 use tracing::{debug, info, warn};
 use zookeeper_client as zk;
 
-use crate::connect::AttachError;
+use crate::connect::{AttachError, Unconfirmed};
 use crate::Inner;
 
 /// One client of the session, attached through one server.
@@ -179,11 +179,20 @@ impl Links {
         link
     }
 
+    /// The bound on one close (see [`close_on_cluster`](Self::close_on_cluster)):
+    /// [`CLOSE_WAIT`](crate::lifecycle::CLOSE_WAIT), at most half the TTL. Each of its tries
+    /// that reaches a server without its answer coming back renews the session there, which
+    /// then lives a TTL past the close's end: the bound is part of how long a lock stays
+    /// taken behind a one-way partition.
+    pub(crate) fn close_bound(&self) -> Duration {
+        crate::lifecycle::CLOSE_WAIT.min(self.ttl / 2)
+    }
+
     /// Closes the session on the cluster: through its last server first if it was connected
     /// there when the session ended here, last otherwise (it may be the silent server that
     /// cost the session). Tried last while connected, a hung server listed before it cost
     /// every close that server's share of the bound (seconds on every `fencelock` exit).
-    pub(crate) async fn close_on_cluster(&self) -> Result<()> {
+    pub(crate) async fn close_on_cluster(&self) -> std::result::Result<(), Unconfirmed> {
         let config = &self.backend.config;
         let n = config.each.len().max(1);
         let last = self.last_server.load(Ordering::SeqCst);
@@ -197,7 +206,7 @@ impl Links {
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         let per_try = attach_bound(self.ttl)
             .max(Duration::from_secs(1))
-            .min(crate::lifecycle::CLOSE_WAIT / n)
+            .min(self.close_bound() / n)
             .max(Duration::from_millis(500));
         config
             .close_session(self.requested, self.info.clone(), first, per_try)
