@@ -272,6 +272,36 @@ async fn a_revoked_lease_is_lost_at_the_first_request_that_finds_it() {
     let _ = s.close().await;
 }
 
+/// A holder awaiting `lost()` when an operator revokes its session's lease (which deletes
+/// every key attached to it) learns that its session expired, not that someone deleted its
+/// entry ("our entry was deleted by someone else", black-box round 35), and the session is
+/// `Lost(Expired)` from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_reaches_lost_as_the_session_expired() {
+    use fencelock::{LostReason, SessionEnd, SessionState};
+    let Some(f) = EtcdFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("revoked_lost");
+    let s = Session::builder(f.etcd().clone())
+        .namespace(&ns)
+        .ttl(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    let lost = tokio::spawn(held.lost());
+    let lease = i64::from_str_radix(&s.id(), 16).unwrap();
+    f.etcd().client().clone().lease_revoke(lease).await.unwrap();
+    let why = tokio::time::timeout(Duration::from_secs(10), lost)
+        .await
+        .expect("lost() fires")
+        .unwrap();
+    assert_eq!(why, LostReason::Session(SessionEnd::Expired));
+    assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
+    let _ = s.close().await;
+}
+
 /// A key under a lock's prefix that is not UTF-8 (written by hand) holds the lock up like any
 /// other entry, and its waiter looks again at a bounded rate: read lossily, its name never
 /// existed, and the waiter read the queue again without a pause (thousands of txns a second).

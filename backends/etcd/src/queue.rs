@@ -247,7 +247,22 @@ pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<
         Ok(())
     };
     session.watcher.prune_if_large().await;
-    res
+    res?;
+    lease_gone(session).await
+}
+
+/// After our entry went: `SessionLost(Expired)` if the session's lease went with it (revoked by
+/// an operator, expired), which deletes every key attached to it, so that a holder's `lost()`
+/// says why; a revoked lease read "our entry was deleted by someone else" (black-box round
+/// 35). `Ok` if the lease lives, or cannot be read within the request bound (the deletion is
+/// reported as it was).
+async fn lease_gone(session: &EtcdSession) -> Result<()> {
+    let mut lease = session.client.lease_client();
+    let ask = lease.time_to_live(session.lease, None);
+    match tokio::time::timeout(session.bound, ask).await {
+        Ok(Ok(r)) if r.ttl() < 0 => Err(Error::SessionLost(fencelock::SessionEnd::Expired)),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool> {
