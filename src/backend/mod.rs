@@ -369,7 +369,10 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// Resolves once `own` no longer exists (deleted by someone else, expired, or replaced by
     /// a newer entry with the same key). Returns at once if it is already gone. Must not miss
     /// a deletion that happens while the call is starting. The core calls it only while a user
-    /// awaits a guard's `lost()`: a held entry costs no watch otherwise.
+    /// awaits a guard's `lost()`: a held entry costs no watch otherwise. May fail with
+    /// [`Error::SessionLost`](crate::Error::SessionLost) where the backend can tell that the
+    /// session's end on the cluster is what deleted it (an etcd lease revoked or expired), so
+    /// that `lost()` says so.
     async fn wait_own_gone(&self, own: &Entry) -> Result<()>;
 
     /// Resolves once `own`, a granted entry, holds its grant no more, with the reason: gone as

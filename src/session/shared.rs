@@ -317,10 +317,12 @@ impl Shared {
     }
 
     /// Records the session's end if `e` is the backend's report of it (see
-    /// [`noted`](Self::noted)).
+    /// [`noted`](Self::noted)), left for a close as a session lost by its local deadline is
+    /// (`orphaned`): [`Session::close`](crate::Session::close) still ends it on the cluster,
+    /// should it live on there.
     pub(crate) fn note(&self, e: &Error) {
         if let Error::SessionLost(end) = e {
-            self.set_lost(*end);
+            self.set_lost_unclosed(*end);
         }
     }
 

@@ -45,6 +45,9 @@ pub(crate) struct EtcdSession {
     /// The fence that makes a create applied after it was given up fail.
     pub(crate) fence: Fence,
     pub(crate) events_tx: mpsc::UnboundedSender<SessionEvent>,
+    /// When the lease was last found alive after an entry's deletion (see
+    /// `queue::lease_gone`): one question serves every deletion of a burst.
+    pub(crate) lease_seen: AsyncMutex<Option<std::time::Instant>>,
 }
 
 /// The lease's keep-alive stream: requests go through the keeper; a task reads the replies as
@@ -248,6 +251,7 @@ impl EtcdSession {
             events: AsyncMutex::new(events),
             events_tx,
             fence: Fence::default(),
+            lease_seen: AsyncMutex::new(None),
         })
     }
 

@@ -99,9 +99,13 @@ pub(crate) async fn enqueue(session: &EtcdSession, req: EnqueueRequest<'_>) -> R
             .and_then(|own| own.first().map(KeyValue::create_revision))
     };
     let Some(own_rev) = own_rev else {
-        // A retry that finds nothing: the put with a dead lease fails instead, so this is
-        // unexpected.
-        return Err(Error::SessionLost(SessionEnd::Expired));
+        // A retry that finds nothing (deleted meanwhile by someone else): tried again, when a
+        // put with a dead lease says whether the session is gone. (Not `SessionLost`: the
+        // core takes that for the cluster's word that the session ended.)
+        return Err(temporary(
+            "enqueue",
+            "our entry vanished between a create and its retry",
+        ));
     };
     let queue = reads
         .next()
@@ -255,15 +259,28 @@ pub(crate) async fn wait_own_gone(session: &EtcdSession, own: &Entry) -> Result<
 /// an operator, expired), which deletes every key attached to it, so that a holder's `lost()`
 /// says why; a revoked lease read "our entry was deleted by someone else" (black-box round
 /// 35). `Ok` if the lease lives, or cannot be read within the request bound (the deletion is
-/// reported as it was).
+/// reported as it was). One question at a time, and a lease found alive less than
+/// [`LEASE_SEEN_FOR`] ago is taken as alive: an operator's `del --prefix` under 100,000 held
+/// guards awaiting `lost()` asks once, not 100,000 times.
 async fn lease_gone(session: &EtcdSession) -> Result<()> {
+    let mut seen = session.lease_seen.lock().await;
+    if seen.is_some_and(|at| at.elapsed() < LEASE_SEEN_FOR) {
+        return Ok(());
+    }
     let mut lease = session.client.lease_client();
     let ask = lease.time_to_live(session.lease, None);
     match tokio::time::timeout(session.bound, ask).await {
-        Ok(Ok(r)) if r.ttl() < 0 => Err(Error::SessionLost(fencelock::SessionEnd::Expired)),
+        Ok(Ok(r)) if r.ttl() < 0 => Err(Error::SessionLost(SessionEnd::Expired)),
+        Ok(Ok(_)) => {
+            *seen = Some(std::time::Instant::now());
+            Ok(())
+        }
         _ => Ok(()),
     }
 }
+
+/// How long a lease found alive is taken as alive by [`lease_gone`].
+const LEASE_SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) async fn remove(session: &EtcdSession, entry: &Entry) -> Result<bool> {
     let delete = TxnOp::delete(entry.key.as_str(), None);

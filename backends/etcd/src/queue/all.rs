@@ -3,7 +3,7 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fencelock::backend::{EnqueueRequest, Entry};
-use fencelock::{Error, Result, SessionEnd};
+use fencelock::Result;
 
 use super::restore_fence;
 use crate::error::temporary;
@@ -92,7 +92,14 @@ pub(crate) async fn enqueue_all(
                 .map(|(kvs, (k, r))| {
                     kvs.first()
                         .map(|kv| entry_of(k.clone(), r.kind, kv.create_revision()))
-                        .ok_or(Error::SessionLost(SessionEnd::Expired))
+                        // Deleted meanwhile by someone else: tried again (not
+                        // `SessionLost`, the cluster's word that the session ended).
+                        .ok_or_else(|| {
+                            temporary(
+                                "enqueue all",
+                                "an entry vanished between its create and its read",
+                            )
+                        })
                 })
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Some(entries));
