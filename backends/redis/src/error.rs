@@ -81,7 +81,7 @@ pub(crate) fn map(op: &'static str, e: RedisError) -> Error {
         _ if matches!(e.code(), Some("BUSY" | "MISCONF" | "NOREPLICAS")) => true,
         // A script that met a key of its slot on another node (the slot migrating): Redis
         // gives this one no code of its own, only its message.
-        _ if e.to_string().contains("non local key in a cluster node") => true,
+        _ if moved_under_script(&e.to_string()) => true,
         // A server at `maxclients` (at connect): others will leave (no code of its own either).
         _ if e.to_string().contains("max number of clients reached") => true,
         _ => e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal(),
@@ -100,7 +100,14 @@ pub(crate) fn slot_moving(e: &Error) -> bool {
     ["TRYAGAIN", "ASK", "MOVED"]
         .iter()
         .any(|code| text.starts_with(code))
-        || text.contains("non local key in a cluster node")
+        || moved_under_script(&text)
+}
+
+/// Whether a script's error `text` says that it met a key of its slot on the other node (the
+/// slot migrating): Redis gives this no code of its own, only a message, which 7.4 changed.
+fn moved_under_script(text: &str) -> bool {
+    text.contains("non local key in a cluster node")
+        || text.contains("during rehashing of the slot")
 }
 
 /// `e` in words: redis-rs writes its error kind's debug name into its text ("Password

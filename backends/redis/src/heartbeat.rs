@@ -2,7 +2,7 @@
 //! the key, tells the client of changes the server lost (a failover to a replica that
 //! lagged), and, behind Sentinel, gives way when the primary moves while it waits.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencelock::{Error, Result, SessionEnd};
 
@@ -71,6 +71,11 @@ pub(crate) async fn keep_alive(session: &RedisSession) -> Result<()> {
 /// sends on to the node that has it (`ASK`); its entries need no renewal at each beat (they
 /// live 60 TTLs past their last: see `KEEP_ALIVE`). Whether the server lost changes is not
 /// learnt at this beat (false).
+///
+/// For [`ALONE_FOR`] TTLs at most since the last script there: past it, a slot stuck half
+/// moved (a reshard interrupted, until `redis-cli --cluster fix`) would let the entries expire
+/// under a live session, and another session be granted their locks; the session is lost by
+/// its deadline instead.
 async fn renew_key_alone(session: &RedisSession, group: &Group, confirmed: bool) -> Result<bool> {
     let mut con = session.primary.con();
     let mut pexpire = redis::cmd("PEXPIRE");
@@ -97,6 +102,18 @@ async fn renew_key_alone(session: &RedisSession, group: &Group, confirmed: bool)
     }
 }
 
+/// How many TTLs past a group's last heartbeat script its session's key may be renewed alone:
+/// half of the 60 its entries live past their renewal, which the cycle of slices before that
+/// script may have left up to 20 beats (each at most a TTL) behind.
+const ALONE_FOR: u32 = 30;
+
+/// Whether a heartbeat may renew the session's key alone in a group whose script last ran at
+/// `scripted_at` (see [`renew_key_alone`]); before the first, counted from the first beat
+/// that renews it alone (the group's entries were made since the session's last beat).
+fn alone_allowed(session: &RedisSession, scripted_at: Option<Instant>) -> bool {
+    scripted_at.is_none_or(|at| at.elapsed() < session.ttl * ALONE_FOR)
+}
+
 /// How long a heartbeat waits for the sentinels before it beats (see [`keep_alive`]); past it,
 /// they are asked in the background.
 const CHECK_PATIENCE: Duration = Duration::from_millis(300);
@@ -113,14 +130,22 @@ async fn beat(session: &RedisSession) -> Result<()> {
     // on no shard is not lost to one that hangs (its `PING` to a primary at random, held up by
     // a hung one, lost idle sessions at TTLs up to 6 s; the cluster client holds requests
     // back while it reconnects to that node).
-    let groups: Vec<(Group, bool, i64, u64)> = {
+    let groups: Vec<(Group, bool, i64, u64, Option<Instant>)> = {
         let mut o = session.owned();
         if session.groups == Groups::Cluster {
             o.forget_unused(|name| session.groups.of_entry(name));
         }
         o.groups
             .iter()
-            .map(|(g, s)| (g.clone(), s.confirmed, s.version, s.renewed_to))
+            .map(|(g, s)| {
+                (
+                    g.clone(),
+                    s.confirmed,
+                    s.version,
+                    s.renewed_to,
+                    s.scripted_at,
+                )
+            })
             .collect()
     };
     if groups.is_empty() {
@@ -129,9 +154,8 @@ async fn beat(session: &RedisSession) -> Result<()> {
             Groups::Single => session.ping().await,
         };
     }
-    let beats = groups
-        .iter()
-        .map(|(group, confirmed, known, cursor)| async move {
+    let beats = groups.iter().map(
+        |(group, confirmed, known, cursor, scripted_at)| async move {
             let reply = session
                 .heartbeat_call(
                     &scripts::KEEP_ALIVE,
@@ -147,7 +171,17 @@ async fn beat(session: &RedisSession) -> Result<()> {
                 .await;
             let reply = match reply {
                 Ok(reply) => reply,
-                Err(e) if session.groups == Groups::Cluster && crate::error::slot_moving(&e) => {
+                Err(e)
+                    if session.groups == Groups::Cluster
+                        && crate::error::slot_moving(&e)
+                        && alone_allowed(session, *scripted_at) =>
+                {
+                    if scripted_at.is_none() {
+                        // The group's first beat: its entries were made since the last one.
+                        if let Some(g) = session.owned().groups.get_mut(group) {
+                            g.scripted_at.get_or_insert_with(Instant::now);
+                        }
+                    }
                     return renew_key_alone(session, group, *confirmed).await;
                 }
                 Err(e) => return Err(e),
@@ -167,9 +201,11 @@ async fn beat(session: &RedisSession) -> Result<()> {
             let cursor = a.get(2).and_then(text).and_then(|c| c.parse().ok());
             if let Some(g) = o.groups.get_mut(group) {
                 g.renewed_to = cursor.unwrap_or(0);
+                g.scripted_at = Some(Instant::now());
             }
             Ok(o.groups.get(group).is_some_and(|g| g.diverged))
-        });
+        },
+    );
     let (mut diverged, mut failed) = (Vec::new(), None);
     for (beat, (group, ..)) in futures_util::future::join_all(beats)
         .await

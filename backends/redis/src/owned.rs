@@ -36,6 +36,10 @@ pub(crate) struct InGroup {
     /// Where the next heartbeat goes on renewing the expiries of the session's entries there
     /// (an `HSCAN` cursor of its key: see `KEEP_ALIVE`).
     pub(crate) renewed_to: u64,
+    /// When a heartbeat's script last ran there, renewing a slice of the entries (`None`
+    /// before the first): how long the session's key may be renewed alone (see
+    /// `heartbeat::renew_key_alone`).
+    pub(crate) scripted_at: Option<std::time::Instant>,
 }
 
 impl Owned {
