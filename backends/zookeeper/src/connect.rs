@@ -303,6 +303,22 @@ impl Resolved {
                 break;
             }
             let server = (first + i) % n;
+            // A server that cannot be reached at all (refused, or a host gone: no TCP
+            // handshake) was sent nothing, and counts as a refusal; only one that took the
+            // connection and then left the attach unanswered may have renewed the session.
+            let (host, port) = &self.hosts[server];
+            let reach = tokio::net::TcpStream::connect((host.as_str(), *port));
+            match tokio::time::timeout(per_try, reach).await {
+                Ok(Ok(_probe)) => {}
+                Ok(Err(_)) => {
+                    last = Some(zk::Error::ConnectionLoss);
+                    continue;
+                }
+                Err(_) => {
+                    last = Some(zk::Error::Timeout);
+                    continue;
+                }
+            }
             let attempt = connector.clone().connect(&self.each[server]);
             let attempt = match tokio::time::timeout(per_try, attempt).await {
                 Ok(attempt) => attempt,

@@ -180,12 +180,19 @@ impl Links {
     }
 
     /// The bound on one close (see [`close_on_cluster`](Self::close_on_cluster)):
-    /// [`CLOSE_WAIT`](crate::lifecycle::CLOSE_WAIT), at most half the TTL. Each of its tries
-    /// that reaches a server without its answer coming back renews the session there, which
-    /// then lives a TTL past the close's end: the bound is part of how long a lock stays
-    /// taken behind a one-way partition.
+    /// [`CLOSE_WAIT`](crate::lifecycle::CLOSE_WAIT), and at most half the TTL for a session
+    /// that ended while its client was not connected (lost by its deadline, most often: a
+    /// one-way partition is one way to get there). Each try that reaches a server without its
+    /// answer coming back renews the session there, which then lives a TTL past the close's
+    /// end: the bound is part of how long a lock stays taken behind such a partition. A
+    /// session closed while connected keeps the whole bound (a reattach through a follower
+    /// over TLS or SASL, on a slow but healthy cluster).
     pub(crate) fn close_bound(&self) -> Duration {
-        crate::lifecycle::CLOSE_WAIT.min(self.ttl / 2)
+        if self.ended_connected.load(Ordering::SeqCst) {
+            crate::lifecycle::CLOSE_WAIT
+        } else {
+            crate::lifecycle::CLOSE_WAIT.min(self.ttl / 2)
+        }
     }
 
     /// Closes the session on the cluster: through its last server first if it was connected
