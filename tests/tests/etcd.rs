@@ -244,20 +244,10 @@ async fn go_recipes_rwmutex_layout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_is_lost_at_the_first_request_that_finds_it() {
     use fencelock::{SessionEnd, SessionState};
-    let Some(f) = EtcdFactory::shared().await else {
+    let Some((f, s, held)) = holding("revoked").await else {
         return;
     };
-    let ns = fencelock::conformance::unique_namespace("revoked");
-    // A long TTL: no heartbeat finds the revocation first.
-    let s = Session::builder(f.etcd().clone())
-        .namespace(&ns)
-        .ttl(Duration::from_secs(60))
-        .start()
-        .await
-        .unwrap();
-    let held = s.mutex("held").unwrap().lock().await.unwrap();
-    let lease = i64::from_str_radix(&s.id(), 16).unwrap();
-    f.etcd().client().clone().lease_revoke(lease).await.unwrap();
+    revoke(&f, &s).await;
     let r = s.mutex("next").unwrap().try_lock().await;
     assert!(
         matches!(r, Err(Error::SessionLost(SessionEnd::Expired))),
@@ -279,20 +269,11 @@ async fn a_revoked_lease_is_lost_at_the_first_request_that_finds_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_reaches_lost_as_the_session_expired() {
     use fencelock::{LostReason, SessionEnd, SessionState};
-    let Some(f) = EtcdFactory::shared().await else {
+    let Some((f, s, held)) = holding("revoked_lost").await else {
         return;
     };
-    let ns = fencelock::conformance::unique_namespace("revoked_lost");
-    let s = Session::builder(f.etcd().clone())
-        .namespace(&ns)
-        .ttl(Duration::from_secs(60))
-        .start()
-        .await
-        .unwrap();
-    let held = s.mutex("held").unwrap().lock().await.unwrap();
     let lost = tokio::spawn(held.lost());
-    let lease = i64::from_str_radix(&s.id(), 16).unwrap();
-    f.etcd().client().clone().lease_revoke(lease).await.unwrap();
+    revoke(&f, &s).await;
     let why = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
         .expect("lost() fires")
@@ -300,6 +281,26 @@ async fn a_revoked_lease_reaches_lost_as_the_session_expired() {
     assert_eq!(why, LostReason::Session(SessionEnd::Expired));
     assert_eq!(s.state(), SessionState::Lost(SessionEnd::Expired));
     let _ = s.close().await;
+}
+
+/// A session of a long TTL (no heartbeat finds a revocation first) holding the mutex `held`
+/// in a namespace of its own named after `test`; `None` where etcd is missing.
+async fn holding(test: &str) -> Option<(EtcdFactory, Session, fencelock::Guard)> {
+    let f = EtcdFactory::shared().await?;
+    let s = Session::builder(f.etcd().clone())
+        .namespace(fencelock::conformance::unique_namespace(test))
+        .ttl(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
+    let held = s.mutex("held").unwrap().lock().await.unwrap();
+    Some((f, s, held))
+}
+
+/// Revokes `s`'s lease, as an operator's `etcdctl lease revoke` does.
+async fn revoke(f: &EtcdFactory, s: &Session) {
+    let lease = i64::from_str_radix(&s.id(), 16).unwrap();
+    f.etcd().client().clone().lease_revoke(lease).await.unwrap();
 }
 
 /// A key under a lock's prefix that is not UTF-8 (written by hand) holds the lock up like any
