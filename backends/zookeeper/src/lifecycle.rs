@@ -153,24 +153,19 @@ impl ZkSession {
             Closing::NotYet => Instant::now(),
             Closing::Tried(first) => first,
         };
-        let bound = self.links.close_bound();
-        let res = tokio::time::timeout(bound, self.links.close_on_cluster()).await;
-        let (failure, unanswered) = match res {
-            Ok(Ok(())) => {
+        let u = match self.links.close_on_cluster().await {
+            Ok(()) => {
                 debug!(session = %self.id(), "zookeeper session closed");
                 *closed = Closing::Done;
                 return Ok(());
             }
-            // Its cause, not its name: the message read "zookeeper: close failed" (the name
-            // again) and said nothing of why.
-            Ok(Err(u)) => (
-                std::error::Error::source(&u.error)
-                    .map_or_else(|| u.error.to_string(), |c| c.to_string()),
-                u.unanswered,
-            ),
-            Err(_) => ("not confirmed in time".to_string(), true),
+            Err(u) => u,
         };
-        if unanswered || first.elapsed() >= self.ttl {
+        // Its cause, not its name: the message read "zookeeper: close failed" (the name again)
+        // and said nothing of why.
+        let failure = std::error::Error::source(&u.error)
+            .map_or_else(|| u.error.to_string(), |c| c.to_string());
+        if u.unanswered || first.elapsed() >= self.ttl {
             warn!(session = %self.id(), error = %failure, "the ZooKeeper session could not be closed; it expires after its timeout");
             *closed = Closing::Done;
             return Ok(());
@@ -258,7 +253,7 @@ impl Drop for ZkSession {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let links = self.links.clone();
             rt.spawn(async move {
-                let _ = tokio::time::timeout(links.close_bound(), links.close_on_cluster()).await;
+                let _ = links.close_on_cluster().await;
             });
         }
     }
@@ -279,7 +274,7 @@ async fn watchdog(links: Weak<Links>, last_beat: Weak<StdMutex<Instant>>, ttl: D
                 warn!(session = %format!("{:x}", id as u64), ?ttl, "no heartbeat for a whole ttl: closing the ZooKeeper session, as the cluster would expire it");
                 // As the cluster would: its entries go now, not a TTL after the client's own
                 // last ping.
-                let _ = tokio::time::timeout(links.close_bound(), links.close_on_cluster()).await;
+                let _ = links.close_on_cluster().await;
             }
             return;
         }

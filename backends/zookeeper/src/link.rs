@@ -187,7 +187,7 @@ impl Links {
     /// end: the bound is part of how long a lock stays taken behind such a partition. A
     /// session closed while connected keeps the whole bound (a reattach through a follower
     /// over TLS or SASL, on a slow but healthy cluster).
-    pub(crate) fn close_bound(&self) -> Duration {
+    fn close_bound(&self) -> Duration {
         if self.ended_connected.load(Ordering::SeqCst) {
             crate::lifecycle::CLOSE_WAIT
         } else {
@@ -199,7 +199,21 @@ impl Links {
     /// there when the session ended here, last otherwise (it may be the silent server that
     /// cost the session). Tried last while connected, a hung server listed before it cost
     /// every close that server's share of the bound (seconds on every `fencelock` exit).
+    /// Within [`close_bound`](Self::close_bound): past it, unconfirmed and unanswered.
     pub(crate) async fn close_on_cluster(&self) -> std::result::Result<(), Unconfirmed> {
+        let bound = self.close_bound();
+        tokio::time::timeout(bound, self.close_unbounded())
+            .await
+            .unwrap_or_else(|_| {
+                Err(Unconfirmed {
+                    error: crate::error::temporary("close", "not confirmed in time".to_string()),
+                    unanswered: true,
+                })
+            })
+    }
+
+    /// [`close_on_cluster`](Self::close_on_cluster) without its bound.
+    async fn close_unbounded(&self) -> std::result::Result<(), Unconfirmed> {
         let config = &self.backend.config;
         let n = config.each.len().max(1);
         let last = self.last_server.load(Ordering::SeqCst);
