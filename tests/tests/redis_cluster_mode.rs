@@ -660,3 +660,119 @@ async fn locking_again_in_a_group_let_go_renews_the_sessions_key() {
     g.release().await.unwrap();
     s.close().await.unwrap();
 }
+
+/// A release that a failover undid, in a group the session has let go of, holds the lock up
+/// for nobody, however the session's key there fared: the session's next lock in that group
+/// finds the leftover out. (A code review's MEDIUM: with the key expired, the new key made the
+/// leftover live again for its 60 TTLs; with the key brought back too, the session's
+/// heartbeats renewed it for the session's life.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_undone_with_the_sessions_key_frees_the_lock() {
+    release_undone_in_a_group_let_go(false).await;
+}
+
+/// As [`a_release_undone_with_the_sessions_key_frees_the_lock`], where the session's key
+/// expired before the session locked there again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_undone_after_the_sessions_key_expired_frees_the_lock() {
+    release_undone_in_a_group_let_go(true).await;
+}
+
+/// A session holds `m` and releases it; then what a failover to a replica that missed the
+/// release would leave is written back (the entry and its queue member; unless `key_expired`,
+/// the session's key with the entry in it, at its version before the release too). Once the
+/// session has let the group go, it locks another name there. Another session must be granted
+/// `m` within a few TTLs.
+async fn release_undone_in_a_group_let_go(key_expired: bool) {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("undone");
+    let ttl = Duration::from_secs(2);
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.as_str())
+            .ttl(ttl)
+            .start()
+    };
+    let (s, other) = (start().await.unwrap(), start().await.unwrap());
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    let name = g.key().to_string();
+    let prefix = fencelock_redis::layout::cluster_prefix(&name).unwrap();
+    let (ekey, skey) = (
+        format!("{prefix}:e:{name}"),
+        format!("{prefix}:s:{}", s.id()),
+    );
+    let qkey = format!("{prefix}:q:{}", name.rsplit_once('/').unwrap().0);
+    let node = f.cluster.primary_of(f.cluster.slot_of(&ekey));
+    let cli = |args: &[&str]| {
+        tokio::task::block_in_place(|| f.cluster.node(node).cli(args))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let entry = cli(&["HGETALL", &ekey]);
+    let mut entry: Vec<&str> = entry.lines().collect();
+    // A mutex entry's value, the last field, is empty: its line was trimmed.
+    if entry.len() % 2 == 1 {
+        entry.push("");
+    }
+    assert!(entry.len() >= 8, "the entry's hash: {entry:?}");
+    let score = cli(&["ZSCORE", &qkey, &name]);
+    let version = cli(&["HGET", &skey, "v"]);
+    assert!(!score.is_empty() && !version.is_empty());
+    // Another name whose queue is in the same group.
+    let again = (0..100_000)
+        .map(|i| format!("n{i}"))
+        .find(|n| {
+            fencelock_redis::layout::cluster_prefix(&format!("{ns}/{n}/x")).as_deref()
+                == Some(prefix.as_str())
+        })
+        .unwrap();
+    g.release().await.unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    let restore_entry = || {
+        let mut hset = vec!["HSET", ekey.as_str()];
+        hset.extend(&entry);
+        assert_eq!(cli(&hset), (entry.len() / 2).to_string());
+        cli(&["PEXPIRE", &ekey, "120000"]);
+        cli(&["ZADD", &qkey, &score, &name]);
+        cli(&["PEXPIRE", &qkey, "120000"]);
+    };
+    if key_expired {
+        // Let go: the heartbeat no longer renews the key there.
+        while cli(&["EXISTS", &skey]) != "0" {
+            assert!(tokio::time::Instant::now() < until, "the key never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        restore_entry();
+    } else {
+        restore_entry();
+        cli(&["HSET", &skey, "v", &version, &name, "1"]);
+        cli(&["PEXPIRE", &skey, "2000"]);
+        // Let go: not renewed for longer than a heartbeat's period (a third of the TTL).
+        loop {
+            let left: i64 = cli(&["PTTL", &skey]).parse().unwrap();
+            assert!(left > 0, "the key expired before the session locked again");
+            if left < 1_100 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "the key was renewed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let held = s.mutex(&again).unwrap().lock().await.unwrap();
+    let granted = other
+        .mutex("m")
+        .unwrap()
+        .lock_timeout(ttl * 4)
+        .await
+        .expect("the leftover entry held the lock up");
+    assert_eq!(cli(&["EXISTS", &ekey]), "0", "the leftover entry is gone");
+    assert_eq!(s.state(), SessionState::Live);
+    assert!(held.is_held());
+    granted.release().await.unwrap();
+    held.release().await.unwrap();
+    s.close().await.unwrap();
+    other.close().await.unwrap();
+}

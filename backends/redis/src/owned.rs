@@ -21,6 +21,13 @@ pub(crate) struct Owned {
     /// The names of the entries created or being created, with how many times (a name repeats
     /// when a session re-queues on a lock before the release of its previous entry finished).
     pub(crate) names: HashMap<String, usize>,
+    /// The highest version seen in each group the session has let go of (see
+    /// [`Owned::forget_unused`]; at most [`crate::layout::GROUPS`]): its next create there
+    /// carries it. A failover may have brought back, with a release it lost, the session's key
+    /// there and the released entry in it, and no heartbeat renewed the key to find out: the
+    /// server's version below this one tells the create, and the entry is deleted as any
+    /// that came back with a failover.
+    let_go: HashMap<Group, i64>,
 }
 
 /// The session in one group.
@@ -71,18 +78,33 @@ impl Owned {
     /// twice per acquisition, and the group is most often known.)
     fn group(&mut self, group: &Group) -> &mut InGroup {
         if !self.groups.contains_key(group) {
-            self.groups.insert(group.clone(), InGroup::default());
+            let version = self.let_go.remove(group).unwrap_or(0);
+            self.groups.insert(
+                group.clone(),
+                InGroup {
+                    version,
+                    ..InGroup::default()
+                },
+            );
         }
         self.groups.get_mut(group).expect("inserted above")
     }
 
     /// Forgets the groups where the session has no entry it holds or is creating (`group_of`
     /// names an entry's group): their keys expire by themselves, and the session stops
-    /// depending on their shards. The session's next create there makes its key again.
+    /// depending on their shards. The session's next create there makes its key again (with
+    /// the version seen there so far: see `let_go`).
     pub(crate) fn forget_unused(&mut self, group_of: impl Fn(&str) -> Option<Group>) {
         let used: std::collections::HashSet<Group> =
             self.names.keys().filter_map(|n| group_of(n)).collect();
-        self.groups.retain(|g, _| used.contains(g));
+        let let_go = &mut self.let_go;
+        self.groups.retain(|g, s| {
+            let keep = used.contains(g);
+            if !keep {
+                let_go.insert(g.clone(), s.version);
+            }
+            keep
+        });
     }
 
     pub(crate) fn track(&mut self, name: &str) {
@@ -121,6 +143,7 @@ mod tests {
         o.forget_unused(group_of);
         assert!(!o.groups.contains_key(&a), "nothing held in a: let go");
         assert!(o.entering(&a), "a later create there makes the key again");
+        assert_eq!(o.known(&a), 1, "with the version seen there before");
         assert_eq!(o.known(&b), 0);
         o.saw(&b, Some(3), Some(1));
         assert!(o.groups[&b].diverged && o.known(&b) == 3);

@@ -67,7 +67,7 @@ pub(crate) static ENQUEUE: LazyLock<Op> = LazyLock::new(|| {
 local sid, path, name = ARGV[1], ARGV[2], ARGV[3]
 -- The keys it writes, looked at before it writes any (see `guard`).
 skey(sid); qkey(path); ekey(name)
-local v = enter(sid, ARGV[10], ARGV[6])
+local v = enter(sid, ARGV[10], ARGV[6], ARGV[9])
 if not v then return '-1' end
 local late = behind(v, ARGV[9])
 local linger = lingering(ARGV[6])
@@ -121,7 +121,7 @@ pub(crate) static ENQUEUE_ALL: LazyLock<Op> = LazyLock::new(|| {
         r#"
 local sid, ttl = ARGV[1], ARGV[2]
 skey(sid)
-local v = enter(sid, ARGV[4], ARGV[2])
+local v = enter(sid, ARGV[4], ARGV[2], ARGV[3])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
 local expired = -1

@@ -620,8 +620,9 @@ impl Layout<'_> {
             let prefix = (self.prefix)(name);
             let key = format!("{prefix}:e:{name}");
             let skey = format!("{prefix}:s:{session}");
-            // A member of the queue its hash names, as an entry is (out of its queue, an entry
-            // is no live one, and is not listed at all).
+            // A member of the queue its hash names, and a field of its session's key, as an
+            // entry is (out of its queue, an entry is no live one, nor on a cluster one its
+            // session does not own, and is not listed at all).
             let queue = format!("{prefix}:q:{namespace}");
             redis::pipe()
                 .hset_multiple(
@@ -635,6 +636,7 @@ impl Layout<'_> {
                 .arg(&skey)
                 .arg("v")
                 .arg(0)
+                .hset(&skey, name, "1")
                 .cmd("PEXPIRE")
                 .arg(&skey)
                 .arg(60_000)

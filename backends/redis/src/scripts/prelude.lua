@@ -81,10 +81,15 @@ local function recent(path, ask)
 end
 -- An entry's {session, token, kind, queue, the ms left to its session} if it is live (its
 -- hash is there, and so is its session's key), else nil. (The session's PTTL, not EXISTS: one
--- call says both whether it is there and when a waiter behind it should look again.)
+-- call says both whether it is there and when a waiter behind it should look again.) On a
+-- cluster the entry must also be owned, a field of that key: there a session lets its key in
+-- a group expire once it holds nothing there, and makes it again when it next locks there; an
+-- entry left from before (a release a failover undid) would live again with the new key, and
+-- nobody would renew or release it.
 local function live(name)
   local e = redis.call('HMGET', ekey(name), 's', 't', 'k', 'q')
   if not e[1] then return nil end
+  if GUARD and redis.call('HEXISTS', skey(e[1]), name) == 0 then return nil end
   local left = redis.call('PTTL', skey(e[1]))
   if left == -2 then return nil end
   e[5] = left
@@ -288,17 +293,18 @@ end
 local function announce(path) redis.call('PUBLISH', C .. ':h:' .. path, 'new') end
 -- Session `sid`'s version in this group, or false if it has no key here; with `open` = '1'
 -- (its first use of the group: the client has no confirmed key here) the key is made if
--- missing.
-local function enter(sid, open, ttl)
+-- missing, at version `known` (the highest the client has seen here, as text): a new key owns
+-- nothing, so it is behind nothing.
+local function enter(sid, open, ttl, known)
   local v = version(sid)
   -- A key there at the client's first use: left from a use of the group the client has let
   -- go of (on a cluster, the heartbeat stops renewing a group where nothing is held), with the
   -- expiry of its last renewal there, maybe before the next heartbeat: renewed now.
   if v and open == '1' then extend(skey(sid), ttl) end
   if v or open ~= '1' then return v end
-  redis.call('HSET', skey(sid), 'v', '0')
+  redis.call('HSET', skey(sid), 'v', known)
   redis.call('PEXPIRE', skey(sid), ttl)
-  return 0
+  return tonumber(known)
 end
 -- 1 if version `v` is below `known` (the highest the client has seen): the server lost
 -- changes of the session.
