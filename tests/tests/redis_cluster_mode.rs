@@ -668,22 +668,30 @@ async fn locking_again_in_a_group_let_go_renews_the_sessions_key() {
 /// heartbeats renewed it for the session's life.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_undone_with_the_sessions_key_frees_the_lock() {
-    release_undone_in_a_group_let_go(false).await;
+    release_undone_in_a_group_let_go(false, false).await;
 }
 
 /// As [`a_release_undone_with_the_sessions_key_frees_the_lock`], where the session's key
 /// expired before the session locked there again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_undone_after_the_sessions_key_expired_frees_the_lock() {
-    release_undone_in_a_group_let_go(true).await;
+    release_undone_in_a_group_let_go(true, false).await;
+}
+
+/// As [`a_release_undone_after_the_sessions_key_expired_frees_the_lock`], where the session
+/// locks the same mutex again: its entry's name is the leftover's, and the lock is a new grant
+/// (a new token, behind every waiter), not the leftover back with its token (as before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_undone_then_locked_again_is_a_new_grant() {
+    release_undone_in_a_group_let_go(true, true).await;
 }
 
 /// A session holds `m` and releases it; then what a failover to a replica that missed the
 /// release would leave is written back (the entry and its queue member; unless `key_expired`,
 /// the session's key with the entry in it, at its version before the release too). Once the
-/// session has let the group go, it locks another name there. Another session must be granted
-/// `m` within a few TTLs.
-async fn release_undone_in_a_group_let_go(key_expired: bool) {
+/// session has let the group go, it locks another name there (`m` itself if `same_lock`, and
+/// releases it). Another session must be granted `m` within a few TTLs.
+async fn release_undone_in_a_group_let_go(key_expired: bool, same_lock: bool) {
     let Some(f) = RedisClusterFactory::shared().await else {
         return;
     };
@@ -697,7 +705,7 @@ async fn release_undone_in_a_group_let_go(key_expired: bool) {
     };
     let (s, other) = (start().await.unwrap(), start().await.unwrap());
     let g = s.mutex("m").unwrap().lock().await.unwrap();
-    let name = g.key().to_string();
+    let (name, token) = (g.key().to_string(), g.token());
     let prefix = fencelock_redis::layout::cluster_prefix(&name).unwrap();
     let (ekey, skey) = (
         format!("{prefix}:e:{name}"),
@@ -749,19 +757,32 @@ async fn release_undone_in_a_group_let_go(key_expired: bool) {
     } else {
         restore_entry();
         cli(&["HSET", &skey, "v", &version, &name, "1"]);
-        cli(&["PEXPIRE", &skey, "2000"]);
-        // Let go: not renewed for longer than a heartbeat's period (a third of the TTL).
+        // Longer than the TTL, which a heartbeat renewing it would set: let go once no beat
+        // renewed it for more than two of their periods (a third of the TTL each), with
+        // seconds left for the next lock.
+        cli(&["PEXPIRE", &skey, "6000"]);
         loop {
             let left: i64 = cli(&["PTTL", &skey]).parse().unwrap();
-            assert!(left > 0, "the key expired before the session locked again");
-            if left < 1_100 {
+            assert!(
+                left > 2_000,
+                "the key was renewed: the group was not let go"
+            );
+            if left < 4_600 {
                 break;
             }
-            assert!(tokio::time::Instant::now() < until, "the key was renewed");
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the key never ran down"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let held = s.mutex(&again).unwrap().lock().await.unwrap();
+    let relock = if same_lock { "m".to_string() } else { again };
+    let held = s.mutex(&relock).unwrap().lock().await.unwrap();
+    if same_lock {
+        assert!(held.token() > token, "the leftover's token again");
+        held.release().await.unwrap();
+    }
     let granted = other
         .mutex("m")
         .unwrap()
@@ -770,9 +791,11 @@ async fn release_undone_in_a_group_let_go(key_expired: bool) {
         .expect("the leftover entry held the lock up");
     assert_eq!(cli(&["EXISTS", &ekey]), "0", "the leftover entry is gone");
     assert_eq!(s.state(), SessionState::Live);
-    assert!(held.is_held());
     granted.release().await.unwrap();
-    held.release().await.unwrap();
+    if !same_lock {
+        assert!(held.is_held());
+        held.release().await.unwrap();
+    }
     s.close().await.unwrap();
     other.close().await.unwrap();
 }

@@ -10,8 +10,9 @@ use crate::error::map;
 use crate::layout::{Groups, KEY_PREFIX};
 
 /// `SET KEYS[1] ARGV[2]` only if entry KEYS[2] is live with token ARGV[1]: its hash is there,
-/// so is its session's key (under the entry key's prefix, `fencelock` or `fencelock{G}`), and
-/// it is still a member of its queue.
+/// so is its session's key (under the entry key's prefix, `fencelock` or `fencelock{G}`; on a
+/// cluster, listing the entry: see `live` in `scripts/prelude.lua`), and it is still a member
+/// of its queue.
 /// Both keys declared: on a cluster they must share a slot, or the server refuses the script
 /// (`CROSSSLOT`) before it runs.
 static GUARDED_SET: LazyLock<Script> = LazyLock::new(|| {
@@ -21,7 +22,9 @@ local at = string.find(KEYS[2], ':e:', 1, true)
 local P, name = string.sub(KEYS[2], 1, at - 1), string.sub(KEYS[2], at + 3)
 local e = redis.call('HMGET', KEYS[2], 's', 't', 'q')
 if not e[1] or tonumber(e[2]) ~= tonumber(ARGV[1]) then return 0 end
-if redis.call('EXISTS', P .. ':s:' .. e[1]) == 0 then return 0 end
+local s = P .. ':s:' .. e[1]
+if redis.call('EXISTS', s) == 0 then return 0 end
+if string.find(P, '{', 1, true) and redis.call('HEXISTS', s, name) == 0 then return 0 end
 -- Out of its queue (the queue's key deleted by hand, or evicted) it holds nothing: the next
 -- acquirer finds the queue empty, and is granted.
 if e[3] and not redis.call('ZSCORE', P .. ':q:' .. e[3], name) then return 0 end

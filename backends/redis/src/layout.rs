@@ -5,7 +5,7 @@
 //! | session `{sid}` alive, and what it owns | `fencelock:s:{sid}` | hash: `v` the version of what it owns, and a field `1` per entry it owns (named by the entry); `PX` = the session TTL |
 //! | queue `{namespace}/{name}` (a mutex, an election: one queue, as on etcd; a semaphore's `{name}/leases`) | `fencelock:q:{namespace}/{name}` | sorted set: entry name → token; `PX` = 60 session TTLs past its members' last renewal |
 //! | read-write lock `{namespace}/{name}` | `fencelock:q:{namespace}/{name}//rw` | sorted set, likewise |
-//! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms since the epoch, the creating client's clock), `v` value; `PX` = 60 session TTLs past its last renewal (live while its session's key is: see `scripts/session.rs`, `KEEP_ALIVE`) |
+//! | entry `{entry}` | `fencelock:e:{entry}` | hash: `q` queue, `t` token, `s` session, `k` kind, `c` created (ms since the epoch, the creating client's clock), `v` value; `PX` = 60 session TTLs past its last renewal (live while its session's key is, on a cluster while that key lists it: see `scripts/session.rs`, `KEEP_ALIVE`) |
 //! | the token counter | `fencelock:t` | integer, never expires |
 //! | queue `{path}` had an entry dropped as expired (not by its owner) lately | `fencelock:x:{path}` | string `1`; `PX` 10 s (see `crate::expired`) |
 //!

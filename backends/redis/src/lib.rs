@@ -39,7 +39,8 @@
 //!   them: a waiter behind them, an enqueue, `leader()`, inspection. What no one reads expires
 //!   by itself: the session's key a TTL after its last heartbeat, its entries' hashes and
 //!   queues 60 TTLs after their last renewal (a queue once no live session renews it). Those
-//!   expiries only clear leftovers (an entry is live while its session's key is), so they are
+//!   expiries only clear leftovers (an entry is live while its session's key is, and on a
+//!   cluster lists it), so they are
 //!   long: a heartbeat renews the session's key and, 256 entries at most or else a twentieth
 //!   of them at least, going on where the last beat stopped, its entries' expiries. One that
 //!   renewed every entry each time blocked the server for 0.88–0.98 s (median) at 100,000

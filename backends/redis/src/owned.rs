@@ -63,9 +63,12 @@ impl Owned {
         }
     }
 
-    /// The highest version seen in `group`.
+    /// The highest version seen in `group` (let go of or not).
     pub(crate) fn known(&self, group: &Group) -> i64 {
-        self.groups.get(group).map_or(0, |g| g.version)
+        match self.groups.get(group) {
+            Some(g) => g.version,
+            None => self.let_go.get(group).copied().unwrap_or(0),
+        }
     }
 
     /// Before a create in `group`: counts the group in (its heartbeats extend the key the
@@ -99,7 +102,10 @@ impl Owned {
             self.names.keys().filter_map(|n| group_of(n)).collect();
         let let_go = &mut self.let_go;
         self.groups.retain(|g, s| {
-            let keep = used.contains(g);
+            // A group found behind is kept until reconciled: let go, the server's version
+            // could catch up with ours (every later change raises it) before the session
+            // comes back, and the entries a failover brought back would stay.
+            let keep = used.contains(g) || s.diverged;
             if !keep {
                 let_go.insert(g.clone(), s.version);
             }
@@ -147,5 +153,12 @@ mod tests {
         assert_eq!(o.known(&b), 0);
         o.saw(&b, Some(3), Some(1));
         assert!(o.groups[&b].diverged && o.known(&b) == 3);
+        o.untrack("ns/b/s1");
+        o.forget_unused(group_of);
+        assert!(o.groups.contains_key(&b), "behind: kept until reconciled");
+        o.groups.get_mut(&b).unwrap().diverged = false;
+        o.forget_unused(group_of);
+        assert!(!o.groups.contains_key(&b));
+        assert_eq!(o.known(&b), 3, "let go, its version still known");
     }
 }

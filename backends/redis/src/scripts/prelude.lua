@@ -272,7 +272,15 @@ local function create(sid, path, name, kind, value, linger, v, created)
   -- Numbers passed to Redis as '%d': Lua's own conversion ('%.14g') rounds from 10^14 up.
   local t = string.format('%d', token)
   if redis.call('ZADD', q, 'NX', t, name) == 0 then
-    if redis.call('HGET', e, 's') == sid then
+    local owner = redis.call('HGET', e, 's')
+    -- On a cluster, ours only if the session's key lists it (see `live`): else a leftover
+    -- (a release a failover undid, from before the key there expired), dead to every
+    -- reader, that must not come back to life with its old token and place.
+    if owner == sid and GUARD and redis.call('HEXISTS', skey(sid), name) == 0 then
+      drop(path, name, true)
+      owner = nil
+    end
+    if owner == sid then
       -- Found again (a retry). Touched, so that a WAIT that follows covers it; owned again,
       -- in case the first try stopped before it got there (a slot migrating).
       redis.call('PEXPIRE', e, linger)
@@ -280,7 +288,8 @@ local function create(sid, path, name, kind, value, linger, v, created)
       -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
       return redis.call('ZSCORE', q, name), 0, false, false
     end
-    -- A member without its hash (evicted, or half deleted by hand): replaced.
+    -- A member without its hash (evicted, or half deleted by hand), or that leftover: replaced
+    -- (behind every member).
     redis.call('ZADD', q, t, name)
   end
   redis.call('HSET', e, 'q', path, 't', t, 's', sid, 'k', kind, 'c', created, 'v', value)
