@@ -799,3 +799,84 @@ async fn release_undone_in_a_group_let_go(key_expired: bool, same_lock: bool) {
     s.close().await.unwrap();
     other.close().await.unwrap();
 }
+
+/// A multi-lock's `try_lock` (one script, its locks in one group) that finds at a queue's head
+/// a leftover of its own session (a release a failover undid, which the session's key there no
+/// longer lists) with a live waiter behind it does not take the lock: the leftover is dead, so
+/// the waiter heads the queue. (A review of the fix above: taking the leftover's name for a
+/// retry of its own, the script placed a new entry behind the waiter and reported the lock
+/// taken, while dropping the leftover granted it to the waiter too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_does_not_take_a_leftover_a_waiter_waits_behind() {
+    let Some(f) = RedisClusterFactory::shared().await else {
+        return;
+    };
+    let ns = fencelock::conformance::unique_namespace("leftover_multi");
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns.as_str())
+            .ttl(Duration::from_secs(2))
+            .start()
+    };
+    let (s, other) = (start().await.unwrap(), start().await.unwrap());
+    let prefix = fencelock_redis::layout::cluster_prefix(&format!("{ns}/m/x")).unwrap();
+    // Two more names whose queues are in the same group: one held throughout (the group stays
+    // the session's), one for the multi-lock.
+    let mut same = (0..100_000).map(|i| format!("n{i}")).filter(|n| {
+        fencelock_redis::layout::cluster_prefix(&format!("{ns}/{n}/x")).as_deref()
+            == Some(prefix.as_str())
+    });
+    let (kept, beside) = (same.next().unwrap(), same.next().unwrap());
+    let kept = s.mutex(&kept).unwrap().lock().await.unwrap();
+    let g = s.mutex("m").unwrap().lock().await.unwrap();
+    let name = g.key().to_string();
+    let (ekey, skey) = (
+        format!("{prefix}:e:{name}"),
+        format!("{prefix}:s:{}", s.id()),
+    );
+    let qkey = format!("{prefix}:q:{}", name.rsplit_once('/').unwrap().0);
+    let node = f.cluster.primary_of(f.cluster.slot_of(&skey));
+    let cli = |args: &[&str]| {
+        tokio::task::block_in_place(|| f.cluster.node(node).cli(args))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let entry = cli(&["HGETALL", &ekey]);
+    let mut entry: Vec<&str> = entry.lines().collect();
+    if entry.len() % 2 == 1 {
+        entry.push("");
+    }
+    let score = cli(&["ZSCORE", &qkey, &name]);
+    g.release().await.unwrap();
+    // The released entry back, live (listed by the session's key), as a failover that lost
+    // the release leaves it; a waiter queues behind it.
+    let mut hset = vec!["HSET", ekey.as_str()];
+    hset.extend(&entry);
+    assert_eq!(cli(&hset), (entry.len() / 2).to_string());
+    cli(&["PEXPIRE", &ekey, "120000"]);
+    cli(&["ZADD", &qkey, &score, &name]);
+    cli(&["HSET", &skey, &name, "1"]);
+    let waiter = {
+        let m = other.mutex("m").unwrap();
+        tokio::spawn(async move { m.lock_timeout(Duration::from_secs(20)).await })
+    };
+    until_queued(&s, "m").await;
+    // Then no longer listed, as a key made again after a lost release leaves it.
+    assert_eq!(cli(&["HDEL", &skey, &name]), "1");
+    let set = s.multi_lock(["m", beside.as_str()]).unwrap();
+    let taken = set.try_lock().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was never granted")
+        .unwrap()
+        .expect("the waiter's lock");
+    assert!(
+        taken.is_none(),
+        "the multi-lock took `m` beside the waiter's grant"
+    );
+    granted.release().await.unwrap();
+    kept.release().await.unwrap();
+    s.close().await.unwrap();
+    other.close().await.unwrap();
+}

@@ -131,10 +131,11 @@ for i = 7, #ARGV, 4 do
     local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
     if not first then break end
     if first == name then
-      -- Ours, made by a try whose reply was lost. Without its hash (deleted by hand, evicted)
-      -- it is a leftover that holds nothing: dropped as any dead head (`create` would move it
-      -- behind the waiters and grant it all the same).
-      if redis.call('HGET', ekey(name), 's') == sid then break end
+      -- Ours, made by a try whose reply was lost. Without its hash (deleted by hand, evicted),
+      -- or on a cluster not listed by the session's key (a leftover: see `live`), it holds
+      -- nothing: dropped as any dead head (`create` would move it behind the waiters and
+      -- grant it all the same).
+      if redis.call('HGET', ekey(name), 's') == sid and owned(sid, name) then break end
     elseif live(first) then
       return {0}
     end

@@ -79,6 +79,11 @@ local function recent(path, ask)
   if left < 0 then return -1 end
   return left
 end
+-- Whether session `sid`'s key lists entry `name`, which that session's hash names: always on
+-- one server; on a cluster, else a leftover (see `live`).
+local function owned(sid, name)
+  return not GUARD or redis.call('HEXISTS', skey(sid), name) == 1
+end
 -- An entry's {session, token, kind, queue, the ms left to its session} if it is live (its
 -- hash is there, and so is its session's key), else nil. (The session's PTTL, not EXISTS: one
 -- call says both whether it is there and when a waiter behind it should look again.) On a
@@ -89,7 +94,7 @@ end
 local function live(name)
   local e = redis.call('HMGET', ekey(name), 's', 't', 'k', 'q')
   if not e[1] then return nil end
-  if GUARD and redis.call('HEXISTS', skey(e[1]), name) == 0 then return nil end
+  if not owned(e[1], name) then return nil end
   local left = redis.call('PTTL', skey(e[1]))
   if left == -2 then return nil end
   e[5] = left
@@ -276,7 +281,7 @@ local function create(sid, path, name, kind, value, linger, v, created)
     -- On a cluster, ours only if the session's key lists it (see `live`): else a leftover
     -- (a release a failover undid, from before the key there expired), dead to every
     -- reader, that must not come back to life with its old token and place.
-    if owner == sid and GUARD and redis.call('HEXISTS', skey(sid), name) == 0 then
+    if owner == sid and not owned(sid, name) then
       drop(path, name, true)
       owner = nil
     end
