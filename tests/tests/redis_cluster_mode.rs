@@ -686,6 +686,14 @@ async fn a_release_undone_then_locked_again_is_a_new_grant() {
     release_undone_in_a_group_let_go(true, true).await;
 }
 
+/// As [`a_release_undone_then_locked_again_is_a_new_grant`], with the session's key back too,
+/// listing the leftover: the server is behind the session's version there, and the lock is a
+/// new grant (a review: it was the leftover back, beside whoever the release had granted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_undone_with_the_sessions_key_then_locked_again_is_a_new_grant() {
+    release_undone_in_a_group_let_go(false, true).await;
+}
+
 /// A session holds `m` and releases it; then what a failover to a replica that missed the
 /// release would leave is written back (the entry and its queue member; unless `key_expired`,
 /// the session's key with the entry in it, at its version before the release too). Once the

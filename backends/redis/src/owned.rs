@@ -22,12 +22,14 @@ pub(crate) struct Owned {
     /// when a session re-queues on a lock before the release of its previous entry finished).
     pub(crate) names: HashMap<String, usize>,
     /// The highest version seen in each group the session has let go of (see
-    /// [`Owned::forget_unused`]; at most [`crate::layout::GROUPS`]): its next create there
-    /// carries it. A failover may have brought back, with a release it lost, the session's key
+    /// [`Owned::forget_unused`]; at most [`crate::layout::GROUPS`]), and whether the server
+    /// there was found behind it and not reconciled since: its next create there carries
+    /// both. A failover may have brought back, with a release it lost, the session's key
     /// there and the released entry in it, and no heartbeat renewed the key to find out: the
     /// server's version below this one tells the create, and the entry is deleted as any
-    /// that came back with a failover.
-    let_go: HashMap<Group, i64>,
+    /// that came back with a failover. (Found behind before, the server's version may have
+    /// caught up since, with a later change of the session's: the flag still tells.)
+    let_go: HashMap<Group, (i64, bool)>,
 }
 
 /// The session in one group.
@@ -67,25 +69,29 @@ impl Owned {
     pub(crate) fn known(&self, group: &Group) -> i64 {
         match self.groups.get(group) {
             Some(g) => g.version,
-            None => self.let_go.get(group).copied().unwrap_or(0),
+            None => self.let_go.get(group).map_or(0, |(v, _)| *v),
         }
     }
 
     /// Before a create in `group`: counts the group in (its heartbeats extend the key the
-    /// create may make) and returns whether the create must make the session's key there.
-    pub(crate) fn entering(&mut self, group: &Group) -> bool {
-        !self.group(group).confirmed
+    /// create may make) and returns whether the create must make the session's key there, and
+    /// whether the server there lost changes not reconciled yet (the create must then not take
+    /// an entry of the session's it finds for one of its own: it may be one released since).
+    pub(crate) fn entering(&mut self, group: &Group) -> (bool, bool) {
+        let g = self.group(group);
+        (!g.confirmed, g.diverged)
     }
 
     /// What is known of `group`, counted in if new. (Looked up before it is cloned: called
     /// twice per acquisition, and the group is most often known.)
     fn group(&mut self, group: &Group) -> &mut InGroup {
         if !self.groups.contains_key(group) {
-            let version = self.let_go.remove(group).unwrap_or(0);
+            let (version, diverged) = self.let_go.remove(group).unwrap_or((0, false));
             self.groups.insert(
                 group.clone(),
                 InGroup {
                     version,
+                    diverged,
                     ..InGroup::default()
                 },
             );
@@ -102,12 +108,9 @@ impl Owned {
             self.names.keys().filter_map(|n| group_of(n)).collect();
         let let_go = &mut self.let_go;
         self.groups.retain(|g, s| {
-            // A group found behind is kept until reconciled: let go, the server's version
-            // could catch up with ours (every later change raises it) before the session
-            // comes back, and the entries a failover brought back would stay.
-            let keep = used.contains(g) || s.diverged;
+            let keep = used.contains(g);
             if !keep {
-                let_go.insert(g.clone(), s.version);
+                let_go.insert(g.clone(), (s.version, s.diverged));
             }
             keep
         });
@@ -137,28 +140,30 @@ mod tests {
         let group_of = |name: &str| Some(Group::hashed(name.rsplit_once('/')?.0));
         let mut o = Owned::default();
         o.track("ns/a/s1");
-        assert!(o.entering(&a), "first create in a: make the key");
+        assert!(o.entering(&a).0, "first create in a: make the key");
         o.saw(&a, Some(1), Some(0));
-        assert!(!o.entering(&a), "confirmed");
+        assert!(!o.entering(&a).0, "confirmed");
         o.track("ns/b/s1");
-        assert!(o.entering(&b));
+        assert!(o.entering(&b).0);
         // b's create in flight: kept by its tracked name, still unconfirmed.
         o.forget_unused(group_of);
         assert_eq!(o.groups.len(), 2);
         o.untrack("ns/a/s1");
         o.forget_unused(group_of);
         assert!(!o.groups.contains_key(&a), "nothing held in a: let go");
-        assert!(o.entering(&a), "a later create there makes the key again");
+        assert_eq!(
+            o.entering(&a),
+            (true, false),
+            "a later create there makes the key again"
+        );
         assert_eq!(o.known(&a), 1, "with the version seen there before");
         assert_eq!(o.known(&b), 0);
         o.saw(&b, Some(3), Some(1));
         assert!(o.groups[&b].diverged && o.known(&b) == 3);
         o.untrack("ns/b/s1");
         o.forget_unused(group_of);
-        assert!(o.groups.contains_key(&b), "behind: kept until reconciled");
-        o.groups.get_mut(&b).unwrap().diverged = false;
-        o.forget_unused(group_of);
-        assert!(!o.groups.contains_key(&b));
-        assert_eq!(o.known(&b), 3, "let go, its version still known");
+        assert!(!o.groups.contains_key(&b), "let go, behind or not");
+        assert_eq!(o.known(&b), 3, "its version still known");
+        assert_eq!(o.entering(&b), (true, true), "and that it was behind");
     }
 }

@@ -35,7 +35,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     // Tracked with its group counted in, at once: a heartbeat in between would let the
     // group go while this create makes the session's key there.
     // Counted once per attempt: a retry may find what the first try created.
-    let entering = {
+    let (entering, diverged) = {
         let mut o = session.owned();
         if !req.retry {
             o.track(&name);
@@ -55,6 +55,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         if entering { "1" } else { "0" },
         now_ms(),
         ask_recent(session),
+        if diverged { "1" } else { "0" },
     ];
     // Before it is sent: a deletion after the create is published there from then on.
     let generation = session.primary.generation();
@@ -146,7 +147,7 @@ async fn enqueue_group(
         .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
         .collect();
     // As in `enqueue`: tracked with the group counted in, at once.
-    let entering = {
+    let (entering, diverged) = {
         let mut o = session.owned();
         if !first.retry {
             for name in &names {
@@ -162,6 +163,7 @@ async fn enqueue_group(
         if entering { "1" } else { "0" },
         now_ms(),
         ask_recent(session),
+        if diverged { "1" } else { "0" },
     ];
     for (r, name) in reqs.iter().zip(&names) {
         args.push(queue_path(r.queue))

@@ -53,7 +53,8 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// ARGV: sid, queue path, entry name, kind, value, ttl ms, kind filter, nearest, the version
 /// the client knows, whether to make the session's key in this group if missing ('1'), the
 /// client's time (ms since the epoch: the entry's creation time, as inspection shows it),
-/// whether to report `recent` ('1'). Returns `-1` if the session is gone, else the lines
+/// whether to report `recent` ('1'), whether the client knows this server lost changes of the
+/// session here not reconciled yet ('1': see `create`). Returns `-1` if the session is gone, else the lines
 /// `token`, `version`, `behind`, the ms left to the nearest's session (-1 unless it asked for
 /// the nearest of any kind), the ms left to the queue's mark that an entry of it was dropped as
 /// expired (`-1` if none, or not asked: see `drop`), then
@@ -71,7 +72,8 @@ local v = enter(sid, ARGV[10], ARGV[6], ARGV[9])
 if not v then return '-1' end
 local late = behind(v, ARGV[9])
 local linger = lingering(ARGV[6])
-local token, created, after, empty = create(sid, path, name, ARGV[4], ARGV[5], linger, v, ARGV[11])
+local fresh = late == 1 or ARGV[13] == '1'
+local token, created, after, empty = create(sid, path, name, ARGV[4], ARGV[5], linger, v, ARGV[11], fresh)
 local want, nearest = ARGV[7], tonumber(ARGV[8])
 -- The only member of its queue (an uncontended lock): nothing ahead, nothing dead to drop;
 -- no range read of what is ahead (callgrind: about 4,000 of the server's instructions).
@@ -111,7 +113,8 @@ return table.concat(reply, '\n')
 
 /// ARGV: sid, ttl ms, the version the client knows, whether to make the session's key in this
 /// group if missing ('1'), the client's time (ms since the epoch), whether to report `recent`
-/// ('1'), then (queue path, entry name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
+/// ('1'), whether the client knows this server lost changes of the session here not
+/// reconciled yet ('1': see `create`), then (queue path, entry name, kind, value) per queue (all of one group). Creates every entry only if each queue is empty of live entries but ours; returns
 /// {-1} if the session is gone, {0} if a queue is taken, else {1, {token…}, version, behind,
 /// the ms left to the newest mark of a queue that an entry of it was dropped as expired (-1
 /// if none, or not asked: see `drop`)}.
@@ -124,8 +127,9 @@ skey(sid)
 local v = enter(sid, ARGV[4], ARGV[2], ARGV[3])
 if not v then return {-1} end
 local late = behind(v, ARGV[3])
+local fresh = late == 1 or ARGV[7] == '1'
 local expired = -1
-for i = 7, #ARGV, 4 do
+for i = 8, #ARGV, 4 do
   local path, name = ARGV[i], ARGV[i + 1]
   while true do
     local first = redis.call('ZRANGE', qkey(path), '0', '0')[1]
@@ -134,8 +138,8 @@ for i = 7, #ARGV, 4 do
       -- Ours, made by a try whose reply was lost. Without its hash (deleted by hand, evicted),
       -- or on a cluster not listed by the session's key (a leftover: see `live`), it holds
       -- nothing: dropped as any dead head (`create` would move it behind the waiters and
-      -- grant it all the same).
-      if redis.call('HGET', ekey(name), 's') == sid and owned(sid, name) then break end
+      -- grant it all the same). So is one that a lost release may have left (`fresh`).
+      if not fresh and redis.call('HGET', ekey(name), 's') == sid and owned(sid, name) then break end
     elseif live(first) then
       return {0}
     end
@@ -145,8 +149,8 @@ for i = 7, #ARGV, 4 do
 end
 local tokens = {}
 local linger = lingering(ttl)
-for i = 7, #ARGV, 4 do
-  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], linger, v, ARGV[5])
+for i = 8, #ARGV, 4 do
+  local token, created, after = create(sid, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], linger, v, ARGV[5], fresh)
   tokens[#tokens + 1] = token
   v = after or v
   -- Each queue was empty of live entries but ours: the entry heads it, alone (its expiry is
@@ -245,25 +249,35 @@ return {v, late}
 /// still the one with that token. Returns `0` if it did not, or if the entry held nothing any
 /// more (out of its queue, or its session gone: deleted all the same), else the lines `1`, the
 /// owner's version, `behind` (one bulk string, as `ENQUEUE`'s); an entry out of its queue
-/// gives those lines with `0` first.
+/// gives those lines with `0` first, and so does one not found where its owner's key is there
+/// (a release retried after a try whose reply was lost finds nothing, and must still learn
+/// the version that try made: else a failover that lost both went unnoticed).
 pub(crate) static REMOVE: LazyLock<Op> = LazyLock::new(|| {
     Op::new(
         "remove",
         r#"
 local e = redis.call('HMGET', ekey(ARGV[1]), 't', 'q', 's')
+-- `0`, with owner `sid`'s version and `behind` where its key is there.
+local function gone(sid)
+  local v = sid and version(sid)
+  if not v then return '0' end
+  return '0\n' .. string.format('%d', v) .. (behind(v, ARGV[3]) == 1 and '\n1' or '\n0')
+end
 if not e[1] then
   -- Its hash gone outside the scripts (deleted by hand, evicted): its member, still in the
   -- queue with this token, would hold up the entry behind it until that one's next check
   -- (seconds): dropped, and that one woken. Still `0`: not removed by this release.
   local path, sid = entry_parts(ARGV[1])
+  -- (The version before the change below: the client learns it at its next change.)
+  local reply = gone(sid)
   if path and redis.call('ZSCORE', qkey(path), ARGV[1]) == ARGV[2] then
     local s = skey(sid)
     drop(path, ARGV[1])
     if redis.call('HDEL', s, ARGV[1]) == 1 then redis.call('HINCRBY', s, 'v', '1') end
   end
-  return '0'
+  return reply
 end
-if e[1] ~= ARGV[2] then return '0' end
+if e[1] ~= ARGV[2] then return gone(e[3]) end
 -- Its session's key looked at before the first write (on a cluster: a script stopped by a
 -- slot moving stops before it changed anything, see `drop`).
 local s = skey(e[3])

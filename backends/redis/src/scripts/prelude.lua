@@ -257,7 +257,7 @@ end
 -- token counter for every namespace: two namespaces can name the same queue (`/svc` + `x`,
 -- `` + `svc/x`), and its order must be one. (A retry that finds its entry spends a token
 -- unused: tokens grow, not by one.)
-local function create(sid, path, name, kind, value, linger, v, created)
+local function create(sid, path, name, kind, value, linger, v, created, fresh)
   local q, e = qkey(path), ekey(name)
   local token = redis.call('INCR', K)
   -- The queue's last member: a new entry must score above every member, or it would queue
@@ -278,18 +278,19 @@ local function create(sid, path, name, kind, value, linger, v, created)
   local t = string.format('%d', token)
   if redis.call('ZADD', q, 'NX', t, name) == 0 then
     local owner = redis.call('HGET', e, 's')
-    -- On a cluster, ours only if the session's key lists it (see `live`): else a leftover
-    -- (a release a failover undid, from before the key there expired), dead to every
-    -- reader, that must not come back to life with its old token and place.
-    if owner == sid and not owned(sid, name) then
+    -- Ours, but maybe not made by an earlier try of this create: a leftover that must not
+    -- come back to life with its old token and place (beside whoever its release granted
+    -- the lock). So when the server lost changes of the session here (`fresh`: a release a
+    -- failover undid brings its entry back), and, on a cluster, when the session's key does
+    -- not list it (dead to every reader: see `live`). Dropped, and made anew: a real retry
+    -- loses its place, no more (the client knows only the reply it gets).
+    if owner == sid and (fresh or not owned(sid, name)) then
       drop(path, name, true)
       owner = nil
     end
     if owner == sid then
-      -- Found again (a retry). Touched, so that a WAIT that follows covers it; owned again,
-      -- in case the first try stopped before it got there (a slot migrating).
+      -- Found again (a retry). Touched, so that a WAIT that follows covers it.
       redis.call('PEXPIRE', e, linger)
-      redis.call('HSET', skey(sid), name, '1')
       -- A score below 2^53 comes back as its digits ('%.17g'), as `t` was written.
       return redis.call('ZSCORE', q, name), 0, false, false
     end
