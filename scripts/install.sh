@@ -17,7 +17,7 @@ command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)   # the Curator
 [ -f /usr/share/java/curator-recipes.jar ] || need+=(libcurator-recipes-java)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)   # worked examples
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)   # the Redis backend (and redis-cli)
-command -v python3 >/dev/null 2>&1 || need+=(python3-minimal)   # test.sh lists the test targets
+python3 -c 'import json' >/dev/null 2>&1 || need+=(python3)   # test.sh lists the test targets (python3-minimal has no json)
 command -v script >/dev/null 2>&1 || need+=(bsdutils)   # the CLI's terminal-hangup test
 command -v setsid >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then

@@ -31,6 +31,8 @@ for p in json.load(sys.stdin)["packages"]:
         for t in p["targets"]:
             if "test" in t["kind"]:
                 print(t["name"])')
+# Empty, every target would run in one lane beside the other's repeat of the unit tests.
+[ ${#test_targets[@]} -gt 0 ] || { echo "test.sh: no test targets listed (python3 with json?)" >&2; exit 1; }
 slow=() rest=()
 for t in "${test_targets[@]}"; do
   case "$t" in

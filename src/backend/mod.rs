@@ -78,7 +78,7 @@
 //! | `error.rs` | client errors mapped to [`Error`](crate::Error), temporary or not |
 //!
 //! The skeleton (each `todo!()` is one of the contracts stated on the method), and the proof:
-//! run the behaviour suite ([`crate::conformance`], feature `testing`) against a real
+//! run the behaviour suite (`fencelock::conformance`, feature `testing`) against a real
 //! server.
 //!
 //! ```
