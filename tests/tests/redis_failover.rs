@@ -62,6 +62,26 @@ impl Pair {
             .unwrap()
     }
 
+    /// Waits (bounded) until the replica has processed every write the primary has made.
+    fn caught_up(&self) {
+        let offset = |server: &RedisServer, field: &str| -> i64 {
+            let info = server.cli(&["INFO", "replication"]).unwrap_or_default();
+            info.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(-1)
+        };
+        let target = offset(&self.primary, "master_repl_offset:");
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while offset(&self.replica, "slave_repl_offset:") < target {
+            assert!(
+                std::time::Instant::now() < until,
+                "the replica never caught up with offset {target}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The replica receives what it missed.
     fn catch_up(&self) {
         self.link.set(Mode::Pass);
@@ -244,8 +264,7 @@ async fn released_entry_that_came_back_is_deleted() {
     let m = a.mutex("ghost").unwrap();
     let held = m.lock().await.unwrap();
     // Replicated: the replica has A's entry.
-    tokio::task::block_in_place(|| p.replica.wait_in_sync());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::task::block_in_place(|| p.caught_up());
     p.lag();
     held.release().await.unwrap();
     p.fail_over();
@@ -306,4 +325,69 @@ async fn acknowledged_heartbeats_of_many_sessions_do_not_queue() {
         s.close().await.unwrap();
     }
     p.catch_up();
+}
+
+/// The same lost release, with a waiter that the release granted (on the old primary) and the
+/// releasing session locking again at once, before its heartbeat: on the promoted replica the
+/// released entry is back at the head, the waiter's behind it. The session's new lock is a new
+/// entry behind the waiter's, not the one that came back: it waits while the waiter holds.
+/// (A review: `create` took the entry that came back for a retry of its own, with its old
+/// token, and granted it beside the waiter.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locking_again_after_a_lost_release_waits_behind_its_grantee() {
+    let Some(p) = pair().await else { return };
+    let backend = RedisBackend::connect(p.front.addr()).await.unwrap();
+    let (a, b) = (
+        session(backend.clone()).await,
+        session(backend.clone()).await,
+    );
+    let held = a.mutex("ghost").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex("ghost").unwrap();
+        async move { m.lock().await }
+    });
+    // B's entry queued, and replicated (the replica acknowledged every write so far).
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while b
+        .mutex("ghost")
+        .unwrap()
+        .waiters()
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(std::time::Instant::now() < until, "B never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::task::block_in_place(|| p.caught_up());
+    p.lag();
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("B was never granted")
+        .unwrap()
+        .unwrap();
+    p.fail_over();
+    let again = a
+        .mutex("ghost")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(2))
+        .await;
+    assert!(
+        matches!(again, Err(Error::Timeout { .. })),
+        "A locked again beside B: {:?}",
+        again.map(|g| g.token())
+    );
+    assert!(granted.is_held());
+    granted.release().await.unwrap();
+    let next = a
+        .mutex("ghost")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .expect("A after B's release");
+    assert!(next.token() > granted.token());
+    next.release().await.unwrap();
+    let _ = a.close().await;
+    let _ = b.close().await;
 }
