@@ -46,6 +46,14 @@ pub(crate) fn credentials(
     };
     let user = pick("user", url_user, &args.user)?;
     let password = pick("password", url_password, &args.password)?;
+    // Never ignored: a Redis client drops an empty password (`redis://:@HOST` sent no `AUTH`,
+    // and ran as the default user: black-box round 37).
+    if password.as_ref().is_some_and(String::is_empty) {
+        return Err(Error::invalid_config(
+            "--password",
+            "the password is empty: give the password, or no credentials",
+        ));
+    }
     match (user, password) {
         (None, None) => Ok(None),
         (Some(user), Some(password)) => Ok(Some(Credentials { user, password })),

@@ -59,6 +59,21 @@ pub(crate) enum Url {
     RedisCluster { nodes: String, tls: bool },
 }
 
+/// The schemes a cluster URL may have (lower case).
+const SCHEMES: [&str; 9] = [
+    "etcd",
+    "zk",
+    "zookeeper",
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+];
+
+const UNKNOWN_SCHEME: &str = "unknown scheme (etcd://, zk://, redis://, rediss://, redis+sentinel://, redis+cluster://; TLS otherwise with --cacert)";
+
 fn bad(url: &str, reason: &'static str) -> Error {
     Error::invalid_config(redact(url), reason)
 }
@@ -76,6 +91,10 @@ impl Url {
         // A scheme is case-insensitive (RFC 3986): `REDIS+CLUSTER://` was an unknown one.
         let scheme = typed.to_ascii_lowercase();
         let scheme = scheme.as_str();
+        // Before the hosts are read: `unix:///path` was refused for "an empty host".
+        if !SCHEMES.contains(&scheme) {
+            return Err(bad(url, UNKNOWN_SCHEME));
+        }
         // `etcd://https://h:2379` (a client library's URL, scheme and all): the inner scheme
         // would read as a host and the rest as its port, masked as a possible password.
         if rest.contains("://") {
@@ -234,10 +253,7 @@ impl Url {
                     tls: scheme == "rediss+cluster",
                 })
             }
-            _ => Err(bad(
-                url,
-                "unknown scheme (etcd://, zk://, redis://, rediss://, redis+sentinel://, redis+cluster://; TLS otherwise with --cacert)",
-            )),
+            _ => Err(bad(url, UNKNOWN_SCHEME)),
         }
     }
 }

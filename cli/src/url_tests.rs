@@ -234,3 +234,22 @@ fn schemes_ignore_case() {
         Url::Etcd { .. }
     ));
 }
+
+/// A scheme no cluster has is said to be one, whatever follows it (black-box round 37:
+/// `unix:///path` was refused for "an empty host in the list").
+#[test]
+fn unknown_schemes_are_named_so() {
+    for url in [
+        "unix:///run/redis.sock",
+        "redis+unix:///s",
+        "file:///x",
+        "http://h:1",
+    ] {
+        match Url::parse(url) {
+            Err(Error::InvalidConfig(e)) => {
+                assert!(e.reason.contains("unknown scheme"), "{url}: {e}")
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+}

@@ -915,6 +915,10 @@ fn bad_inputs_are_named_before_connecting() {
         // A client library's URL inside ours: its port was masked as a password.
         ("etcd://https://127.0.0.1:1", "second scheme"),
         ("redis://redis://127.0.0.1:1", "second scheme"),
+        // An empty password is refused, not dropped (the default user ran: round 37).
+        ("redis://:@127.0.0.1:1", "password is empty"),
+        ("redis://u:@127.0.0.1:1", "password is empty"),
+        ("unix:///run/redis.sock", "unknown scheme"),
     ] {
         let (code, err) = run(&["--endpoints", url, "list"], None);
         assert_eq!(code, Some(78), "{url}: {err}");
