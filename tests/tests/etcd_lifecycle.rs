@@ -158,3 +158,28 @@ async fn a_revived_lease_does_not_block_the_lock() {
     gb.release().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Endpoints of two different clusters are refused at the connect, as a configuration error
+/// naming both cluster ids: a session lived on whichever answered first, and two processes
+/// listing them in two orders each took "the" lock on its own cluster (black-box round 37).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_of_two_clusters_are_refused() {
+    let (Some(one), Some(other)) = (cluster(1).await, cluster(1).await) else {
+        return;
+    };
+    for order in [
+        [one.endpoint(0), other.endpoint(0)],
+        [other.endpoint(0), one.endpoint(0)],
+    ] {
+        match EtcdBackend::connect(&order).await {
+            Err(fencelock::Error::InvalidConfig(e)) => {
+                assert!(e.reason.contains("different etcd clusters"), "{e}")
+            }
+            other => panic!("{order:?}: {other:?}"),
+        }
+    }
+    // One cluster's endpoints alone still connect.
+    let b = EtcdBackend::connect([one.endpoint(0)]).await.unwrap();
+    let s = Session::builder(b).start().await.unwrap();
+    s.close().await.unwrap();
+}

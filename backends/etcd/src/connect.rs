@@ -139,6 +139,25 @@ async fn round(
         }
     }
     if !healthy.is_empty() {
+        // Endpoints of two clusters: a session would live on whichever answered, and locks
+        // taken through one would not exclude those taken through the other (black-box
+        // round 37: two processes listing them in two orders).
+        if healthy
+            .iter()
+            .any(|(_, (_, cluster))| *cluster != healthy[0].1 .1)
+        {
+            let ids: Vec<String> = healthy
+                .iter()
+                .map(|(ep, (_, cluster))| format!("{ep}: {cluster:x}"))
+                .collect();
+            return Err(Error::invalid_config(
+                shown,
+                format!(
+                    "the endpoints are members of different etcd clusters (cluster ids {}): list one cluster's",
+                    ids.join(", ")
+                ),
+            ));
+        }
         let left_out: Vec<String> = failed.into_iter().map(|(ep, _)| ep).collect();
         if !left_out.is_empty() {
             info!(
@@ -146,8 +165,13 @@ async fn round(
                 "etcd endpoints not answering: connecting without them for now"
             );
         }
-        let rotation = Rotation::new(endpoints.to_vec(), left_out, options(config));
-        for (ep, member) in &healthy {
+        let rotation = Rotation::new(
+            endpoints.to_vec(),
+            left_out,
+            options(config),
+            healthy[0].1 .1,
+        );
+        for (ep, (member, _)) in &healthy {
             rotation.learned(ep, *member).await;
         }
         let healthy: Vec<String> = healthy.into_iter().map(|(ep, _)| ep).collect();
@@ -196,12 +220,12 @@ async fn round(
 }
 
 /// Checks one endpoint: a client of its own asks for the member's status before `deadline`.
-/// Returns the member's id. Without the user: a status needs no authentication, and each
+/// Returns the member's id and its cluster's. Without the user: a status needs no authentication, and each
 /// authentication costs the server a bcrypt check (about 200 ms of its CPU); the client the
 /// connect makes next authenticates, and says whether the credentials are right. (With them
 /// here, each `fencelock` process authenticated once per endpoint more: black-box round 7 saw
 /// 18 waiters starting together on a loaded 2-core machine lose their sessions to it.)
-async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<u64> {
+async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result<(u64, u64)> {
     let unauthenticated = EtcdConfig {
         user: None,
         ..config.clone()
@@ -229,7 +253,9 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
             .await
             .map_err(|e| not_etcd(map("connect", e)))?;
         let status = c.status().await.map_err(|e| not_etcd(map("connect", e)))?;
-        Ok(status.header().map_or(0, |h| h.member_id()))
+        Ok(status
+            .header()
+            .map_or((0, 0), |h| (h.member_id(), h.cluster_id())))
     };
     match hedged(deadline, || timeout_at(deadline, probe())).await {
         Ok(r) => r,
@@ -289,6 +315,15 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, rotation: 
                 })
                 .await;
                 match answered {
+                    // A member of another cluster (an endpoint that answered late at the
+                    // connect): out, as one that does not answer.
+                    Ok(Ok(status))
+                        if status
+                            .header()
+                            .is_some_and(|h| h.cluster_id() != rotation.cluster) =>
+                    {
+                        false
+                    }
                     Ok(Ok(status)) => {
                         if let Some(h) = status.header() {
                             rotation.learned(ep, h.member_id()).await;

@@ -45,6 +45,9 @@ pub(crate) struct Rotation {
     /// The options of the clients made for keep-alive streams (the backend's own: its
     /// credentials, TLS and timeouts).
     options: ConnectOptions,
+    /// The id of the cluster the connect found: an endpoint that answers as a member of
+    /// another is never put in the rotation.
+    pub(crate) cluster: u64,
 }
 
 impl std::fmt::Debug for Rotation {
@@ -65,12 +68,13 @@ struct Inner {
 }
 
 impl Rotation {
-    /// A rotation of `endpoints` without `left_out`; clients for streams are made with
-    /// `options`.
+    /// A rotation of `endpoints` without `left_out`, of cluster `cluster`; clients for streams
+    /// are made with `options`.
     pub(crate) fn new(
         endpoints: Vec<String>,
         left_out: Vec<String>,
         options: ConnectOptions,
+        cluster: u64,
     ) -> Self {
         Rotation {
             inner: AsyncMutex::new(Inner {
@@ -80,6 +84,7 @@ impl Rotation {
                 clients: HashMap::new(),
             }),
             options,
+            cluster,
         }
     }
 
