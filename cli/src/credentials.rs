@@ -51,7 +51,7 @@ pub(crate) fn credentials(
     if password.as_ref().is_some_and(String::is_empty) {
         return Err(Error::invalid_config(
             "--password",
-            "the password is empty: give the password, or no credentials",
+            "the password is empty (in the URL, --password or FENCELOCK_PASSWORD): give the password, or no credentials",
         ));
     }
     match (user, password) {

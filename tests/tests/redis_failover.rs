@@ -72,6 +72,10 @@ impl Pair {
                 .unwrap_or(-1)
         };
         let target = offset(&self.primary, "master_repl_offset:");
+        assert!(
+            target >= 0,
+            "the primary's replication offset could not be read"
+        );
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while offset(&self.replica, "slave_repl_offset:") < target {
             assert!(

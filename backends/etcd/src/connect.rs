@@ -297,12 +297,18 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, rotation: 
     .with_timeout(CHECK_TIMEOUT);
     // Consecutive missed checks per endpoint: one miss is not enough to take it out.
     let mut misses = vec![0u32; endpoints.len()];
+    // Endpoints found answering for another cluster, said once each.
+    let mut foreign = vec![false; endpoints.len()];
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
         if client.strong_count() == 0 {
             return;
         }
-        let checks = endpoints.iter().zip(probes.iter_mut()).map(|(ep, probe)| {
+        let checks = endpoints
+            .iter()
+            .zip(probes.iter_mut())
+            .zip(foreign.iter_mut())
+            .map(|((ep, probe), foreign)| {
             let options = options.clone();
             let rotation = &rotation;
             async move {
@@ -316,12 +322,20 @@ pub(crate) async fn monitor(client: Weak<Client>, config: EtcdConfig, rotation: 
                 .await;
                 match answered {
                     // A member of another cluster (an endpoint that answered late at the
-                    // connect): out, as one that does not answer.
+                    // connect, so not refused there): out, as one that does not answer, and
+                    // said, since processes that connected while this cluster was slow are
+                    // on the other one.
                     Ok(Ok(status))
                         if status
                             .header()
                             .is_some_and(|h| h.cluster_id() != rotation.cluster) =>
                     {
+                        if !std::mem::replace(foreign, true) {
+                            tracing::error!(
+                                endpoint = %ep,
+                                "this etcd endpoint answers for another cluster than the one connected to: list one cluster's endpoints"
+                            );
+                        }
                         false
                     }
                     Ok(Ok(status)) => {

@@ -118,6 +118,10 @@ fn alone_allowed(session: &RedisSession, scripted_at: Option<Instant>) -> bool {
 /// they are asked in the background.
 const CHECK_PATIENCE: Duration = Duration::from_millis(300);
 
+/// The longest a heartbeat waits for the changes in flight to end before it reconciles a
+/// group whose server lost changes (at most a twentieth of the TTL).
+const RECONCILE_PATIENCE: Duration = Duration::from_millis(100);
+
 /// How often a waiting heartbeat looks whether the primary moved (see [`keep_alive`]).
 const MOVE_POLL: Duration = Duration::from_millis(100);
 
@@ -223,15 +227,18 @@ async fn beat(session: &RedisSession) -> Result<()> {
     if let Some(e) = failed {
         return Err(e);
     }
-    // Only when no change of what the session owns is in flight (else at a later
-    // heartbeat): the heartbeat itself never waits for one.
+    // Only when no change of what the session owns is in flight: waited for a moment at most
+    // (the gate lets no new change start meanwhile), else tried at a later heartbeat. Not
+    // merely tried: a session always changing something never reconciled, and its creates
+    // there kept making their entries anew (review).
     if diverged.is_empty() {
         // Over, however it ended (a group let go, say): the next episode is warned of.
         session
             .reconciling
             .store(false, std::sync::atomic::Ordering::SeqCst);
     } else {
-        if let Ok(_alone) = session.gate.try_write() {
+        let patience = (session.ttl / 20).min(RECONCILE_PATIENCE);
+        if let Ok(_alone) = tokio::time::timeout(patience, session.gate.write()).await {
             use std::sync::atomic::Ordering;
             let first = !session.reconciling.swap(true, Ordering::SeqCst);
             if first {

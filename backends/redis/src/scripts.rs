@@ -277,7 +277,7 @@ if not e[1] then
   end
   return reply
 end
-if e[1] ~= ARGV[2] then return gone(e[3]) end
+if e[1] ~= ARGV[2] then return gone(select(2, entry_parts(ARGV[1]))) end
 -- Its session's key looked at before the first write (on a cluster: a script stopped by a
 -- slot moving stops before it changed anything, see `drop`).
 local s = skey(e[3])

@@ -285,7 +285,9 @@ local function create(sid, path, name, kind, value, linger, v, created, fresh)
     -- not list it (dead to every reader: see `live`). Dropped, and made anew: a real retry
     -- loses its place, no more (the client knows only the reply it gets).
     if owner == sid and (fresh or not owned(sid, name)) then
-      drop(path, name, true)
+      -- (Not as expired: no session of it expired, and behind Sentinel that would have the
+      -- next grants ask the sentinels first.)
+      drop(path, name, false)
       owner = nil
     end
     if owner == sid then
