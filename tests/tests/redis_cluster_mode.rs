@@ -694,6 +694,89 @@ async fn a_release_undone_with_the_sessions_key_then_locked_again_is_a_new_grant
     release_undone_in_a_group_let_go(false, true).await;
 }
 
+/// Two sessions in namespace `ns` of the shared cluster, at `ttl`.
+async fn two_sessions(f: &RedisClusterFactory, ns: &str, ttl: Duration) -> (Session, Session) {
+    let start = || {
+        Session::builder(f.redis().clone())
+            .namespace(ns)
+            .ttl(ttl)
+            .start()
+    };
+    (start().await.unwrap(), start().await.unwrap())
+}
+
+/// Names (`n0`, `n1`, …) whose queues in namespace `ns` are in the group of key prefix
+/// `prefix` (`fencelock{G}`).
+fn in_group<'a>(ns: &'a str, prefix: &'a str) -> impl Iterator<Item = String> + 'a {
+    (0..100_000).map(|i| format!("n{i}")).filter(move |n| {
+        fencelock_redis::layout::cluster_prefix(&format!("{ns}/{n}/x")).as_deref() == Some(prefix)
+    })
+}
+
+/// A held entry's keys on the cluster, and what its hash and queue member held: enough to
+/// write them back after its release, as a failover that lost the release leaves them.
+struct Leftover<'a> {
+    f: &'a RedisClusterFactory,
+    node: usize,
+    name: String,
+    prefix: String,
+    ekey: String,
+    skey: String,
+    qkey: String,
+    fields: Vec<String>,
+    score: String,
+}
+
+impl<'a> Leftover<'a> {
+    /// The entry named `name` of session `sid`, read while held.
+    fn read(f: &'a RedisClusterFactory, name: &str, sid: &str) -> Self {
+        let prefix = fencelock_redis::layout::cluster_prefix(name).unwrap();
+        let ekey = format!("{prefix}:e:{name}");
+        let mut l = Leftover {
+            f,
+            node: f.cluster.primary_of(f.cluster.slot_of(&ekey)),
+            name: name.to_string(),
+            skey: format!("{prefix}:s:{sid}"),
+            qkey: format!("{prefix}:q:{}", name.rsplit_once('/').unwrap().0),
+            prefix,
+            ekey,
+            fields: Vec::new(),
+            score: String::new(),
+        };
+        l.fields = l
+            .cli(&["HGETALL", &l.ekey])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        // A mutex entry's value, the last field, is empty: its line was trimmed.
+        if l.fields.len() % 2 == 1 {
+            l.fields.push(String::new());
+        }
+        assert!(l.fields.len() >= 8, "the entry's hash: {:?}", l.fields);
+        l.score = l.cli(&["ZSCORE", &l.qkey, name]);
+        assert!(!l.score.is_empty());
+        l
+    }
+
+    /// `redis-cli` on the entry's primary, its output trimmed.
+    fn cli(&self, args: &[&str]) -> String {
+        tokio::task::block_in_place(|| self.f.cluster.node(self.node).cli(args))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// The entry's hash and its queue member back (not its session key's field).
+    fn write_back(&self) {
+        let mut hset = vec!["HSET", self.ekey.as_str()];
+        hset.extend(self.fields.iter().map(String::as_str));
+        assert_eq!(self.cli(&hset), (self.fields.len() / 2).to_string());
+        self.cli(&["PEXPIRE", &self.ekey, "120000"]);
+        self.cli(&["ZADD", &self.qkey, &self.score, &self.name]);
+        self.cli(&["PEXPIRE", &self.qkey, "120000"]);
+    }
+}
+
 /// A session holds `m` and releases it; then what a failover to a replica that missed the
 /// release would leave is written back (the entry and its queue member; unless `key_expired`,
 /// the session's key with the entry in it, at its version before the release too). Once the
@@ -705,72 +788,32 @@ async fn release_undone_in_a_group_let_go(key_expired: bool, same_lock: bool) {
     };
     let ns = fencelock::conformance::unique_namespace("undone");
     let ttl = Duration::from_secs(2);
-    let start = || {
-        Session::builder(f.redis().clone())
-            .namespace(ns.as_str())
-            .ttl(ttl)
-            .start()
-    };
-    let (s, other) = (start().await.unwrap(), start().await.unwrap());
+    let (s, other) = two_sessions(&f, &ns, ttl).await;
     let g = s.mutex("m").unwrap().lock().await.unwrap();
-    let (name, token) = (g.key().to_string(), g.token());
-    let prefix = fencelock_redis::layout::cluster_prefix(&name).unwrap();
-    let (ekey, skey) = (
-        format!("{prefix}:e:{name}"),
-        format!("{prefix}:s:{}", s.id()),
-    );
-    let qkey = format!("{prefix}:q:{}", name.rsplit_once('/').unwrap().0);
-    let node = f.cluster.primary_of(f.cluster.slot_of(&ekey));
-    let cli = |args: &[&str]| {
-        tokio::task::block_in_place(|| f.cluster.node(node).cli(args))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    let entry = cli(&["HGETALL", &ekey]);
-    let mut entry: Vec<&str> = entry.lines().collect();
-    // A mutex entry's value, the last field, is empty: its line was trimmed.
-    if entry.len() % 2 == 1 {
-        entry.push("");
-    }
-    assert!(entry.len() >= 8, "the entry's hash: {entry:?}");
-    let score = cli(&["ZSCORE", &qkey, &name]);
-    let version = cli(&["HGET", &skey, "v"]);
-    assert!(!score.is_empty() && !version.is_empty());
+    let token = g.token();
+    let l = Leftover::read(&f, g.key(), &s.id());
+    let version = l.cli(&["HGET", &l.skey, "v"]);
+    assert!(!version.is_empty());
     // Another name whose queue is in the same group.
-    let again = (0..100_000)
-        .map(|i| format!("n{i}"))
-        .find(|n| {
-            fencelock_redis::layout::cluster_prefix(&format!("{ns}/{n}/x")).as_deref()
-                == Some(prefix.as_str())
-        })
-        .unwrap();
+    let again = in_group(&ns, &l.prefix).next().unwrap();
     g.release().await.unwrap();
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    let restore_entry = || {
-        let mut hset = vec!["HSET", ekey.as_str()];
-        hset.extend(&entry);
-        assert_eq!(cli(&hset), (entry.len() / 2).to_string());
-        cli(&["PEXPIRE", &ekey, "120000"]);
-        cli(&["ZADD", &qkey, &score, &name]);
-        cli(&["PEXPIRE", &qkey, "120000"]);
-    };
     if key_expired {
         // Let go: the heartbeat no longer renews the key there.
-        while cli(&["EXISTS", &skey]) != "0" {
+        while l.cli(&["EXISTS", &l.skey]) != "0" {
             assert!(tokio::time::Instant::now() < until, "the key never expired");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        restore_entry();
+        l.write_back();
     } else {
-        restore_entry();
-        cli(&["HSET", &skey, "v", &version, &name, "1"]);
+        l.write_back();
+        l.cli(&["HSET", &l.skey, "v", &version, &l.name, "1"]);
         // Longer than the TTL, which a heartbeat renewing it would set: let go once no beat
         // renewed it for more than two of their periods (a third of the TTL each), with
         // seconds left for the next lock.
-        cli(&["PEXPIRE", &skey, "6000"]);
+        l.cli(&["PEXPIRE", &l.skey, "6000"]);
         loop {
-            let left: i64 = cli(&["PTTL", &skey]).parse().unwrap();
+            let left: i64 = l.cli(&["PTTL", &l.skey]).parse().unwrap();
             assert!(
                 left > 2_000,
                 "the key was renewed: the group was not let go"
@@ -797,7 +840,11 @@ async fn release_undone_in_a_group_let_go(key_expired: bool, same_lock: bool) {
         .lock_timeout(ttl * 4)
         .await
         .expect("the leftover entry held the lock up");
-    assert_eq!(cli(&["EXISTS", &ekey]), "0", "the leftover entry is gone");
+    assert_eq!(
+        l.cli(&["EXISTS", &l.ekey]),
+        "0",
+        "the leftover entry is gone"
+    );
     assert_eq!(s.state(), SessionState::Live);
     granted.release().await.unwrap();
     if !same_lock {
@@ -820,58 +867,27 @@ async fn a_multi_lock_does_not_take_a_leftover_a_waiter_waits_behind() {
         return;
     };
     let ns = fencelock::conformance::unique_namespace("leftover_multi");
-    let start = || {
-        Session::builder(f.redis().clone())
-            .namespace(ns.as_str())
-            .ttl(Duration::from_secs(2))
-            .start()
-    };
-    let (s, other) = (start().await.unwrap(), start().await.unwrap());
+    let (s, other) = two_sessions(&f, &ns, Duration::from_secs(2)).await;
     let prefix = fencelock_redis::layout::cluster_prefix(&format!("{ns}/m/x")).unwrap();
     // Two more names whose queues are in the same group: one held throughout (the group stays
     // the session's), one for the multi-lock.
-    let mut same = (0..100_000).map(|i| format!("n{i}")).filter(|n| {
-        fencelock_redis::layout::cluster_prefix(&format!("{ns}/{n}/x")).as_deref()
-            == Some(prefix.as_str())
-    });
+    let mut same = in_group(&ns, &prefix);
     let (kept, beside) = (same.next().unwrap(), same.next().unwrap());
     let kept = s.mutex(&kept).unwrap().lock().await.unwrap();
     let g = s.mutex("m").unwrap().lock().await.unwrap();
-    let name = g.key().to_string();
-    let (ekey, skey) = (
-        format!("{prefix}:e:{name}"),
-        format!("{prefix}:s:{}", s.id()),
-    );
-    let qkey = format!("{prefix}:q:{}", name.rsplit_once('/').unwrap().0);
-    let node = f.cluster.primary_of(f.cluster.slot_of(&skey));
-    let cli = |args: &[&str]| {
-        tokio::task::block_in_place(|| f.cluster.node(node).cli(args))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    let entry = cli(&["HGETALL", &ekey]);
-    let mut entry: Vec<&str> = entry.lines().collect();
-    if entry.len() % 2 == 1 {
-        entry.push("");
-    }
-    let score = cli(&["ZSCORE", &qkey, &name]);
+    let l = Leftover::read(&f, g.key(), &s.id());
     g.release().await.unwrap();
     // The released entry back, live (listed by the session's key), as a failover that lost
     // the release leaves it; a waiter queues behind it.
-    let mut hset = vec!["HSET", ekey.as_str()];
-    hset.extend(&entry);
-    assert_eq!(cli(&hset), (entry.len() / 2).to_string());
-    cli(&["PEXPIRE", &ekey, "120000"]);
-    cli(&["ZADD", &qkey, &score, &name]);
-    cli(&["HSET", &skey, &name, "1"]);
+    l.write_back();
+    l.cli(&["HSET", &l.skey, &l.name, "1"]);
     let waiter = {
         let m = other.mutex("m").unwrap();
         tokio::spawn(async move { m.lock_timeout(Duration::from_secs(20)).await })
     };
     until_queued(&s, "m").await;
     // Then no longer listed, as a key made again after a lost release leaves it.
-    assert_eq!(cli(&["HDEL", &skey, &name]), "1");
+    assert_eq!(l.cli(&["HDEL", &l.skey, &l.name]), "1");
     let set = s.multi_lock(["m", beside.as_str()]).unwrap();
     let taken = set.try_lock().await.unwrap();
     let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
