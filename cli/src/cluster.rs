@@ -175,12 +175,26 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
     let deadline = Instant::now() + bound;
     // Whether the cut-off below came after the connect, while the session started.
     let connected = std::sync::atomic::AtomicBool::new(false);
+    // Why the last connect that failed did: a try cut off by the bound is most often the
+    // one after it (each try has the whole connect timeout of its own), and says nothing
+    // (a refused etcd port read "no session within the connect timeout": black-box round 37).
+    let refused = std::sync::Mutex::new(None::<String>);
     let start = async {
         // A cluster that refuses connections (a Redis or ZooKeeper server restarting) fails a
         // connect at once: tried again until the bound, as a silent one is waited for.
         let (backend, namespace) = Retry::new(Backoff::new())
             .until(deadline)
-            .run(|| connect(args), Error::is_temporary)
+            .run(
+                || async {
+                    let tried = connect(args).await;
+                    if let Err(Error::Connect { source, .. }) = &tried {
+                        *refused.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(source.to_string());
+                    }
+                    tried
+                },
+                Error::is_temporary,
+            )
             .await?;
         connected.store(true, std::sync::atomic::Ordering::Relaxed);
         // What connecting left of the bound: the session's start retries only that long.
@@ -223,6 +237,10 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                     "no session within the connect timeout ({bound:?}), though the server \
                      answered: fewer than {n} replicas may follow the primary (--wait-for-replicas)"
                 ),
+                (false, _) => match refused.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    Some(why) => format!("{why} (tried until the connect timeout, {bound:?})"),
+                    None => format!("no session within the connect timeout ({bound:?})"),
+                },
                 _ => format!("no session within the connect timeout ({bound:?})"),
             };
             Err(Error::Connect {

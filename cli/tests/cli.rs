@@ -105,10 +105,13 @@ async fn exit_statuses(t: Target) {
         &dead,
         &ns,
         d,
-        &["--connect-timeout", "1s", "lock", "x", "--", "true"],
+        &["--connect-timeout", "2s", "lock", "x", "--", "true"],
     )
     .await;
     assert_eq!(code, 69, "{out}");
+    // Said as such on every backend (etcd said "no session within the connect timeout":
+    // black-box round 37).
+    assert!(out.to_lowercase().contains("refused"), "{out}");
     // A setting the server refuses as the connection is set up (a Redis database it does not
     // have) is bad configuration, not an unreachable cluster; the message says why.
     if scheme == "redis" {

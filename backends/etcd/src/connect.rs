@@ -257,7 +257,39 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
             .header()
             .map_or((0, 0), |h| (h.member_id(), h.cluster_id())))
     };
-    match hedged(deadline, || timeout_at(deadline, probe())).await {
+    // A port where nothing listens is said at once, beside the status asked: etcd-client's
+    // channel waits for a connection until the deadline, and a refused port read as a silent
+    // member after the whole connect timeout ("no session within the connect timeout"), where
+    // ZooKeeper and Redis say "connection refused" (black-box round 37, L3). The status is
+    // still waited for otherwise: a host that drops the connection attempt is a silent one.
+    // Looked at only once the status is late: on a TLS port the bare connection is logged by
+    // the member as a failed handshake, noise at every connect of every process.
+    let refused = async {
+        tokio::time::sleep(REFUSED_AFTER).await;
+        let refused = match split_host_port(endpoint, None) {
+            // (A connection made is closed at once.)
+            Some((host, port)) => matches!(
+                tokio::net::TcpStream::connect((host.as_str(), port)).await,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+            ),
+            None => false,
+        };
+        if !refused {
+            std::future::pending::<()>().await;
+        }
+    };
+    let answered = tokio::select! {
+        answered = hedged(deadline, || timeout_at(deadline, probe())) => answered,
+        () = refused => {
+            return Err(Error::Connect {
+                backend: NAME,
+                endpoints: endpoint.to_string(),
+                temporary: true,
+                source: Probe::Refused.to_string().into(),
+            })
+        }
+    };
+    match answered {
         Ok(r) => r,
         Err(_) => Err(Error::Connect {
             backend: NAME,
@@ -267,6 +299,10 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
         }),
     }
 }
+
+/// How long [`check`] waits for a member's status before it looks whether the port is
+/// refused.
+const REFUSED_AFTER: Duration = Duration::from_millis(100);
 
 /// Keeps the client's rotation to the members that answer, for as long as the backend lives:
 /// every [`CHECK_EVERY`] each endpoint is asked for its status, with [`CHECK_TIMEOUT`] to
