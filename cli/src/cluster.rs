@@ -178,7 +178,7 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
     // Why the last connect that failed did: a try cut off by the bound is most often the
     // one after it (each try has the whole connect timeout of its own), and says nothing
     // (a refused etcd port read "no session within the connect timeout": black-box round 37).
-    let refused = std::sync::Mutex::new(None::<String>);
+    let last_failure = std::sync::Mutex::new(None::<String>);
     let start = async {
         // A cluster that refuses connections (a Redis or ZooKeeper server restarting) fails a
         // connect at once: tried again until the bound, as a silent one is waited for.
@@ -188,7 +188,7 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                 || async {
                     let tried = connect(args).await;
                     if let Err(Error::Connect { source, .. }) = &tried {
-                        *refused.lock().unwrap_or_else(|e| e.into_inner()) =
+                        *last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
                             Some(source.to_string());
                     }
                     tried
@@ -237,7 +237,7 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                     "no session within the connect timeout ({bound:?}), though the server \
                      answered: fewer than {n} replicas may follow the primary (--wait-for-replicas)"
                 ),
-                (false, _) => match refused.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                (false, _) => match last_failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
                     Some(why) => format!("{why} (tried until the connect timeout, {bound:?})"),
                     None => format!("no session within the connect timeout ({bound:?})"),
                 },
