@@ -107,10 +107,24 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
             if let Some(c) = &credentials {
                 config = config.user(&c.user, &c.password);
             }
-            Ok((
-                Arc::new(EtcdBackend::connect_with(config).await?),
-                namespace,
-            ))
+            // The endpoints as the user gave them (the client's are `http://` URLs).
+            let backend = EtcdBackend::connect_with(config)
+                .await
+                .map_err(|e| match e {
+                    Error::Connect {
+                        backend,
+                        temporary,
+                        source,
+                        ..
+                    } => Error::Connect {
+                        backend,
+                        endpoints: fencelock_net::redact(url),
+                        temporary,
+                        source,
+                    },
+                    other => other,
+                })?;
+            Ok((Arc::new(backend), namespace))
         }
         Url::ZooKeeper { servers, chroot } => {
             let mut config =
