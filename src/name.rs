@@ -53,11 +53,16 @@ fn check_rest(name: &str) -> Result<()> {
 pub const RESERVED_LAST_SEGMENTS: [&str; 2] = ["read", "write"];
 
 /// Checks a lock or election name: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL or other
-/// control character, no leading or trailing `/`, no empty, `.` or `..` segment (so the
-/// same name is valid as an etcd key part and a ZooKeeper path), and, below another segment,
+/// control character, no leading or trailing `/`, no empty, `.` or `..` segment (the rules of
+/// every backend: ZooKeeper adds its own, below), and, below another segment,
 /// no last segment of [`RESERVED_LAST_SEGMENTS`]: a mutex named `jobs/read` would otherwise
 /// queue among the readers of the read-write lock `jobs` (a name of one segment, `read`, is
 /// fine, but in the root namespace only: a session's namespace is a segment above it).
+///
+/// A backend may refuse more, at `mutex()` (and the other primitives) or `start()` for a
+/// namespace, with [`Error::InvalidName`](crate::Error::InvalidName): ZooKeeper refuses what
+/// its server's path check rejects, any character in U+D800–U+F8FF or U+FFF0–U+FFFF and every
+/// character above U+FFFF (an emoji, say). A name meant for every backend keeps to the others.
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());

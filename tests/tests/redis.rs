@@ -125,6 +125,13 @@ async fn unreachable_and_bad_settings() {
         RedisConfig::new(unix)
     );
     assert!(!shown.contains("s3cret"), "{shown}");
+    // A "port" hidden as a possible password is said to be (black-box round 39).
+    let r = RedisBackend::connect("redis://127.0.0.1:99999").await;
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.to_string().contains("not a port")),
+        "{r:?}"
+    );
     let r = RedisConfig::new("127.0.0.1:1")
         .timeout(Duration::MAX)
         .connect()

@@ -23,7 +23,7 @@ use std::sync::Arc;
 pub use hedge::{hedged, FIRST_HEDGE};
 pub use probe::{certificate_failure, connect_error, probe, split_host_port, Probe};
 pub use recheck::{recheck_every, unless_own_vanishes};
-pub use redact::redact;
+pub use redact::{masked_port_note, redact};
 pub use tls::TlsConfig;
 
 /// The one crypto provider of every TLS connection fencelock makes (the client libraries'

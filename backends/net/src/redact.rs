@@ -36,6 +36,24 @@ pub fn redact(url: &str) -> String {
     format!("{before}?{}", query.join("&"))
 }
 
+/// What a message about `input` adds when [`redact`] hides part of it that reads as a port
+/// but is none (`host:99999`, `host:pa/ss`): the user learns why what they typed is not shown
+/// (black-box round 39: "127.0.0.1:***" hid the very part they got wrong). Empty otherwise.
+///
+/// ```
+/// assert!(fencelock_net::masked_port_note("127.0.0.1:99999").contains("not a port"));
+/// assert_eq!(fencelock_net::masked_port_note("127.0.0.1:2379"), "");
+/// assert_eq!(fencelock_net::masked_port_note("redis://u:p@h:1"), "");
+/// ```
+pub fn masked_port_note(input: &str) -> &'static str {
+    let rest = input.split_once("://").map_or(input, |(_, r)| r);
+    if !rest.contains('@') && redact_userinfo(input) != input {
+        " (what follows a host's ':' is not a port from 0 to 65535, and is not shown: it may be a password)"
+    } else {
+        ""
+    }
+}
+
 /// Whether a query parameter named `key` holds a password (as redis-rs reads Unix-socket
 /// URLs: `pass`; `password` for the same mistake spelled out).
 fn is_password_key(key: &str) -> bool {

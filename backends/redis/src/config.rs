@@ -315,7 +315,10 @@ impl RedisConfig {
     }
 
     fn client_unchecked(&self, url: &str) -> Result<redis::Client> {
-        let bad = |e: redis::RedisError| Error::invalid_config(redact(&self.url), e.to_string());
+        let bad = |e: redis::RedisError| {
+            let note = fencelock_net::masked_port_note(&self.url);
+            Error::invalid_config(redact(&self.url), format!("{e}{note}"))
+        };
         let Some(tls) = &self.tls else {
             return redis::Client::open(url).map_err(bad);
         };

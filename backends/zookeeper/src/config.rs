@@ -211,8 +211,10 @@ impl ZooKeeperConfig {
 
     fn resolve(self) -> Result<Resolved> {
         // What is shown of a setting goes through `redact`: a password can be taken for a port.
-        let invalid =
-            |input: &str, msg: String| Error::invalid_config(fencelock_net::redact(input), msg);
+        let invalid = |input: &str, msg: String| {
+            let note = fencelock_net::masked_port_note(input);
+            Error::invalid_config(fencelock_net::redact(input), format!("{msg}{note}"))
+        };
         // Before anything splits it: a password may hold a '/' (taken for a chroot's start) or
         // a ':' (for a port), and what is left of it would be shown in an error as a host or
         // a chroot. Nothing of the string is shown.

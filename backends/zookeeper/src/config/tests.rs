@@ -37,6 +37,12 @@ fn a_password_taken_for_a_port_is_not_shown() {
         .unwrap();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
     assert!(!e.to_string().contains("Hunter2"), "{e}");
+    // What is hidden is said to be (black-box round 39).
+    let e = ZooKeeperConfig::new("127.0.0.1:99999")
+        .resolve()
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("not a port"), "{e}");
 }
 
 #[test]
