@@ -314,7 +314,9 @@ async fn redis(
     }
     if let Some(n) = args.wait_for_replicas.filter(|_| !args.reads_only) {
         // Under the request timeout, and under a third of the TTL (heartbeats wait too).
-        let wait = (args.ttl / 4).min(args.connect_timeout / 2);
+        let wait = (args.ttl / 4)
+            .min(args.connect_timeout / 2)
+            .max(fencelock_redis::MIN_TIMEOUT);
         config = config.wait_for_replicas(usize::from(n), wait);
     }
     if let Some(password) = &args.sentinel_password {

@@ -137,6 +137,12 @@ async fn unreachable_and_bad_settings() {
         .connect()
         .await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    // 1 ns failed every connect later, as a temporary error (black-box round 39).
+    let r = RedisConfig::new("127.0.0.1:1")
+        .timeout(Duration::from_nanos(1))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
     let r = RedisConfig::new("127.0.0.1:1")
         .wait_for_replicas(0, Duration::from_secs(1))
         .connect()

@@ -9,6 +9,11 @@ use fencelock_net::{split_host_port, TlsConfig};
 /// not silently clamped.
 pub const MAX_SETTING: Duration = Duration::from_secs(3600);
 
+/// The shortest any timeout or interval setting may be (10 ms, the `fencelock` command's
+/// least connect timeout): a shorter one was accepted, and failed later as a temporary error
+/// (or now and then), where a wrong setting is refused at once (black-box round 39).
+pub const MIN_SETTING: Duration = Duration::from_millis(10);
+
 /// Settings for [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with).
 ///
 /// ```no_run
@@ -89,7 +94,10 @@ impl EtcdConfig {
         }
     }
 
-    /// Sets the connect timeout.
+    /// Sets the connect timeout (from [`MIN_SETTING`] to [`MAX_SETTING`], as every timeout and
+    /// interval here; checked at the connect, with [`Error::InvalidConfig`]).
+    ///
+    /// [`Error::InvalidConfig`]: fencelock::Error::InvalidConfig
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -134,10 +142,12 @@ impl EtcdConfig {
             ("keep-alive timeout", self.keep_alive_timeout),
             ("request timeout", self.request_timeout),
         ] {
-            if d.is_zero() || d > MAX_SETTING {
+            if d < MIN_SETTING || d > MAX_SETTING {
                 return Err(Error::invalid_config(
                     format!("{d:?}"),
-                    format!("the {name} must be positive and at most {MAX_SETTING:?}"),
+                    format!(
+                        "the {name} must be at least {MIN_SETTING:?} and at most {MAX_SETTING:?}"
+                    ),
                 ));
             }
         }
@@ -269,6 +279,14 @@ mod tests {
         assert!(bad(EtcdConfig::new(["a:99999"])));
         assert!(bad(EtcdConfig::new(["a:1"]).connect_timeout(Duration::MAX)));
         assert!(bad(EtcdConfig::new(["a:1"]).connect_timeout(Duration::ZERO)));
+        // Degenerate ones too (1 ns failed later, as a temporary error: black-box round 39).
+        assert!(bad(
+            EtcdConfig::new(["a:1"]).connect_timeout(Duration::from_nanos(1))
+        ));
+        assert!(bad(
+            EtcdConfig::new(["a:1"]).keep_alive(Duration::from_nanos(1), Duration::from_nanos(1))
+        ));
+        assert!(!bad(EtcdConfig::new(["a:1"]).request_timeout(MIN_SETTING)));
         assert!(bad(EtcdConfig::new(["a:1"]).user("", "p")));
         let dbg = format!("{:?}", EtcdConfig::new(["a:1"]).user("u", "secret"));
         assert!(!dbg.contains("secret"));

@@ -46,7 +46,7 @@ use etcd_client::Client;
 use fencelock::backend::{Backend, BackendSession};
 use fencelock::Result;
 
-pub use config::{EtcdConfig, MAX_SETTING};
+pub use config::{EtcdConfig, MAX_SETTING, MIN_SETTING};
 use error::NAME;
 pub use fencelock_net::TlsConfig;
 pub use guarded::{guarded_txn, ownership};

@@ -18,6 +18,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// clamped.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The shortest timeout accepted (10 ms, the `fencelock` command's least connect timeout): a
+/// shorter one was accepted, and every connect then failed as a temporary error, where a wrong
+/// setting is refused at once (black-box round 39).
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+
 /// The most replicas [`RedisConfig::wait_for_replicas`] accepts.
 pub const MAX_REPLICAS: usize = 1000;
 
@@ -135,7 +140,7 @@ impl RedisConfig {
     }
 
     /// How long a connect and each request wait for the server (default [`DEFAULT_TIMEOUT`];
-    /// at most [`MAX_TIMEOUT`]). A connect that fails may take up to half a second more: a
+    /// from [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`]). A connect that fails may take up to half a second more: a
     /// probe of the server, which tells a wrong TLS setting from a server that is down, ends.
     /// On a Redis Cluster each attempt of a request (and each connect to a node) waits at most
     /// a second of it, so that a hung node is given up for its replica sooner.
@@ -406,10 +411,10 @@ fn check_no_query(url: &str) -> Result<()> {
 }
 
 fn check_timeout(what: &str, t: Duration) -> Result<()> {
-    if t.is_zero() || t > MAX_TIMEOUT {
+    if t < MIN_TIMEOUT || t > MAX_TIMEOUT {
         return Err(Error::invalid_config(
             format!("{what} {t:?}"),
-            "must be more than zero and at most one hour",
+            "must be at least 10ms and at most one hour",
         ));
     }
     Ok(())

@@ -158,7 +158,7 @@ use fencelock::backend::{Backend, BackendSession};
 use fencelock::{Error, Result};
 
 pub use con::RedisConnection;
-pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT};
+pub use config::{RedisConfig, DEFAULT_TIMEOUT, MAX_REPLICAS, MAX_TIMEOUT, MIN_TIMEOUT};
 pub use fencelock_net::TlsConfig;
 pub use guarded::guarded_set;
 pub use redlock::{Redlock, RedlockGuard};

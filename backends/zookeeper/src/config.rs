@@ -25,6 +25,11 @@ pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(2);
 /// The longest connect timeout accepted (one hour): longer values are refused, not clamped.
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The shortest connect timeout accepted (10 ms, the `fencelock` command's least): a shorter
+/// one was accepted, and every session start then failed as a temporary error, where a wrong
+/// setting is refused at once (black-box round 39).
+pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(10);
+
 /// The port of a server given without one.
 const DEFAULT_PORT: u16 = 2181;
 
@@ -130,7 +135,7 @@ impl ZooKeeperConfig {
     }
 
     /// How long to wait for a session to be established (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`], at most [`MAX_CONNECT_TIMEOUT`]); past it,
+    /// [`DEFAULT_CONNECT_TIMEOUT`], from [`MIN_CONNECT_TIMEOUT`] to [`MAX_CONNECT_TIMEOUT`]); past it,
     /// [`connect`](Self::connect) and every session start fail with [`Error::Connect`]. (Once
     /// the session is established, a session start checks its SASL authentication and the
     /// chroot with requests of their own, whose failures are `Error::Backend`.)
@@ -324,10 +329,11 @@ impl ZooKeeperConfig {
                 ),
             ));
         }
-        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
+        if self.connect_timeout < MIN_CONNECT_TIMEOUT || self.connect_timeout > MAX_CONNECT_TIMEOUT
+        {
             return Err(invalid(
                 &format!("{:?}", self.connect_timeout),
-                format!("the connect timeout must be positive and at most {MAX_CONNECT_TIMEOUT:?}"),
+                format!("the connect timeout must be at least {MIN_CONNECT_TIMEOUT:?} and at most {MAX_CONNECT_TIMEOUT:?}"),
             ));
         }
         for (what, id) in [("digest", &self.digest), ("SASL", &self.sasl)] {

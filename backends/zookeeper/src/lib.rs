@@ -64,6 +64,7 @@ mod watch;
 
 pub use config::{
     AclMode, ZooKeeperConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MIN_TTL, MAX_CONNECT_TIMEOUT,
+    MIN_CONNECT_TIMEOUT,
 };
 pub use fencelock_net::TlsConfig;
 pub use guarded::add_ownership_check;

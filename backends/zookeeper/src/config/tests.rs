@@ -74,6 +74,13 @@ fn resolve_rules() {
     assert!(bad(
         ZooKeeperConfig::new("a:1").connect_timeout(Duration::MAX)
     ));
+    // 1 ns failed every session start later, as a temporary error (black-box round 39).
+    assert!(bad(
+        ZooKeeperConfig::new("a:1").connect_timeout(Duration::from_nanos(1))
+    ));
+    assert!(!bad(
+        ZooKeeperConfig::new("a:1").connect_timeout(crate::MIN_CONNECT_TIMEOUT)
+    ));
     assert!(bad(ZooKeeperConfig::new("a:1").sasl_digest_md5("", "p")));
     assert!(bad(ZooKeeperConfig::new("a:1").min_ttl(Duration::ZERO)));
     assert!(bad(
