@@ -280,6 +280,20 @@ impl ZooKeeperConfig {
                     "not a server address: expected host[:port]".into(),
                 ));
             };
+            // A name out of the DNS grammar (a space, a '!') failed the connect as a name that
+            // does not resolve, where etcd and Redis refuse it as a setting (black-box round
+            // 39). A bracketed IPv6 address (its ':') is taken as it is.
+            if !host.contains(':')
+                && !host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            {
+                return Err(invalid(
+                    server,
+                    "not a host name: ASCII letters, digits, '-', '.' and '_' only (punycode for an international one)"
+                        .into(),
+                ));
+            }
             // A server named twice is one server: moving a session off a hung server must
             // not take it to the same one under its second name.
             if !hosts

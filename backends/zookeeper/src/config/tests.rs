@@ -74,6 +74,12 @@ fn resolve_rules() {
     assert!(bad(
         ZooKeeperConfig::new("a:1").connect_timeout(Duration::MAX)
     ));
+    // A host out of the DNS grammar is a setting to fix (black-box round 39).
+    assert!(bad(ZooKeeperConfig::new("not a host!!")));
+    assert!(bad(ZooKeeperConfig::new("a:1,bücher.example:2181")));
+    assert!(!bad(ZooKeeperConfig::new(
+        "zk-1.example_a:2181,[::1]:2181,10.0.0.1"
+    )));
     // 1 ns failed every session start later, as a temporary error (black-box round 39).
     assert!(bad(
         ZooKeeperConfig::new("a:1").connect_timeout(Duration::from_nanos(1))
