@@ -60,9 +60,11 @@ pub const RESERVED_LAST_SEGMENTS: [&str; 2] = ["read", "write"];
 /// fine, but in the root namespace only: a session's namespace is a segment above it).
 ///
 /// A backend may refuse more, at `mutex()` (and the other primitives) or `start()` for a
-/// namespace, with [`Error::InvalidName`](crate::Error::InvalidName): ZooKeeper refuses what
-/// its server's path check rejects, any character in U+D800–U+F8FF or U+FFF0–U+FFFF and every
-/// character above U+FFFF (an emoji, say). A name meant for every backend keeps to the others.
+/// namespace, with [`Error::InvalidName`](crate::Error::InvalidName). ZooKeeper refuses what
+/// its server's path check rejects (any character in U+D800–U+F8FF or U+FFF0–U+FFFF, every
+/// character above U+FFFF: an emoji, say), segments shaped as its recipes' queue entries
+/// (`lock-0000000001`, and the `latch-`, `lease-`, `__READ__`, `__WRIT__` forms), segments
+/// ending in `.proclaimed`, and, without a chroot, a namespace under `/zookeeper`.
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());

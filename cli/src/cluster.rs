@@ -201,9 +201,12 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
             .run(
                 || async {
                     let tried = connect(args).await;
-                    if let Err(Error::Connect { source, .. }) = &tried {
-                        *last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
-                            Some(source.to_string());
+                    if let Err(e) = &tried {
+                        let why = match e {
+                            Error::Connect { source, .. } => source.to_string(),
+                            other => other.to_string(),
+                        };
+                        *last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
                     }
                     tried
                 },
@@ -252,7 +255,10 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                      answered: fewer than {n} replicas may follow the primary (--wait-for-replicas)"
                 ),
                 (false, _) => match last_failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                    Some(why) => format!("{why} (tried until the connect timeout, {bound:?})"),
+                    Some(why) => format!(
+                        "no session within the connect timeout ({bound:?}); the last try that \
+                         failed: {why}"
+                    ),
                     None => format!("no session within the connect timeout ({bound:?})"),
                 },
                 _ => format!("no session within the connect timeout ({bound:?})"),
@@ -314,9 +320,7 @@ async fn redis(
     }
     if let Some(n) = args.wait_for_replicas.filter(|_| !args.reads_only) {
         // Under the request timeout, and under a third of the TTL (heartbeats wait too).
-        let wait = (args.ttl / 4)
-            .min(args.connect_timeout / 2)
-            .max(fencelock_redis::MIN_TIMEOUT);
+        let wait = (args.ttl / 4).min(args.connect_timeout / 2);
         config = config.wait_for_replicas(usize::from(n), wait);
     }
     if let Some(password) = &args.sentinel_password {

@@ -265,7 +265,14 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
     // Looked at only once the status is late: on a TLS port the bare connection is logged by
     // the member as a failed handshake, noise at every connect of every process.
     let refused = async {
-        tokio::time::sleep(REFUSED_AFTER).await;
+        // (With TLS the status takes more round trips: a second, not to connect beside every
+        // member's answer on a slow link.)
+        let after = if config.tls.is_some() {
+            REFUSED_AFTER_TLS
+        } else {
+            REFUSED_AFTER
+        };
+        tokio::time::sleep(after).await;
         let refused = match split_host_port(endpoint, None) {
             // (A connection made is closed at once.)
             Some((host, port)) => matches!(
@@ -303,6 +310,9 @@ async fn check(endpoint: &str, config: &EtcdConfig, deadline: Instant) -> Result
 /// How long [`check`] waits for a member's status before it looks whether the port is
 /// refused.
 const REFUSED_AFTER: Duration = Duration::from_millis(100);
+
+/// [`REFUSED_AFTER`] with TLS.
+const REFUSED_AFTER_TLS: Duration = Duration::from_secs(1);
 
 /// Keeps the client's rotation to the members that answer, for as long as the backend lives:
 /// every [`CHECK_EVERY`] each endpoint is asked for its status, with [`CHECK_TIMEOUT`] to

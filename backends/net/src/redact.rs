@@ -44,13 +44,25 @@ pub fn redact(url: &str) -> String {
 /// assert!(fencelock_net::masked_port_note("127.0.0.1:99999").contains("not a port"));
 /// assert_eq!(fencelock_net::masked_port_note("127.0.0.1:2379"), "");
 /// assert_eq!(fencelock_net::masked_port_note("redis://u:p@h:1"), "");
+/// assert!(fencelock_net::masked_port_note("::1:2379").contains("brackets"));
 /// ```
 pub fn masked_port_note(input: &str) -> &'static str {
     let rest = input.split_once("://").map_or(input, |(_, r)| r);
-    if !rest.contains('@') && redact_userinfo(input) != input {
-        " (what follows a host's ':' is not a port from 0 to 65535, and is not shown: it may be a password)"
+    if rest.contains('@') || redact_userinfo(input) == input {
+        return "";
+    }
+    // An IPv6 address without its brackets reads as a host and an odd port.
+    let unbracketed = rest.split(',').any(|host| {
+        let address = host.split(['/', '?']).next().unwrap_or_default();
+        address.parse::<std::net::Ipv6Addr>().is_ok()
+            || address
+                .rsplit_once(':')
+                .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok())
+    });
+    if unbracketed {
+        " (an IPv6 address goes in brackets: [::1]:2379; what follows its first ':' is not shown)"
     } else {
-        ""
+        " (what follows a host's ':' is not a port from 0 to 65535, and is not shown: it may be a password)"
     }
 }
 

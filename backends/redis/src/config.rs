@@ -150,7 +150,7 @@ impl RedisConfig {
     }
 
     /// After creating an entry (or a session), waits until `replicas` replicas acknowledged it
-    /// (Redis `WAIT`, at most `timeout`, which must be shorter than [`timeout`](Self::timeout)
+    /// (Redis `WAIT`, at most `timeout`, at least 1 ms and shorter than [`timeout`](Self::timeout)
     /// and, since heartbeats wait too, under a third of each session's TTL),
     /// and fails the acquisition with a temporary error (retried) if fewer did. With it, a
     /// replica promoted after the primary's crash has every entry and token counter a holder
@@ -186,7 +186,7 @@ impl RedisConfig {
     /// Checks the settings: a URL the client parses, timeouts within bounds. Returns what to
     /// connect to.
     pub(crate) fn validate(&self) -> Result<Target> {
-        check_timeout("timeout", self.timeout)?;
+        check_timeout("timeout", self.timeout, MIN_TIMEOUT)?;
         check_no_query(&self.url)?;
         if let Some((n, t)) = self.replicas {
             if n == 0 || n > MAX_REPLICAS {
@@ -195,7 +195,8 @@ impl RedisConfig {
                     format!("replicas must be between 1 and {MAX_REPLICAS}"),
                 ));
             }
-            check_timeout("replica timeout", t)?;
+            // (1 ms at least: Redis's `WAIT` counts whole ms, and `WAIT n 0` blocks for ever.)
+            check_timeout("replica timeout", t, Duration::from_millis(1))?;
             if t >= self.timeout {
                 return Err(Error::invalid_config(
                     format!("{t:?}"),
@@ -410,11 +411,11 @@ fn check_no_query(url: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_timeout(what: &str, t: Duration) -> Result<()> {
-    if t < MIN_TIMEOUT || t > MAX_TIMEOUT {
+fn check_timeout(what: &str, t: Duration, least: Duration) -> Result<()> {
+    if t < least || t > MAX_TIMEOUT {
         return Err(Error::invalid_config(
             format!("{what} {t:?}"),
-            "must be at least 10ms and at most one hour",
+            format!("must be at least {least:?} and at most one hour"),
         ));
     }
     Ok(())

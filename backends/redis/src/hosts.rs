@@ -30,7 +30,12 @@ pub(crate) fn parse(
     max: usize,
     what: &str,
 ) -> Result<(Option<String>, Vec<String>)> {
-    let bad = |why: String| Error::invalid_config(redact(url), why);
+    let bad = |why: String| {
+        Error::invalid_config(
+            redact(url),
+            format!("{why}{}", fencelock_net::masked_port_note(url)),
+        )
+    };
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u.to_string()), h),
         None => (None, authority),

@@ -91,7 +91,9 @@ impl Redlock {
         let mut servers = Vec::new();
         let mut seen = Vec::new();
         for config in configs {
-            let mut config = config.timeout(timing.request_timeout);
+            // (Its timeout only validated here: the connections below take the request
+            // timeout, which Redlock bounds itself and may be under `RedisConfig`'s least.)
+            let mut config = config.timeout(timing.request_timeout.max(crate::config::MIN_TIMEOUT));
             // Not used (each lock is a majority of independent servers, not a replicated
             // write), so not validated against the request timeout either.
             config.replicas = None;
