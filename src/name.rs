@@ -64,7 +64,8 @@ pub const RESERVED_LAST_SEGMENTS: [&str; 2] = ["read", "write"];
 /// its server's path check rejects (any character in U+D800–U+F8FF or U+FFF0–U+FFFF, every
 /// character above U+FFFF: an emoji, say), segments shaped as its recipes' queue entries
 /// (`lock-0000000001`, and the `latch-`, `lease-`, `__READ__`, `__WRIT__` forms), segments
-/// ending in `.proclaimed`, and, without a chroot, a namespace under `/zookeeper`.
+/// ending in `.proclaimed`, and, without a chroot, a path whose first segment is `zookeeper`
+/// (a namespace, or a name in the root namespace).
 ///
 /// ```
 /// assert!(fencelock::validate_name("jobs/reindex").is_ok());

@@ -202,10 +202,19 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                 || async {
                     let tried = connect(args).await;
                     if let Err(e) = &tried {
-                        let why = match e {
+                        // With its causes (masked when printed, as every message is).
+                        let mut why = match e {
                             Error::Connect { source, .. } => source.to_string(),
                             other => other.to_string(),
                         };
+                        let mut cause = std::error::Error::source(e);
+                        if matches!(e, Error::Connect { .. }) {
+                            cause = cause.and_then(std::error::Error::source);
+                        }
+                        while let Some(c) = cause {
+                            why = format!("{why}: {c}");
+                            cause = c.source();
+                        }
                         *last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
                     }
                     tried
@@ -320,7 +329,10 @@ async fn redis(
     }
     if let Some(n) = args.wait_for_replicas.filter(|_| !args.reads_only) {
         // Under the request timeout, and under a third of the TTL (heartbeats wait too).
-        let wait = (args.ttl / 4).min(args.connect_timeout / 2);
+        // (At least 1 ms, Redis's least: a TTL below Redis's least is then said as such.)
+        let wait = (args.ttl / 4)
+            .min(args.connect_timeout / 2)
+            .max(Duration::from_millis(1));
         config = config.wait_for_replicas(usize::from(n), wait);
     }
     if let Some(password) = &args.sentinel_password {

@@ -137,6 +137,14 @@ async fn unreachable_and_bad_settings() {
         .connect()
         .await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+    // A replica wait under the request timeout's least is fine (Redis's `WAIT` counts ms):
+    // only the connect fails here.
+    let r = RedisConfig::new("127.0.0.1:1")
+        .timeout(fencelock_redis::MIN_TIMEOUT)
+        .wait_for_replicas(1, Duration::from_millis(5))
+        .connect()
+        .await;
+    assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     // 1 ns failed every connect later, as a temporary error (black-box round 39).
     let r = RedisConfig::new("127.0.0.1:1")
         .timeout(Duration::from_nanos(1))

@@ -201,6 +201,10 @@ async fn bad_input_is_refused() {
     timing.request_timeout = Duration::from_millis(5);
     let r = Redlock::with_timing(["redis://127.0.0.1:1"], timing);
     assert!(r.is_ok(), "{r:?}");
+    // (1 ns failed every request later, as a temporary error.)
+    timing.request_timeout = Duration::from_nanos(1);
+    let r = Redlock::with_timing(["redis://127.0.0.1:1"], timing);
+    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
     timing.request_timeout = Duration::from_secs(2);
     let lock = Redlock::with_timing(["redis://127.0.0.1:1"], timing).unwrap();
     let r = lock.try_lock("x", Duration::from_secs(1)).await;

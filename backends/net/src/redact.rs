@@ -45,15 +45,20 @@ pub fn redact(url: &str) -> String {
 /// assert_eq!(fencelock_net::masked_port_note("127.0.0.1:2379"), "");
 /// assert_eq!(fencelock_net::masked_port_note("redis://u:p@h:1"), "");
 /// assert!(fencelock_net::masked_port_note("::1:2379").contains("brackets"));
+/// assert!(!fencelock_net::masked_port_note("h1:99999,::1").contains("brackets"));
 /// ```
 pub fn masked_port_note(input: &str) -> &'static str {
     let rest = input.split_once("://").map_or(input, |(_, r)| r);
     if rest.contains('@') || redact_userinfo(input) == input {
         return "";
     }
-    // An IPv6 address without its brackets reads as a host and an odd port.
-    let unbracketed = rest.split(',').any(|host| {
-        let address = host.split(['/', '?']).next().unwrap_or_default();
+    // An IPv6 address without its brackets reads as a host and an odd port: the host masked
+    // (the first that is no `host:port`, as `mask_odd_ports` finds it) is the one asked about.
+    let masked = rest
+        .split(',')
+        .map(|host| host.split(['/', '?']).next().unwrap_or_default())
+        .find(|address| address.contains(':') && crate::probe::split(address, Some(1)).is_none());
+    let unbracketed = masked.is_some_and(|address| {
         address.parse::<std::net::Ipv6Addr>().is_ok()
             || address
                 .rsplit_once(':')

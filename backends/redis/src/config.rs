@@ -18,7 +18,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// clamped.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// The shortest timeout accepted (10 ms, the `fencelock` command's least connect timeout): a
+/// The shortest [`RedisConfig::timeout`] accepted (10 ms, the `fencelock` command's least connect timeout): a
 /// shorter one was accepted, and every connect then failed as a temporary error, where a wrong
 /// setting is refused at once (black-box round 39).
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);

@@ -20,7 +20,7 @@ pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 pub struct RedlockTiming {
     /// How long one request to one server may take before that server counts as failed
     /// (default 50 ms: small next to the TTL, so a slow or paused server does not eat the
-    /// lock's validity).
+    /// lock's validity). At least 1 ms and at most an hour.
     pub request_timeout: Duration,
     /// The clock drift allowed, as a fraction of the TTL (default 0.01), plus 2 ms.
     pub drift_factor: f64,
