@@ -202,20 +202,14 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
                 || async {
                     let tried = connect(args).await;
                     if let Err(e) = &tried {
-                        // With its causes (masked when printed, as every message is).
-                        let mut why = match e {
-                            Error::Connect { source, .. } => source.to_string(),
-                            other => other.to_string(),
+                        // With its causes (masked when printed, as every message is); of a
+                        // connect, its causes alone (the cut-off's error names the cluster).
+                        let from: &dyn std::error::Error = match e {
+                            Error::Connect { source, .. } => source.as_ref(),
+                            other => other,
                         };
-                        let mut cause = std::error::Error::source(e);
-                        if matches!(e, Error::Connect { .. }) {
-                            cause = cause.and_then(std::error::Error::source);
-                        }
-                        while let Some(c) = cause {
-                            why = format!("{why}: {c}");
-                            cause = c.source();
-                        }
-                        *last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                        *last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(crate::message::chain(from));
                     }
                     tried
                 },

@@ -1,7 +1,6 @@
 //! An error as fencelock prints it: the error, then each of its causes (the part that says
 //! why: a refused connection, a server's own message), with every secret it was given masked.
 
-use std::error::Error as _;
 use std::sync::OnceLock;
 
 use crate::args::ClusterArgs;
@@ -54,8 +53,8 @@ fn secrets(args: &ClusterArgs) -> Vec<String> {
 }
 
 /// `e` and its causes, `: `-separated (a cause that the text already holds is left out),
-/// on one line, with each of `secrets` masked.
-fn describe_masking(e: &fencelock::Error, secrets: &[String]) -> String {
+/// unmasked (see [`describe`]).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut line = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -66,6 +65,12 @@ fn describe_masking(e: &fencelock::Error, secrets: &[String]) -> String {
         }
         cause = c.source();
     }
+    line
+}
+
+/// [`chain`] on one line, with each of `secrets` masked.
+fn describe_masking(e: &fencelock::Error, secrets: &[String]) -> String {
+    let mut line = chain(e);
     for secret in secrets {
         line = mask(&line, secret);
     }

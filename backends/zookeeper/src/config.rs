@@ -11,7 +11,7 @@ use crate::layout::check_zk_path;
 use crate::ZooKeeperBackend;
 
 mod connect_string;
-use connect_string::split_chroot;
+use connect_string::{is_host, split_chroot};
 
 /// How long [`ZooKeeperConfig::connect`] and every session start wait for the cluster by
 /// default (10 s).
@@ -280,14 +280,7 @@ impl ZooKeeperConfig {
                     "not a server address: expected host[:port]".into(),
                 ));
             };
-            // A name out of the DNS grammar (a space, a '!') failed the connect as a name that
-            // does not resolve, where etcd and Redis refuse it as a setting (black-box round
-            // 39). A bracketed IPv6 address (its ':') is taken as it is.
-            if !host.contains(':')
-                && !host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-            {
+            if !is_host(&host) {
                 return Err(invalid(
                     server,
                     "not a host name: ASCII letters, digits, '-', '.' and '_' only (punycode for an international one)"

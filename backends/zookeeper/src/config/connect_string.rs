@@ -20,6 +20,17 @@ pub(super) fn split_chroot(connect_string: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Whether `host` (split from its port) can name a server: a bracketed IPv6 address (its ':'),
+/// or a name of the DNS grammar's characters. One out of it (a space, a '!') failed the connect
+/// as a name that does not resolve, where etcd and Redis refuse it as a setting (black-box
+/// round 39).
+pub(super) fn is_host(host: &str) -> bool {
+    host.contains(':')
+        || host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
