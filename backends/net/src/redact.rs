@@ -49,21 +49,18 @@ pub fn redact(url: &str) -> String {
 /// ```
 pub fn masked_port_note(input: &str) -> &'static str {
     let rest = input.split_once("://").map_or(input, |(_, r)| r);
-    if rest.contains('@') || redact_userinfo(input) == input {
+    if rest.contains('@') {
         return "";
     }
-    // An IPv6 address without its brackets reads as a host and an odd port: the host masked
-    // (the first that is no `host:port`, as `mask_odd_ports` finds it) is the one asked about.
-    let masked = rest
-        .split(',')
-        .map(|host| host.split(['/', '?']).next().unwrap_or_default())
-        .find(|address| address.contains(':') && crate::probe::split(address, Some(1)).is_none());
-    let unbracketed = masked.is_some_and(|address| {
-        address.parse::<std::net::Ipv6Addr>().is_ok()
-            || address
-                .rsplit_once(':')
-                .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok())
-    });
+    // What `redact` masks: the first address that is no `host:port`. An IPv6 address without
+    // its brackets reads as a host and an odd port.
+    let Some((_, address)) = odd_address(rest) else {
+        return "";
+    };
+    let unbracketed = address.parse::<std::net::Ipv6Addr>().is_ok()
+        || address
+            .rsplit_once(':')
+            .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok());
     if unbracketed {
         " (an IPv6 address goes in brackets: [::1]:2379; what follows its first ':' is not shown)"
     } else {
@@ -98,21 +95,26 @@ fn redact_userinfo(url: &str) -> String {
 /// that does not read as `host:port` (a port from 0 to 65535) has everything after its name
 /// masked, and so has the rest of the string after it.
 fn mask_odd_ports(rest: &str) -> String {
-    let mut out = Vec::new();
-    for host in rest.split(',') {
-        // The last host carries the path and query, if any.
-        let address = host.split(['/', '?']).next().unwrap_or_default();
-        if !address.contains(':') || crate::probe::split(address, Some(1)).is_some() {
-            out.push(host.to_string());
-            continue;
-        }
-        // A bracketed IPv6 address is the name; else what precedes the first `:`.
-        let name = match address.split_once(']') {
-            Some((v6, _)) if address.starts_with('[') => format!("{v6}]"),
-            _ => address.split(':').next().unwrap_or_default().to_string(),
-        };
-        out.push(format!("{name}:***"));
-        return out.join(",");
-    }
+    let Some((i, address)) = odd_address(rest) else {
+        return rest.to_string();
+    };
+    // A bracketed IPv6 address is the name; else what precedes the first `:`.
+    let name = match address.split_once(']') {
+        Some((v6, _)) if address.starts_with('[') => format!("{v6}]"),
+        _ => address.split(':').next().unwrap_or_default().to_string(),
+    };
+    let mut out: Vec<String> = rest.split(',').take(i).map(str::to_string).collect();
+    out.push(format!("{name}:***"));
     out.join(",")
+}
+
+/// The first of `rest`'s comma-separated hosts whose address (the last host carries the path
+/// and query, if any) has a `:` but does not read as `host:port`: its index and its address.
+fn odd_address(rest: &str) -> Option<(usize, &str)> {
+    rest.split(',')
+        .map(|host| host.split(['/', '?']).next().unwrap_or_default())
+        .enumerate()
+        .find(|(_, address)| {
+            address.contains(':') && crate::probe::split(address, Some(1)).is_none()
+        })
 }
