@@ -221,6 +221,11 @@ impl Tenure {
                 self.drop_local();
                 Err(Error::NotHeld(LostReason::EntryDeleted))
             }
+            // The backend knows why the entry is gone (Redis: a failover lost it).
+            (Err(Error::NotHeld(r)), None) => {
+                self.drop_local();
+                Err(Error::NotHeld(r))
+            }
             (Err(Error::SessionLost(end)), None) => {
                 self.drop_local();
                 Err(Error::NotHeld(LostReason::Session(end)))

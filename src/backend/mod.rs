@@ -403,6 +403,10 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Deletes `entry` if it is still the same entry. Returns whether it deleted anything.
+    /// A backend that knows why the entry is gone may fail with
+    /// [`Error::NotHeld`](crate::Error::NotHeld) and that reason instead of `Ok(false)` (Redis
+    /// behind Sentinel: [`LostReason::Superseded`](crate::LostReason::Superseded) when a
+    /// failover lost it); the release returns it as it is.
     async fn remove(&self, entry: &Entry) -> Result<bool>;
 
     /// Deletes whatever attempt `attempt` of this session created in `queue` as a `kind`

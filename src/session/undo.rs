@@ -126,7 +126,11 @@ impl Undo {
         match left {
             None => Ok(()),
             Some(Undo::Remove { entry, .. }) => {
-                retry().run(|| remote.remove(entry), again).await?;
+                match retry().run(|| remote.remove(entry), again).await {
+                    // Gone, and the backend knows why (see `BackendSession::remove`): done.
+                    Ok(_) | Err(Error::NotHeld(_)) => {}
+                    Err(e) => return Err(e),
+                }
                 *left = None;
                 Ok(())
             }

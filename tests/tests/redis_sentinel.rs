@@ -645,7 +645,7 @@ async fn on_every_server(g: &SentinelGroup, path: &str, n: usize) {
 /// Without the check the holder held on beside the entry ahead of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
-    grant_lost_in_failover(Diverged::EntryAhead).await;
+    grant_lost_in_failover(Diverged::EntryAhead, Asked::Lost).await;
 }
 
 /// The same when the new primary lacks the holder's entry (a replica that had not received
@@ -653,7 +653,24 @@ async fn sentinel_a_grant_the_new_primary_does_not_hold_is_lost() {
 /// someone else" after a failover to a lagging replica).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_grant_the_new_primary_lacks_is_superseded() {
-    grant_lost_in_failover(Diverged::OwnEntryMissing).await;
+    grant_lost_in_failover(Diverged::OwnEntryMissing, Asked::Lost).await;
+}
+
+/// A release right after such a failover, before anything looked at the grant, says
+/// `Superseded` too (it said `EntryDeleted`: its delete found nothing, as after someone's
+/// delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_release_the_new_primary_lacks_says_superseded() {
+    grant_lost_in_failover(Diverged::OwnEntryMissing, Asked::Release).await;
+}
+
+/// What tells the holder of the loss first.
+#[derive(Clone, Copy, PartialEq)]
+enum Asked {
+    /// Its `lost()`, then its release.
+    Lost,
+    /// Its release alone (nothing awaits `lost()`, so nothing looked before it).
+    Release,
 }
 
 /// How the replica a failover goes to differs from the primary: changed there alone, as a
@@ -666,7 +683,7 @@ enum Diverged {
     OwnEntryMissing,
 }
 
-async fn grant_lost_in_failover(diverged: Diverged) {
+async fn grant_lost_in_failover(diverged: Diverged, asked: Asked) {
     let Some(g) = group(Failover::Command).await else {
         return;
     };
@@ -714,6 +731,39 @@ async fn grant_lost_in_failover(diverged: Diverged) {
         g.wait_failed_over(old);
         assert_eq!(g.primary_index(), next);
     });
+    if asked == Asked::Release {
+        // Until the sentinels convert the demoted primary (seconds later), it takes writes,
+        // the release's among them, and nothing has the client look for a new primary (a
+        // release asks no sentinel). Converted, it refuses the release, which the new primary
+        // then gets.
+        tokio::task::block_in_place(|| {
+            let start = std::time::Instant::now();
+            while !g
+                .server(old)
+                .cli(&["ROLE"])
+                .unwrap_or_default()
+                .starts_with("slave")
+            {
+                assert!(start.elapsed() < WITHIN, "server {old} was never converted");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let released = tokio::time::timeout(WITHIN, held.release())
+            .await
+            .expect("the release ended");
+        assert!(
+            matches!(
+                released,
+                Err(Error::NotHeld(fencelock::LostReason::Superseded))
+            ),
+            "{released:?}"
+        );
+        let left = tokio::task::block_in_place(|| g.server(next).cli(&["ZCARD", queue]).unwrap());
+        assert_eq!(left.trim(), "0", "an entry is left queued");
+        assert_eq!(s.state(), SessionState::Live);
+        s.close().await.unwrap();
+        return;
+    }
     let why = tokio::time::timeout(WITHIN, held.lost())
         .await
         .unwrap_or_else(|_| {

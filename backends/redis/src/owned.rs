@@ -19,8 +19,9 @@ pub(crate) struct Owned {
     /// The groups the session has (or may have: its first enqueue there is in flight) a key in.
     pub(crate) groups: HashMap<Group, InGroup>,
     /// The names of the entries created or being created, with how many times (a name repeats
-    /// when a session re-queues on a lock before the release of its previous entry finished).
-    pub(crate) names: HashMap<String, usize>,
+    /// when a session re-queues on a lock before the release of its previous entry finished)
+    /// and the primary's generation when the name was first tracked.
+    pub(crate) names: HashMap<String, Tracked>,
     /// The highest version seen in each group the session has let go of (see
     /// [`Owned::forget_unused`]; at most [`crate::layout::GROUPS`]), and whether the server
     /// there was found behind it and not reconciled since: its next create there carries
@@ -30,6 +31,17 @@ pub(crate) struct Owned {
     /// that came back with a failover. (Found behind before, the server's version may have
     /// caught up since, with a later change of the session's: the flag still tells.)
     let_go: HashMap<Group, (i64, bool)>,
+}
+
+/// An entry name the session owns or is creating.
+#[derive(Clone, Copy)]
+pub(crate) struct Tracked {
+    /// How many entries of that name (see [`Owned::names`]).
+    count: usize,
+    /// The primary's generation when the first of them was created: a release that finds the
+    /// entry gone on a primary of a later generation tells a failover's loss (see
+    /// `queue::remove`).
+    pub(crate) generation: u64,
 }
 
 /// The session in one group.
@@ -116,17 +128,26 @@ impl Owned {
         });
     }
 
-    pub(crate) fn track(&mut self, name: &str) {
-        *self.names.entry(name.to_string()).or_default() += 1;
+    /// Counts in an entry named `name`, created on the primary of `generation`.
+    pub(crate) fn track(&mut self, name: &str, generation: u64) {
+        self.names
+            .entry(name.to_string())
+            .or_insert(Tracked {
+                count: 0,
+                generation,
+            })
+            .count += 1;
     }
 
-    pub(crate) fn untrack(&mut self, name: &str) {
-        if let Some(n) = self.names.get_mut(name) {
-            *n -= 1;
-            if *n == 0 {
-                self.names.remove(name);
-            }
+    /// Counts out an entry named `name`; how it was tracked, if it was.
+    pub(crate) fn untrack(&mut self, name: &str) -> Option<Tracked> {
+        let n = self.names.get_mut(name)?;
+        let tracked = *n;
+        n.count -= 1;
+        if n.count == 0 {
+            self.names.remove(name);
         }
+        Some(tracked)
     }
 }
 
@@ -139,11 +160,11 @@ mod tests {
         let (a, b) = (Group::hashed("ns/a"), Group::hashed("ns/b"));
         let group_of = |name: &str| Some(Group::hashed(name.rsplit_once('/')?.0));
         let mut o = Owned::default();
-        o.track("ns/a/s1");
+        o.track("ns/a/s1", 0);
         assert!(o.entering(&a).0, "first create in a: make the key");
         o.saw(&a, Some(1), Some(0));
         assert!(!o.entering(&a).0, "confirmed");
-        o.track("ns/b/s1");
+        o.track("ns/b/s1", 0);
         assert!(o.entering(&b).0);
         // b's create in flight: kept by its tracked name, still unconfirmed.
         o.forget_unused(group_of);

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use fencelock::backend::{
     key_value_entry_key, EnqueueRequest, Enqueued, Entry, EntryKind, Peer, QueueId,
 };
-use fencelock::{Error, Result, SessionEnd};
+use fencelock::{Error, LostReason, Result, SessionEnd};
 use uuid::Uuid;
 
 use crate::error::unexpected;
@@ -35,10 +35,11 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     // Tracked with its group counted in, at once: a heartbeat in between would let the
     // group go while this create makes the session's key there.
     // Counted once per attempt: a retry may find what the first try created.
+    let generation = session.primary.generation();
     let (entering, diverged) = {
         let mut o = session.owned();
         if !req.retry {
-            o.track(&name);
+            o.track(&name, generation);
         }
         o.entering(&group)
     };
@@ -58,7 +59,6 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         if diverged { "1" } else { "0" },
     ];
     // Before it is sent: a deletion after the create is published there from then on.
-    let generation = session.primary.generation();
     let epoch = session.own_channel.epoch(generation);
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
@@ -68,7 +68,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         Err(e) => {
             // A temporary error may hide a create: the core abandons the attempt.
             if !e.is_temporary() {
-                session.owned().untrack(&name);
+                let _ = session.owned().untrack(&name);
             }
             return Err(e);
         }
@@ -147,11 +147,12 @@ async fn enqueue_group(
         .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
         .collect();
     // As in `enqueue`: tracked with the group counted in, at once.
+    let generation = session.primary.generation();
     let (entering, diverged) = {
         let mut o = session.owned();
         if !first.retry {
             for name in &names {
-                o.track(name);
+                o.track(name, generation);
             }
         }
         o.entering(group)
@@ -174,10 +175,9 @@ async fn enqueue_group(
     let untrack = |names: &[String]| {
         let mut o = session.owned();
         for name in names {
-            o.untrack(name);
+            let _ = o.untrack(name);
         }
     };
-    let generation = session.primary.generation();
     let reply = match session
         .create_call("enqueue all", &scripts::ENQUEUE_ALL, group, args)
         .await
@@ -275,6 +275,12 @@ pub(crate) async fn still_ahead(
     }
 }
 
+/// Deletes `entry` (see [`fencelock::backend::BackendSession::remove`]); fails with
+/// [`Error::NotHeld`]`(`[`LostReason::Superseded`]`)` when a failover lost it: gone from a
+/// primary that lost changes the client had seen, or from a primary of a later generation than
+/// the one it was created on that has seen no change of the session's unknown to the client
+/// (else a release whose reply was lost, replicated before the failover, removed it). As
+/// `lost()` tells it (see `held::watch`): not `EntryDeleted`, which blames someone's delete.
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);
@@ -283,20 +289,29 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
         .forget(&entry.key, Some(entry.token.get()));
     let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
+    let known = session.known(&group);
     let reply = session
         .call(
             "release",
             &scripts::REMOVE,
             &group,
-            args![&entry.key, entry.token.get(), session.known(&group),],
+            args![&entry.key, entry.token.get(), known],
         )
         .await?;
     let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
     let removed = int_line(l.next()) == Some(1);
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
-    let mut o = session.owned();
-    o.untrack(&entry.key);
-    o.saw(&group, version.filter(|v| *v >= 0), behind);
+    let tracked = {
+        let mut o = session.owned();
+        let tracked = o.untrack(&entry.key);
+        o.saw(&group, version.filter(|v| *v >= 0), behind);
+        tracked
+    };
+    let moved = tracked.is_some_and(|t| t.generation != session.primary.generation());
+    let lost = behind == Some(1) || (moved && version.is_some_and(|v| (0..=known).contains(&v)));
+    if !removed && lost {
+        return Err(Error::NotHeld(LostReason::Superseded));
+    }
     Ok(removed)
 }
 
@@ -328,7 +343,7 @@ pub(crate) async fn abandon(
         .await?;
     let a = array(&reply).ok_or_else(|| unexpected("abandon"))?;
     let mut o = session.owned();
-    o.untrack(&name);
+    let _ = o.untrack(&name);
     o.saw(
         &group,
         a.first().and_then(int).filter(|v| *v >= 0),
