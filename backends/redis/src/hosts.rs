@@ -51,6 +51,14 @@ pub(crate) fn parse(
                 if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
                     return Err(bad(format!("a {what} address must be HOST or HOST:PORT")));
                 }
+                // Else `::1` would be host `:` at port 1, and `fe80::1:6379` a host no lookup
+                // finds, seen only at the connect.
+                if h.contains(':') && !(h.starts_with('[') && h.ends_with(']')) {
+                    return Err(bad(format!(
+                        "a {what} address's host may not hold a ':' (an IPv6 address goes in \
+                         brackets: [ADDRESS]:PORT)"
+                    )));
+                }
                 host.to_string()
             }
             _ => format!("{host}:{default_port}"),
@@ -74,4 +82,36 @@ pub(crate) fn server_url(tls: bool, userinfo: Option<&str>, host: &str, db: Opti
     let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     let db = db.map(|d| format!("/{d}")).unwrap_or_default();
     format!("{scheme}://{auth}{host}{db}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(list: &str) -> Result<Vec<String>> {
+        parse("redis+sentinel://x/m", list, 26379, 16, "sentinel").map(|(_, h)| h)
+    }
+
+    #[test]
+    fn ports_default_and_ipv6_is_bracketed() {
+        assert_eq!(
+            hosts("a,b:1,[::1],[::1]:2").unwrap(),
+            ["a:26379", "b:1", "[::1]:26379", "[::1]:2"]
+        );
+        for bad in [
+            "::1",
+            "fe80::1:6379",
+            "[::1",
+            "a:b:1",
+            "a:",
+            ":1",
+            "a:0",
+            "a,,b",
+        ] {
+            let e = hosts(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig { .. }), "{bad}: {e:?}");
+        }
+        let e = hosts("fe80::1:6379").unwrap_err().to_string();
+        assert!(e.contains("brackets"), "{e}");
+    }
 }
