@@ -95,19 +95,17 @@ pub(crate) async fn connect(args: &ClusterArgs) -> fencelock::Result<(Arc<dyn Ba
                 }
                 (a, _) => namespace_of(a.as_ref().or(args.namespace.as_ref()), args)?,
             };
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let endpoints: Vec<String> = endpoints
-                .iter()
-                .map(|e| format!("{scheme}://{e}"))
-                .collect();
-            let mut config = EtcdConfig::new(endpoints).connect_timeout(args.connect_timeout);
+            // Without a scheme (the library adds `https://` with TLS, `http://` without): the
+            // causes of a failed connect name each endpoint as typed.
+            let mut config =
+                EtcdConfig::new(endpoints.iter().cloned()).connect_timeout(args.connect_timeout);
             if let Some(tls) = tls {
                 config = config.tls(tls);
             }
             if let Some(c) = &credentials {
                 config = config.user(&c.user, &c.password);
             }
-            // The endpoints as the user gave them (the client's are `http://` URLs).
+            // The endpoints as the user gave them, the URL (credentials masked).
             let backend = EtcdBackend::connect_with(config)
                 .await
                 .map_err(|e| match e {

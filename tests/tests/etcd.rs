@@ -75,6 +75,19 @@ async fn unreachable_endpoint_is_a_connect_error() {
     let r = EtcdBackend::connect_with(config).await;
     assert!(matches!(r, Err(Error::Connect { .. })), "{r:?}");
     assert!(start.elapsed() < Duration::from_secs(5));
+    // Several: each named as given, not in the client's `http://` form.
+    let other = fencelock_integration::free_port();
+    let given = [format!("127.0.0.1:{port}"), format!("localhost:{other}")];
+    let config = EtcdConfig::new(given.clone()).connect_timeout(Duration::from_millis(500));
+    let e = EtcdBackend::connect_with(config).await.unwrap_err();
+    let e = format!(
+        "{e}: {}",
+        std::error::Error::source(&e).expect("the causes")
+    );
+    assert!(!e.contains("http://"), "{e}");
+    for ep in &given {
+        assert!(e.contains(&format!("{ep}: ")), "{ep} in {e}");
+    }
     let r = EtcdBackend::connect(Vec::<String>::new()).await;
     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
 }

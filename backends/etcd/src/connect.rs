@@ -84,6 +84,15 @@ async fn round(
     deadline: Instant,
 ) -> Result<(Client, Rotation)> {
     use futures::stream::{FuturesUnordered, StreamExt};
+    // An endpoint as the user gave it (`endpoints` are the client's form, `http://` added), for
+    // messages.
+    let as_given = |ep: &str| {
+        endpoints
+            .iter()
+            .position(|e| e == ep)
+            .and_then(|i| config.endpoints.get(i))
+            .map_or_else(|| ep.to_string(), |given| fencelock_net::redact(given))
+    };
     let mut checks: FuturesUnordered<_> = endpoints
         .iter()
         .map(|ep| async move { (ep, check(ep, config, deadline).await) })
@@ -148,7 +157,7 @@ async fn round(
         {
             let ids: Vec<String> = healthy
                 .iter()
-                .map(|(ep, (_, cluster))| format!("{ep}: {cluster:x}"))
+                .map(|(ep, (_, cluster))| format!("{}: {cluster:x}", as_given(ep)))
                 .collect();
             return Err(Error::invalid_config(
                 shown,
@@ -213,7 +222,7 @@ async fn round(
                 None => Probe::Unresolvable(ep.clone()),
             };
             debug!(endpoint = %ep, error = %e, probe = %p, "etcd endpoint unusable");
-            (ep.clone(), p)
+            (as_given(ep), p)
         }))
         .await;
     Err(connect_error(NAME, shown, &probes))
