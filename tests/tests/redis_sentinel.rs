@@ -656,12 +656,13 @@ async fn sentinel_a_grant_the_new_primary_lacks_is_superseded() {
     grant_lost_in_failover(Diverged::OwnEntryMissing, Asked::Lost).await;
 }
 
-/// A release right after such a failover, before anything looked at the grant, says
-/// `Superseded` too (it said `EntryDeleted`: its delete found nothing, as after someone's
-/// delete).
+/// A release after a failover to a replica that had not received the grant (its entry, and
+/// the change of the session's version that made it), before anything looked at the grant,
+/// says `Superseded` too (it said `EntryDeleted`: its delete found nothing, as after
+/// someone's delete).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_release_the_new_primary_lacks_says_superseded() {
-    grant_lost_in_failover(Diverged::OwnEntryMissing, Asked::Release).await;
+    grant_lost_in_failover(Diverged::OwnEntryLagging, Asked::Release).await;
 }
 
 /// What tells the holder of the loss first.
@@ -681,6 +682,9 @@ enum Diverged {
     EntryAhead,
     /// It lacks the holder's entry.
     OwnEntryMissing,
+    /// It lacks the holder's entry and the session's version that made it, as a replica that
+    /// lagged does.
+    OwnEntryLagging,
 }
 
 async fn grant_lost_in_failover(diverged: Diverged, asked: Asked) {
@@ -714,12 +718,18 @@ async fn grant_lost_in_failover(diverged: Diverged, asked: Asked) {
                 let sid = "0000000000000000000000000000000f";
                 assert_eq!(r.write_entry("/sentinel/moved", sid, 120_000), ahead);
             }
-            Diverged::OwnEntryMissing => {
+            Diverged::OwnEntryMissing | Diverged::OwnEntryLagging => {
                 let ours = r.cli(&["ZRANGE", queue, "0", "-1"]).unwrap();
                 let ours = ours.trim();
                 assert!(ours.starts_with("/sentinel/moved/"), "{ours:?}");
                 run(&["ZREM", queue, ours]);
                 run(&["DEL", &format!("fencelock:e:{ours}")]);
+                if diverged == Diverged::OwnEntryLagging {
+                    let sid = ours.rsplit_once('/').unwrap().1;
+                    let skey = format!("fencelock:s:{sid}");
+                    run(&["HDEL", &skey, ours]);
+                    run(&["HINCRBY", &skey, "v", "-1"]);
+                }
             }
         }
         // The failover goes to that replica.

@@ -19,8 +19,8 @@ pub(crate) struct Owned {
     /// The groups the session has (or may have: its first enqueue there is in flight) a key in.
     pub(crate) groups: HashMap<Group, InGroup>,
     /// The names of the entries created or being created, with how many times (a name repeats
-    /// when a session re-queues on a lock before the release of its previous entry finished)
-    /// and the primary's generation when the name was first tracked.
+    /// when a session re-queues on a lock before the release of its previous entry finished),
+    /// and what a release of it must know (see [`Tracked`]).
     pub(crate) names: HashMap<String, Tracked>,
     /// The highest version seen in each group the session has let go of (see
     /// [`Owned::forget_unused`]; at most [`crate::layout::GROUPS`]), and whether the server
@@ -38,10 +38,10 @@ pub(crate) struct Owned {
 pub(crate) struct Tracked {
     /// How many entries of that name (see [`Owned::names`]).
     count: usize,
-    /// The primary's generation when the first of them was created: a release that finds the
-    /// entry gone on a primary of a later generation tells a failover's loss (see
-    /// `queue::remove`).
-    pub(crate) generation: u64,
+    /// Its group's [`InGroup::losses`] when the first of them was tracked: a release that finds
+    /// the entry gone after the count moved tells a loss of the server's, not someone's delete
+    /// (see `queue::remove`).
+    losses: u64,
 }
 
 /// The session in one group.
@@ -54,6 +54,8 @@ pub(crate) struct InGroup {
     /// A reply showed the session's key there: from now on, its absence means the session is
     /// gone (before, a heartbeat may find the key not made yet).
     pub(crate) confirmed: bool,
+    /// How many replies from the group showed the server behind (it lost changes).
+    pub(crate) losses: u64,
     /// Where the next heartbeat goes on renewing the expiries of the session's entries there
     /// (an `HSCAN` cursor of its key: see `KEEP_ALIVE`).
     pub(crate) renewed_to: u64,
@@ -74,6 +76,7 @@ impl Owned {
         }
         if behind == Some(1) {
             g.diverged = true;
+            g.losses += 1;
         }
     }
 
@@ -128,26 +131,32 @@ impl Owned {
         });
     }
 
-    /// Counts in an entry named `name`, created on the primary of `generation`.
-    pub(crate) fn track(&mut self, name: &str, generation: u64) {
+    /// Counts in an entry named `name`, of `group`.
+    pub(crate) fn track(&mut self, name: &str, group: &Group) {
+        let losses = self.losses(group);
         self.names
             .entry(name.to_string())
-            .or_insert(Tracked {
-                count: 0,
-                generation,
-            })
+            .or_insert(Tracked { count: 0, losses })
             .count += 1;
     }
 
-    /// Counts out an entry named `name`; how it was tracked, if it was.
-    pub(crate) fn untrack(&mut self, name: &str) -> Option<Tracked> {
-        let n = self.names.get_mut(name)?;
-        let tracked = *n;
-        n.count -= 1;
-        if n.count == 0 {
-            self.names.remove(name);
+    pub(crate) fn untrack(&mut self, name: &str) {
+        if let Some(n) = self.names.get_mut(name) {
+            n.count -= 1;
+            if n.count == 0 {
+                self.names.remove(name);
+            }
         }
-        Some(tracked)
+    }
+
+    /// How many replies from `group` showed its server behind.
+    pub(crate) fn losses(&self, group: &Group) -> u64 {
+        self.groups.get(group).map_or(0, |g| g.losses)
+    }
+
+    /// Its group's count of replies showing the server behind when `name` was tracked.
+    pub(crate) fn losses_at_track(&self, name: &str) -> Option<u64> {
+        self.names.get(name).map(|t| t.losses)
     }
 }
 
@@ -160,11 +169,11 @@ mod tests {
         let (a, b) = (Group::hashed("ns/a"), Group::hashed("ns/b"));
         let group_of = |name: &str| Some(Group::hashed(name.rsplit_once('/')?.0));
         let mut o = Owned::default();
-        o.track("ns/a/s1", 0);
+        o.track("ns/a/s1", &a);
         assert!(o.entering(&a).0, "first create in a: make the key");
         o.saw(&a, Some(1), Some(0));
         assert!(!o.entering(&a).0, "confirmed");
-        o.track("ns/b/s1", 0);
+        o.track("ns/b/s1", &b);
         assert!(o.entering(&b).0);
         // b's create in flight: kept by its tracked name, still unconfirmed.
         o.forget_unused(group_of);

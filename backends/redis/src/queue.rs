@@ -35,11 +35,10 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     // Tracked with its group counted in, at once: a heartbeat in between would let the
     // group go while this create makes the session's key there.
     // Counted once per attempt: a retry may find what the first try created.
-    let generation = session.primary.generation();
     let (entering, diverged) = {
         let mut o = session.owned();
         if !req.retry {
-            o.track(&name, generation);
+            o.track(&name, &group);
         }
         o.entering(&group)
     };
@@ -59,6 +58,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         if diverged { "1" } else { "0" },
     ];
     // Before it is sent: a deletion after the create is published there from then on.
+    let generation = session.primary.generation();
     let epoch = session.own_channel.epoch(generation);
     let reply = match session
         .create_call("enqueue", &scripts::ENQUEUE, &group, args)
@@ -68,7 +68,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
         Err(e) => {
             // A temporary error may hide a create: the core abandons the attempt.
             if !e.is_temporary() {
-                let _ = session.owned().untrack(&name);
+                session.owned().untrack(&name);
             }
             return Err(e);
         }
@@ -123,7 +123,11 @@ pub(crate) async fn enqueue_all(
                 let taken: Vec<&Entry> = entries.iter().flatten().collect();
                 let undo = taken.iter().map(|e| remove(session, e));
                 for r in futures_util::future::join_all(undo).await {
-                    r?;
+                    match r {
+                        // Gone, and why is known (see `remove`): nothing to take back.
+                        Ok(_) | Err(Error::NotHeld(_)) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 return Ok(None);
             }
@@ -147,12 +151,11 @@ async fn enqueue_group(
         .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
         .collect();
     // As in `enqueue`: tracked with the group counted in, at once.
-    let generation = session.primary.generation();
     let (entering, diverged) = {
         let mut o = session.owned();
         if !first.retry {
             for name in &names {
-                o.track(name, generation);
+                o.track(name, group);
             }
         }
         o.entering(group)
@@ -175,9 +178,10 @@ async fn enqueue_group(
     let untrack = |names: &[String]| {
         let mut o = session.owned();
         for name in names {
-            let _ = o.untrack(name);
+            o.untrack(name);
         }
     };
+    let generation = session.primary.generation();
     let reply = match session
         .create_call("enqueue all", &scripts::ENQUEUE_ALL, group, args)
         .await
@@ -275,12 +279,13 @@ pub(crate) async fn still_ahead(
     }
 }
 
-/// Deletes `entry` (see [`fencelock::backend::BackendSession::remove`]); fails with
-/// [`Error::NotHeld`]`(`[`LostReason::Superseded`]`)` when a failover lost it: gone from a
-/// primary that lost changes the client had seen, or from a primary of a later generation than
-/// the one it was created on that has seen no change of the session's unknown to the client
-/// (else a release whose reply was lost, replicated before the failover, removed it). As
-/// `lost()` tells it (see `held::watch`): not `EntryDeleted`, which blames someone's delete.
+/// Deletes `entry` (see [`fencelock::backend::BackendSession::remove`]). Behind Sentinel, fails
+/// with [`Error::NotHeld`]`(`[`LostReason::Superseded`]`)`, as `lost()` ends (see `held::watch`),
+/// when a failover to a replica that lagged lost it: gone from a server behind the version the
+/// client has seen, or found behind since the entry was created (by a heartbeat, say, which
+/// then reconciles the version). Not `EntryDeleted`, which blames someone's delete. (A try
+/// whose reply was lost removed it? Then the retry finds it gone with no loss found since,
+/// unless a failover lost changes in between: one that lost the grant's own is told.)
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);
@@ -289,7 +294,10 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
         .forget(&entry.key, Some(entry.token.get()));
     let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
-    let known = session.known(&group);
+    let (known, tracked_at) = {
+        let o = session.owned();
+        (o.known(&group), o.losses_at_track(&entry.key))
+    };
     let reply = session
         .call(
             "release",
@@ -301,15 +309,13 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
     let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
     let removed = int_line(l.next()) == Some(1);
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
-    let tracked = {
+    let found_behind_since = {
         let mut o = session.owned();
-        let tracked = o.untrack(&entry.key);
+        o.untrack(&entry.key);
         o.saw(&group, version.filter(|v| *v >= 0), behind);
-        tracked
+        tracked_at.is_some_and(|losses| o.losses(&group) != losses)
     };
-    let moved = tracked.is_some_and(|t| t.generation != session.primary.generation());
-    let lost = behind == Some(1) || (moved && version.is_some_and(|v| (0..=known).contains(&v)));
-    if !removed && lost {
+    if !removed && session.primary.behind_sentinel() && (behind == Some(1) || found_behind_since) {
         return Err(Error::NotHeld(LostReason::Superseded));
     }
     Ok(removed)
@@ -343,7 +349,7 @@ pub(crate) async fn abandon(
         .await?;
     let a = array(&reply).ok_or_else(|| unexpected("abandon"))?;
     let mut o = session.owned();
-    let _ = o.untrack(&name);
+    o.untrack(&name);
     o.saw(
         &group,
         a.first().and_then(int).filter(|v| *v >= 0),
