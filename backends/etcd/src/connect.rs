@@ -123,12 +123,18 @@ async fn round(
                 healthy.push((ep.clone(), member));
                 others_until.get_or_insert(Instant::now() + STRAGGLERS);
             }
-            Err(e @ Error::InvalidConfig(_)) => {
+            Err(Error::InvalidConfig(e)) => {
                 failed.push((
                     ep.clone(),
                     Error::invalid_config(ep.as_str(), "not an etcd member"),
                 ));
-                wrong.get_or_insert(e);
+                // Said of the endpoint as given (the check saw the client's form).
+                let input = if e.input == ep.as_str() {
+                    as_given(ep)
+                } else {
+                    e.input
+                };
+                wrong.get_or_insert(Error::invalid_config(input, e.reason));
             }
             // Credentials, permissions: the same everywhere, and final.
             Err(e) if !e.is_temporary() && !matches!(e, Error::Connect { .. }) => return Err(e),
