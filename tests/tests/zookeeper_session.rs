@@ -208,6 +208,46 @@ async fn unreachable_cluster_fails_to_connect() {
         start.elapsed()
     );
     drop(hung);
+
+    // Another service (answering as Redis does, and keeping the connection open): a setting
+    // to fix, said before the connect timeout (it read "no session within the connect
+    // timeout", a temporary error).
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let redis_like = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {
+                    let _ = conn.write_all(b"-ERR unknown command\r\n").await;
+                }
+            });
+        }
+    });
+    let timeout = Duration::from_secs(5);
+    let backend = ZooKeeperBackend::builder(addr.as_str())
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let r = bounded(
+        Duration::from_secs(30),
+        "the session start gives up",
+        Session::builder(backend).ttl(TTL).start(),
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(Error::InvalidConfig(i)) if i.input == addr && i.reason.contains("-ERR unknown command")),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < timeout / 2,
+        "another service: early, took {:?}",
+        start.elapsed()
+    );
+    redis_like.abort();
 }
 
 /// One server of the connect string takes connections and never answers (hung), the other is

@@ -21,6 +21,7 @@ use crate::config::Resolved;
 use crate::error::{self, NAME};
 
 mod close;
+mod speaks;
 pub(crate) use close::Unconfirmed;
 
 /// How long a server is given to take a new session before the next one is asked too (the
@@ -51,6 +52,32 @@ impl Resolved {
     /// Probes every server at once, each bounded by `deadline` (and by 2 s).
     async fn probe_all(&self, deadline: Instant) -> Vec<(String, Probe)> {
         futures::future::join_all(self.probes(deadline)).await
+    }
+
+    /// Resolves, if server `server` (an index in [`Resolved::each`]) answers as another service
+    /// (Redis, an HTTP server), to the wrong setting that is; never otherwise. Asked only after
+    /// [`HEDGE_AFTER`] (a ZooKeeper server has given its session by then), plaintext only:
+    /// such a server took the connection and gave no session, and the connect said only "no
+    /// session within the connect timeout", a temporary error (black-box round 39).
+    async fn another_service(&self, server: usize, deadline: Instant) -> Error {
+        tokio::time::sleep(HEDGE_AFTER).await;
+        let (host, port) = &self.hosts[server];
+        let within = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let answer = match &self.tls {
+            None => speaks::foreign_answer(host, *port, within).await,
+            Some(_) => None,
+        };
+        match answer {
+            Some(answer) => Error::invalid_config(
+                format!("{host}:{port}"),
+                format!(
+                    "it does not answer as a ZooKeeper server (it said {answer:?}: another service at that address?)"
+                ),
+            ),
+            None => std::future::pending().await,
+        }
     }
 
     /// A probe of each server, bounded by `deadline` (and by 2 s).
@@ -196,7 +223,13 @@ impl Resolved {
                 };
                 // Within the deadline (the client itself waits 0.6 x the TTL).
                 let attempt = timeout_at(deadline, connector.clone().connect(&self.each[server]));
-                running.push(async move { (server, attempt.await) });
+                let foreign = self.another_service(server, deadline);
+                running.push(async move {
+                    tokio::select! {
+                        outcome = attempt => (server, Ok(outcome)),
+                        e = foreign => (server, Err(e)),
+                    }
+                });
                 continue;
             }
             let done = if due < deadline && !running.is_empty() {
@@ -210,6 +243,10 @@ impl Resolved {
             };
             let Some((server, outcome)) = done else {
                 break;
+            };
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(another_service) => return Err(another_service),
             };
             failure = match outcome {
                 Ok(Ok(client)) => return Ok((client, server)),

@@ -1,0 +1,46 @@
+//! Whether a server that takes connections but opens no session is a ZooKeeper server at all
+//! (a port of Redis or of an HTTP server listed by mistake): told apart by a four-letter word,
+//! which every ZooKeeper server answers, with its status or with its refusal to run it.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What a ZooKeeper server's answer to `srvr` holds, whether it runs it ("Zookeeper version:
+/// …", "This ZooKeeper instance is not currently serving requests") or not ("srvr is not
+/// executed because it is not in the whitelist.").
+const ZOOKEEPER_MARKS: [&str; 4] = ["zookeeper", "whitelist", "allowlist", "not executed"];
+
+/// Asks `host:port` (plaintext) for `srvr`, within `within`: the first line of its answer if
+/// it answered as something else than a ZooKeeper server; `None` if it answered as one, or not
+/// at all (hung, or a ZooKeeper server that is stopped: nothing told).
+pub(crate) async fn foreign_answer(host: &str, port: u16, within: Duration) -> Option<String> {
+    let asked = async {
+        let mut conn = TcpStream::connect((host, port)).await.ok()?;
+        // The newline ends the word for a server that reads lines (Redis, HTTP); ZooKeeper
+        // reads four bytes.
+        conn.write_all(b"srvr\n").await.ok()?;
+        // The first part of the answer is enough (Redis keeps the connection open after it).
+        let mut answer = vec![0; 512];
+        let n = conn.read(&mut answer).await.ok()?;
+        answer.truncate(n);
+        Some(answer)
+    };
+    let answer = tokio::time::timeout(within, asked).await.ok()??;
+    if answer.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let lower = text.to_lowercase();
+    if ZOOKEEPER_MARKS.iter().any(|m| lower.contains(m)) {
+        return None;
+    }
+    let line = text.lines().next().unwrap_or_default().trim();
+    Some(
+        line.chars()
+            .take(60)
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect(),
+    )
+}
