@@ -141,9 +141,12 @@ impl Tenure {
                         // again (its name repeats), and this grant's release delete that.
                         mark_ended(&ended, weak.upgrade().as_ref(), why);
                         let backoff = weak.upgrade().map_or_else(Backoff::new, |s| s.backoff());
-                        let _ = Retry::new(backoff)
+                        let removed = Retry::new(backoff)
                             .run(|| remote.remove(&entry), |e| worth_retrying(e, &weak))
                             .await;
+                        if matches!(removed, Ok(_) | Err(Error::NotHeld(_))) {
+                            ended.set_removed();
+                        }
                     }
                     ended_by(&ended, weak.upgrade().as_ref(), &queue, why)
                 }
@@ -182,6 +185,10 @@ impl Tenure {
         // deleted) ends it for that reason, not as a choice of its owner's.
         self.ended
             .first(lost_before.unwrap_or(LostReason::Released));
+        if let (true, Some(r)) = (self.ended.removed(), lost_before) {
+            self.drop_local();
+            return Err(Error::NotHeld(r));
+        }
         let shared = self.session.shared();
         let span = info_span!(parent: &shared.span, "release", key = %self.entry.key, token = %self.entry.token);
         let remote = shared.remote.clone();
@@ -301,6 +308,11 @@ impl Tenure {
     /// a release settled it already.
     fn hand_off_release(&self) {
         if self.settled.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.ended.removed() {
+            // Removed by the `lost()` that found it superseded.
+            self.drop_local();
             return;
         }
         // Dropping the grant releases it: a pending `lost()` reports that (rather than the

@@ -405,10 +405,10 @@ pub trait BackendSession: Send + Sync + fmt::Debug + 'static {
     /// Deletes `entry` if it is still the same entry. Returns whether it deleted anything.
     /// A backend that knows why the entry is gone may fail with
     /// [`Error::NotHeld`](crate::Error::NotHeld) and that reason instead of `Ok(false)` (Redis
-    /// behind Sentinel: [`LostReason::Superseded`](crate::LostReason::Superseded) when a
+    /// behind Sentinel: [`LostReason::Superseded`] when a
     /// failover lost it). The release returns it as it is, even after a try of its own whose
     /// reply was lost (which `Ok(false)` would have it count as the removal): so only when the
-    /// backend can tell the entry was lost otherwise. The removals of the background task and of a
+    /// backend can tell the entry was lost otherwise (Redis: the server lacks its create). The removals of the background task and of a
     /// cancelled acquisition take it as done.
     async fn remove(&self, entry: &Entry) -> Result<bool>;
 

@@ -1,5 +1,6 @@
 //! The end signal of a held tenure.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::Notify;
@@ -19,6 +20,11 @@ pub(super) struct Ended {
     reason: StdMutex<Option<LostReason>>,
     notify: Notify,
     local: StdMutex<Option<LocalSlot>>,
+    /// Its entry was removed by the `lost()` that found the grant superseded: the release, or
+    /// the drop, must not remove it again (on Redis, that counted the entry's name out twice,
+    /// the second time the name of the session's next entry of the lock, which a
+    /// reconciliation then deleted as a released entry come back, while it was held).
+    removed: AtomicBool,
 }
 
 impl Ended {
@@ -33,6 +39,16 @@ impl Ended {
     /// The local slot, taken (`None` once taken).
     pub(super) fn take_local(&self) -> Option<LocalSlot> {
         self.local.lock().unwrap().take()
+    }
+
+    /// Records that the entry was removed (see [`Ended::removed`]).
+    pub(super) fn set_removed(&self) {
+        self.removed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the entry was removed already (see [`Ended::set_removed`]).
+    pub(super) fn removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
     }
 
     pub(super) fn get(&self) -> Option<LostReason> {

@@ -665,6 +665,14 @@ async fn sentinel_a_release_the_new_primary_lacks_says_superseded() {
     grant_lost_in_failover(Diverged::OwnEntryLagging, Asked::Release).await;
 }
 
+/// A superseded guard released after its session took the lock again: the new grant survives
+/// the session's next reconciliation (its release counted the name out a second time, and the
+/// reconciliation deleted the held entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_superseded_guard_released_late_leaves_the_next_grant_alone() {
+    grant_lost_in_failover(Diverged::OwnEntryMissing, Asked::LostThenAgain).await;
+}
+
 /// What tells the holder of the loss first.
 #[derive(Clone, Copy, PartialEq)]
 enum Asked {
@@ -672,6 +680,8 @@ enum Asked {
     Lost,
     /// Its release alone (nothing awaits `lost()`, so nothing looked before it).
     Release,
+    /// Its `lost()`, then the lock taken again by the session, then the release.
+    LostThenAgain,
 }
 
 /// How the replica a failover goes to differs from the primary: changed there alone, as a
@@ -794,10 +804,56 @@ async fn grant_lost_in_failover(diverged: Diverged, asked: Asked) {
         others.to_string(),
         "the superseded entry is still queued"
     );
-    assert!(matches!(
-        held.release().await,
-        Err(Error::NotHeld(fencelock::LostReason::Superseded))
-    ));
+    if asked == Asked::LostThenAgain {
+        // The session locks it again (an entry of the same name) before the superseded guard
+        // is released: that release must not count the name out a second time (it removed
+        // nothing, the `lost()` had), or a reconciliation deletes the new entry, held, as a
+        // released one come back.
+        let again = s.mutex("moved").unwrap().lock().await.unwrap();
+        assert!(matches!(
+            held.release().await,
+            Err(Error::NotHeld(fencelock::LostReason::Superseded))
+        ));
+        let ours = again.key().to_string();
+        let sid = ours.rsplit_once('/').unwrap().1;
+        let skey = format!("fencelock:s:{sid}");
+        // The server made to lose changes of the session: its next heartbeat reconciles.
+        let lowered: i64 = tokio::task::block_in_place(|| {
+            let r = g.server(next);
+            r.cli(&["HINCRBY", &skey, "v", "-1"])
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        });
+        tokio::task::block_in_place(|| {
+            let start = std::time::Instant::now();
+            loop {
+                let v = g.server(next).cli(&["HGET", &skey, "v"]).unwrap();
+                if v.trim().parse::<i64>().is_ok_and(|v| v > lowered) {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < WITHIN,
+                    "never reconciled: {ours} {skey} {lowered} {v}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let entry = tokio::task::block_in_place(|| {
+            g.server(next)
+                .cli(&["EXISTS", &format!("fencelock:e:{ours}")])
+                .unwrap()
+        });
+        assert_eq!(entry.trim(), "1", "the held entry was deleted");
+        assert!(again.is_held());
+        again.release().await.unwrap();
+    } else {
+        assert!(matches!(
+            held.release().await,
+            Err(Error::NotHeld(fencelock::LostReason::Superseded))
+        ));
+    }
     assert_eq!(s.state(), SessionState::Live);
     s.close().await.unwrap();
 }

@@ -38,10 +38,11 @@ pub(crate) struct Owned {
 pub(crate) struct Tracked {
     /// How many entries of that name (see [`Owned::names`]).
     count: usize,
-    /// Its group's [`InGroup::losses`] when the first of them was tracked: a release that finds
-    /// the entry gone after the count moved tells a loss of the server's, not someone's delete
-    /// (see `queue::remove`).
-    losses: u64,
+    /// The session's version the create of the newest of them made, once its reply came.
+    created: Option<i64>,
+    /// A server found behind that version: the create was lost (a failover to a replica that
+    /// had not received it), and its release must say so (see `queue::remove`).
+    pub(crate) lost: bool,
 }
 
 /// The session in one group.
@@ -54,8 +55,6 @@ pub(crate) struct InGroup {
     /// A reply showed the session's key there: from now on, its absence means the session is
     /// gone (before, a heartbeat may find the key not made yet).
     pub(crate) confirmed: bool,
-    /// How many replies from the group showed the server behind (it lost changes).
-    pub(crate) losses: u64,
     /// Where the next heartbeat goes on renewing the expiries of the session's entries there
     /// (an `HSCAN` cursor of its key: see `KEEP_ALIVE`).
     pub(crate) renewed_to: u64,
@@ -75,8 +74,20 @@ impl Owned {
             g.confirmed = true;
         }
         if behind == Some(1) {
+            let first = !g.diverged;
             g.diverged = true;
-            g.losses += 1;
+            // The first reply of the episode tells the version the server kept (or the one
+            // after its own change: a create that version made is then missed, a reason
+            // lost, never a false one): creates the client saw above it were lost. Marked
+            // in every group (behind Sentinel, the only one; on a cluster the mark is not
+            // read).
+            if let (true, Some(kept)) = (first, version) {
+                for t in self.names.values_mut() {
+                    if t.created.is_some_and(|c| c > kept) {
+                        t.lost = true;
+                    }
+                }
+            }
         }
     }
 
@@ -131,13 +142,24 @@ impl Owned {
         });
     }
 
-    /// Counts in an entry named `name`, of `group`.
-    pub(crate) fn track(&mut self, name: &str, group: &Group) {
-        let losses = self.losses(group);
+    /// Counts in an entry named `name`, being created.
+    pub(crate) fn track(&mut self, name: &str) {
         self.names
             .entry(name.to_string())
-            .or_insert(Tracked { count: 0, losses })
+            .or_insert(Tracked {
+                count: 0,
+                created: None,
+                lost: false,
+            })
             .count += 1;
+    }
+
+    /// The create of an entry named `name` made the session's version `version`.
+    pub(crate) fn created(&mut self, name: &str, version: Option<i64>) {
+        if let (Some(t), Some(v)) = (self.names.get_mut(name), version) {
+            t.created = Some(v);
+            t.lost = false;
+        }
     }
 
     pub(crate) fn untrack(&mut self, name: &str) {
@@ -149,14 +171,9 @@ impl Owned {
         }
     }
 
-    /// How many replies from `group` showed its server behind.
-    pub(crate) fn losses(&self, group: &Group) -> u64 {
-        self.groups.get(group).map_or(0, |g| g.losses)
-    }
-
-    /// Its group's count of replies showing the server behind when `name` was tracked.
-    pub(crate) fn losses_at_track(&self, name: &str) -> Option<u64> {
-        self.names.get(name).map(|t| t.losses)
+    /// Whether the create of the entry named `name` was found lost.
+    pub(crate) fn lost(&self, name: &str) -> bool {
+        self.names.get(name).is_some_and(|t| t.lost)
     }
 }
 
@@ -169,11 +186,11 @@ mod tests {
         let (a, b) = (Group::hashed("ns/a"), Group::hashed("ns/b"));
         let group_of = |name: &str| Some(Group::hashed(name.rsplit_once('/')?.0));
         let mut o = Owned::default();
-        o.track("ns/a/s1", &a);
+        o.track("ns/a/s1");
         assert!(o.entering(&a).0, "first create in a: make the key");
         o.saw(&a, Some(1), Some(0));
         assert!(!o.entering(&a).0, "confirmed");
-        o.track("ns/b/s1", &b);
+        o.track("ns/b/s1");
         assert!(o.entering(&b).0);
         // b's create in flight: kept by its tracked name, still unconfirmed.
         o.forget_unused(group_of);
@@ -195,5 +212,27 @@ mod tests {
         assert!(!o.groups.contains_key(&b), "let go, behind or not");
         assert_eq!(o.known(&b), 3, "its version still known");
         assert_eq!(o.entering(&b), (true, true), "and that it was behind");
+    }
+
+    #[test]
+    fn a_loss_marks_the_creates_above_the_version_kept() {
+        let a = Group::single();
+        let mut o = Owned::default();
+        for (name, v) in [("q/1", 3), ("q/2", 5), ("q/3", 6)] {
+            o.track(name);
+            o.created(name, Some(v));
+            o.saw(&a, Some(v), Some(0));
+        }
+        o.track("q/4"); // in flight: made on whichever server answers it
+        o.saw(&a, Some(5), Some(1));
+        assert!(!o.lost("q/1") && !o.lost("q/2") && !o.lost("q/4"));
+        assert!(o.lost("q/3"), "created at 6, the server kept 5");
+        // Later replies of the same episode mark nothing more.
+        o.saw(&a, Some(2), Some(1));
+        assert!(!o.lost("q/2"));
+        // A new create of that name is not lost.
+        o.track("q/3");
+        o.created("q/3", Some(7));
+        assert!(!o.lost("q/3"));
     }
 }

@@ -38,7 +38,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     let (entering, diverged) = {
         let mut o = session.owned();
         if !req.retry {
-            o.track(&name, &group);
+            o.track(&name);
         }
         o.entering(&group)
     };
@@ -82,7 +82,11 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     let wait = int_line(l.next());
     let dropped = dropped_at(int_line(l.next()));
     let ahead = peer_lines(l).ok_or_else(|| unexpected("enqueue"))?;
-    session.owned().saw(&group, version, behind);
+    {
+        let mut o = session.owned();
+        o.created(&name, version);
+        o.saw(&group, version, behind);
+    }
     drop(changing);
     // If it grants (a temporary error: the core abandons the attempt, on the new primary).
     let grants = ahead.len() < req.ahead.nearest;
@@ -155,7 +159,7 @@ async fn enqueue_group(
         let mut o = session.owned();
         if !first.retry {
             for name in &names {
-                o.track(name, group);
+                o.track(name);
             }
         }
         o.entering(group)
@@ -202,9 +206,14 @@ async fn enqueue_group(
             Ok(None)
         }
         Some(1) => {
-            session
-                .owned()
-                .saw(group, a.get(2).and_then(int), a.get(3).and_then(int));
+            {
+                let version = a.get(2).and_then(int);
+                let mut o = session.owned();
+                for name in &names {
+                    o.created(name, version);
+                }
+                o.saw(group, version, a.get(3).and_then(int));
+            }
             let tokens = a
                 .get(1)
                 .and_then(array)
@@ -281,11 +290,11 @@ pub(crate) async fn still_ahead(
 
 /// Deletes `entry` (see [`fencelock::backend::BackendSession::remove`]). Behind Sentinel, fails
 /// with [`Error::NotHeld`]`(`[`LostReason::Superseded`]`)`, as `lost()` ends (see `held::watch`),
-/// when a failover to a replica that lagged lost it: gone from a server behind the version the
-/// client has seen, or found behind since the entry was created (by a heartbeat, say, which
-/// then reconciles the version). Not `EntryDeleted`, which blames someone's delete. (A try
-/// whose reply was lost removed it? Then the retry finds it gone with no loss found since,
-/// unless a failover lost changes in between: one that lost the grant's own is told.)
+/// when a failover to a replica that lagged lost its create: a server found behind the
+/// version that create made (by this reply or an earlier one: a heartbeat's, which then
+/// reconciles the version). Not `EntryDeleted`, which blames someone's delete. (Found gone
+/// after a failover that kept the create, it was deleted by someone, or by a try of this
+/// release whose reply was lost: said as before.)
 pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool> {
     // A wait cancelled after it learnt its entry headed the queue leaves that behind.
     session.took_head(entry);
@@ -294,28 +303,25 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
         .forget(&entry.key, Some(entry.token.get()));
     let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
-    let (known, tracked_at) = {
-        let o = session.owned();
-        (o.known(&group), o.losses_at_track(&entry.key))
-    };
     let reply = session
         .call(
             "release",
             &scripts::REMOVE,
             &group,
-            args![&entry.key, entry.token.get(), known],
+            args![&entry.key, entry.token.get(), session.known(&group),],
         )
         .await?;
     let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
     let removed = int_line(l.next()) == Some(1);
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
-    let found_behind_since = {
+    let lost = {
         let mut o = session.owned();
-        o.untrack(&entry.key);
         o.saw(&group, version.filter(|v| *v >= 0), behind);
-        tracked_at.is_some_and(|losses| o.losses(&group) != losses)
+        let lost = o.lost(&entry.key);
+        o.untrack(&entry.key);
+        lost
     };
-    if !removed && session.primary.behind_sentinel() && (behind == Some(1) || found_behind_since) {
+    if !removed && lost && session.primary.behind_sentinel() {
         return Err(Error::NotHeld(LostReason::Superseded));
     }
     Ok(removed)
