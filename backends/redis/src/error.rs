@@ -117,6 +117,11 @@ fn moved_under_script(text: &str) -> bool {
 /// A server's own error is said as the server said it (`NOPERM this user has no
 /// permissions…`), where redis-rs writes its kind's name (`NoPerm: this user…`).
 fn readable(e: &RedisError) -> String {
+    // Said as etcd's and ZooKeeper's connects say it (it read "Connection refused (os error
+    // 111)").
+    if e.is_connection_refusal() {
+        return fencelock_net::Probe::Refused.to_string();
+    }
     let text = e.to_string();
     if let Some(code) = e.code() {
         let named = match e.kind() {
