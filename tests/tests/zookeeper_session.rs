@@ -212,19 +212,7 @@ async fn unreachable_cluster_fails_to_connect() {
     // Another service (answering as Redis does, and keeping the connection open): a setting
     // to fix, said before the connect timeout (it read "no session within the connect
     // timeout", a temporary error).
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let redis_like = tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {
-                    let _ = conn.write_all(b"-ERR unknown command\r\n").await;
-                }
-            });
-        }
-    });
+    let (addr, redis_like) = redis_like().await;
     let timeout = Duration::from_secs(5);
     let backend = ZooKeeperBackend::builder(addr.as_str())
         .connect_timeout(timeout)
@@ -248,6 +236,56 @@ async fn unreachable_cluster_fails_to_connect() {
         start.elapsed()
     );
     redis_like.abort();
+}
+
+/// A listener answering as Redis does (an error per request, the connection kept open): its
+/// address and its task.
+async fn redis_like() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {
+                    let _ = conn.write_all(b"-ERR unknown command\r\n").await;
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// A server of the connect string answering as another service (a stale entry, its port
+/// reused) beside a healthy one: every session starts, whichever is tried first (the foreign
+/// answer, said at once, failed the whole connect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_service_in_the_connect_string_is_passed_over() {
+    let Some(f) = ZkFactory::shared().await else {
+        return;
+    };
+    let (addr, task) = redis_like().await;
+    let backend = ZooKeeperBackend::builder(format!("{addr},{}", f.server().connect_string()))
+        .min_ttl(MIN_SESSION_TIMEOUT)
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    for i in 0..6 {
+        let s = bounded(
+            Duration::from_secs(30),
+            "a session start",
+            Session::builder(backend.clone())
+                .ttl(TTL)
+                .start_timeout(Duration::ZERO)
+                .start(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("start {i}: {e}"));
+        s.close().await.unwrap();
+    }
+    task.abort();
 }
 
 /// One server of the connect string takes connections and never answers (hung), the other is

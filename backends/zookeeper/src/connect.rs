@@ -55,7 +55,8 @@ impl Resolved {
     }
 
     /// Resolves, if server `server` (an index in [`Resolved::each`]) answers as another service
-    /// (Redis, an HTTP server), to the wrong setting that is; never otherwise. Asked only after
+    /// (Redis, an HTTP server), to the wrong setting that is (a failure of that server: the
+    /// others are still waited for); never otherwise. Asked only after
     /// [`HEDGE_AFTER`] (a ZooKeeper server has given its session by then), plaintext only:
     /// such a server took the connection and gave no session, and the connect said only "no
     /// session within the connect timeout", a temporary error (black-box round 39).
@@ -71,7 +72,11 @@ impl Resolved {
         };
         match answer {
             Some(answer) => Error::invalid_config(
-                format!("{host}:{port}"),
+                if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                },
                 format!(
                     "it does not answer as a ZooKeeper server (it said {answer:?}: another service at that address?)"
                 ),
@@ -197,6 +202,10 @@ impl Resolved {
     ) -> Result<(zk::Client, usize)> {
         use futures::StreamExt;
         let mut failure = String::new();
+        // A server that answered as another service: a wrong setting if no other server is
+        // reachable, else left out as one that failed (a stale entry of the connect string,
+        // its port reused, must not fail a healthy cluster).
+        let mut foreign: Option<(usize, Error)> = None;
         let n = self.each.len();
         let mut running = futures::stream::FuturesUnordered::new();
         let (mut asked, mut due) = (0, Instant::now());
@@ -244,23 +253,24 @@ impl Resolved {
             let Some((server, outcome)) = done else {
                 break;
             };
-            let outcome = match outcome {
-                Ok(outcome) => outcome,
-                Err(another_service) => return Err(another_service),
-            };
             failure = match outcome {
-                Ok(Ok(client)) => return Ok((client, server)),
-                Ok(Err(zk::Error::AuthFailed)) => {
+                Err(another_service) => {
+                    let said = format!("{}: {another_service}", self.each[server]);
+                    foreign.get_or_insert((server, another_service));
+                    said
+                }
+                Ok(Ok(Ok(client))) => return Ok((client, server)),
+                Ok(Ok(Err(zk::Error::AuthFailed))) => {
                     return Err(Error::Unauthenticated {
                         backend: NAME,
                         source: "the ZooKeeper servers refused the credentials (SASL or digest) or require authentication".into(),
                     })
                 }
-                Ok(Err(e)) if retry_connect(&e) => e.to_string(),
-                Ok(Err(e)) => return Err(error::map("connect", e)),
+                Ok(Ok(Err(e))) if retry_connect(&e) => e.to_string(),
+                Ok(Ok(Err(e))) => return Err(error::map("connect", e)),
                 // The server named unless it is the only one (the error names it already).
-                Err(_) if n == 1 => "no session within the connect timeout".to_string(),
-                Err(_) => format!("{}: no session within the connect timeout", self.each[server]),
+                Ok(Err(_)) if n == 1 => "no session within the connect timeout".to_string(),
+                Ok(Err(_)) => format!("{}: no session within the connect timeout", self.each[server]),
             };
             // Failed: the next server at once, in the first round (later, the schedule of
             // the silent ones' hedges stands).
@@ -270,6 +280,15 @@ impl Resolved {
         }
         debug!(error = %failure, "no zookeeper session yet: probing the servers");
         let probes = self.probe_all(deadline).await;
+        if let Some((server, e)) = foreign {
+            let others_reachable = probes
+                .iter()
+                .enumerate()
+                .any(|(i, (_, p))| i != server && *p == Probe::Reachable);
+            if !others_reachable {
+                return Err(e);
+            }
+        }
         Err(match connect_error(NAME, &self.servers, &probes) {
             // Reachable, yet no session: say what the client said.
             Error::Connect {

@@ -19,7 +19,7 @@ pub(crate) async fn foreign_answer(host: &str, port: u16, within: Duration) -> O
     let asked = async {
         let mut conn = TcpStream::connect((host, port)).await.ok()?;
         // The newline ends the word for a server that reads lines (Redis, HTTP); ZooKeeper
-        // reads four bytes.
+        // reads four bytes (a Netty port that takes both TLS and plaintext decides on five).
         conn.write_all(b"srvr\n").await.ok()?;
         // The first part of the answer is enough (Redis keeps the connection open after it).
         let mut answer = vec![0; 512];
