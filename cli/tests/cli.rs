@@ -112,6 +112,9 @@ async fn exit_statuses(t: Target) {
     // Said as such on every backend (etcd said "no session within the connect timeout":
     // black-box round 37).
     assert!(out.to_lowercase().contains("refused"), "{out}");
+    // Named as typed (ZooKeeper's said `tcp://`, etcd's causes `http://`: rounds 39 and 40).
+    assert!(out.contains(&format!("{dead}:")), "{out}");
+    assert!(!out.contains("tcp://") && !out.contains("http://"), "{out}");
     // A setting the server refuses as the connection is set up (a Redis database it does not
     // have) is bad configuration, not an unreachable cluster; the message says why.
     if scheme == "redis" {
