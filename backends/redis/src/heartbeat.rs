@@ -125,6 +125,10 @@ const RECONCILE_PATIENCE: Duration = Duration::from_millis(100);
 /// How often a waiting heartbeat looks whether the primary moved (see [`keep_alive`]).
 const MOVE_POLL: Duration = Duration::from_millis(100);
 
+/// What a heartbeat takes of a group: the group, whether the session's key there is
+/// confirmed, the version known there, where its renewal goes on, when its script last ran.
+type GroupBeat = (Group, bool, i64, u64, Option<Instant>);
+
 /// One heartbeat (see [`keep_alive`]).
 async fn beat(session: &RedisSession) -> Result<()> {
     // One script per group the session has a key in (one on a server; on a cluster at most
@@ -134,12 +138,13 @@ async fn beat(session: &RedisSession) -> Result<()> {
     // on no shard is not lost to one that hangs (its `PING` to a primary at random, held up by
     // a hung one, lost idle sessions at TTLs up to 6 s; the cluster client holds requests
     // back while it reconnects to that node).
-    let groups: Vec<(Group, bool, i64, u64, Option<Instant>)> = {
+    let (groups, sent): (Vec<GroupBeat>, u64) = {
         let mut o = session.owned();
         if session.groups == Groups::Cluster {
             o.forget_unused(|name| session.groups.of_entry(name));
         }
-        o.groups
+        let groups = o
+            .groups
             .iter()
             .map(|(g, s)| {
                 (
@@ -150,7 +155,8 @@ async fn beat(session: &RedisSession) -> Result<()> {
                     s.scripted_at,
                 )
             })
-            .collect()
+            .collect();
+        (groups, o.handled())
     };
     if groups.is_empty() {
         return match session.groups {
@@ -199,7 +205,7 @@ async fn beat(session: &RedisSession) -> Result<()> {
                 None => return Err(unexpected("keep-alive")),
             }
             let mut o = session.owned();
-            o.saw(group, a.first().and_then(int), a.get(1).and_then(int));
+            o.saw(group, a.first().and_then(int), a.get(1).and_then(int), sent);
             // Where this beat's renewal of the entries' expiries stopped (the cursor can pass
             // `i64::MAX`: read as unsigned); from the start again if it cannot be read.
             let cursor = a.get(2).and_then(text).and_then(|c| c.parse().ok());

@@ -112,7 +112,7 @@ impl RedisSession {
         if int(&reply) != Some(1) {
             return Err(unexpected("open session"));
         }
-        session.owned().saw(&single, Some(0), None);
+        session.owned().saw(&single, Some(0), None, 0);
         Ok(session)
     }
 

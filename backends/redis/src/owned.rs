@@ -31,15 +31,24 @@ pub(crate) struct Owned {
     /// that came back with a failover. (Found behind before, the server's version may have
     /// caught up since, with a later change of the session's: the flag still tells.)
     let_go: HashMap<Group, (i64, bool)>,
+    /// How many create replies were handled: a request notes it when sent, so that a reply
+    /// found behind judges only the creates handled before it was sent (see [`Owned::saw`]).
+    handled: u64,
 }
+
+/// [`Tracked::created`] before the create's reply (versions are never negative).
+const NOT_YET: i64 = -1;
 
 /// An entry name the session owns or is creating.
 #[derive(Clone, Copy)]
 pub(crate) struct Tracked {
     /// How many entries of that name (see [`Owned::names`]).
-    count: usize,
-    /// The session's version the create of the newest of them made, once its reply came.
-    created: Option<i64>,
+    count: u32,
+    /// The session's version the create of the newest of them made, once its reply came
+    /// ([`NOT_YET`] before). (Kept small: one per held lock.)
+    created: i64,
+    /// When that reply was handled (see [`Owned::handled`]).
+    handled: u64,
     /// A server found behind that version: the create was lost (a failover to a replica that
     /// had not received it), and its release must say so (see `queue::remove`).
     pub(crate) lost: bool,
@@ -66,8 +75,15 @@ pub(crate) struct InGroup {
 
 impl Owned {
     /// A reply from `group`: the server's version (the session's key is there), and whether it
-    /// was behind the one the request carried.
-    pub(crate) fn saw(&mut self, group: &Group, version: Option<i64>, behind: Option<i64>) {
+    /// was behind the one the request carried; `sent`, [`Owned::handled`] when the request
+    /// was sent.
+    pub(crate) fn saw(
+        &mut self,
+        group: &Group,
+        version: Option<i64>,
+        behind: Option<i64>,
+        sent: u64,
+    ) {
         let g = self.group(group);
         if let Some(v) = version {
             g.version = g.version.max(v);
@@ -76,19 +92,27 @@ impl Owned {
         if behind == Some(1) {
             let first = !g.diverged;
             g.diverged = true;
-            // The first reply of the episode tells the version the server kept (or the one
-            // after its own change: a create that version made is then missed, a reason
-            // lost, never a false one): creates the client saw above it were lost. Marked
-            // in every group (behind Sentinel, the only one; on a cluster the mark is not
-            // read).
+            // The first reply of the episode (once: the loop is over every name) tells the
+            // version the server kept, or the one after its own change. A create whose reply
+            // was handled before this request was sent, and which that server ran, made a
+            // version it kept (its versions only grow): so such a create above it was lost.
+            // (Not one handled since: the new server may have run it, numbering its changes
+            // anew from where it kept. Missed creates lose a reason, never give a false one.)
+            // Marked in every group: behind Sentinel, the only one; on a cluster the mark is
+            // not read.
             if let (true, Some(kept)) = (first, version) {
                 for t in self.names.values_mut() {
-                    if t.created.is_some_and(|c| c > kept) {
+                    if t.handled <= sent && t.created != NOT_YET && t.created > kept {
                         t.lost = true;
                     }
                 }
             }
         }
+    }
+
+    /// How many create replies were handled so far (see [`Owned::saw`]).
+    pub(crate) fn handled(&self) -> u64 {
+        self.handled
     }
 
     /// The highest version seen in `group` (let go of or not).
@@ -148,7 +172,8 @@ impl Owned {
             .entry(name.to_string())
             .or_insert(Tracked {
                 count: 0,
-                created: None,
+                created: NOT_YET,
+                handled: 0,
                 lost: false,
             })
             .count += 1;
@@ -157,7 +182,9 @@ impl Owned {
     /// The create of an entry named `name` made the session's version `version`.
     pub(crate) fn created(&mut self, name: &str, version: Option<i64>) {
         if let (Some(t), Some(v)) = (self.names.get_mut(name), version) {
-            t.created = Some(v);
+            self.handled += 1;
+            t.created = v;
+            t.handled = self.handled;
             t.lost = false;
         }
     }
@@ -188,7 +215,7 @@ mod tests {
         let mut o = Owned::default();
         o.track("ns/a/s1");
         assert!(o.entering(&a).0, "first create in a: make the key");
-        o.saw(&a, Some(1), Some(0));
+        o.saw(&a, Some(1), Some(0), o.handled());
         assert!(!o.entering(&a).0, "confirmed");
         o.track("ns/b/s1");
         assert!(o.entering(&b).0);
@@ -205,7 +232,7 @@ mod tests {
         );
         assert_eq!(o.known(&a), 1, "with the version seen there before");
         assert_eq!(o.known(&b), 0);
-        o.saw(&b, Some(3), Some(1));
+        o.saw(&b, Some(3), Some(1), o.handled());
         assert!(o.groups[&b].diverged && o.known(&b) == 3);
         o.untrack("ns/b/s1");
         o.forget_unused(group_of);
@@ -221,14 +248,21 @@ mod tests {
         for (name, v) in [("q/1", 3), ("q/2", 5), ("q/3", 6)] {
             o.track(name);
             o.created(name, Some(v));
-            o.saw(&a, Some(v), Some(0));
+            let sent = o.handled();
+            o.saw(&a, Some(v), Some(0), sent);
         }
         o.track("q/4"); // in flight: made on whichever server answers it
-        o.saw(&a, Some(5), Some(1));
-        assert!(!o.lost("q/1") && !o.lost("q/2") && !o.lost("q/4"));
+        let sent = o.handled();
+        // Sent before, handled after the request below: made on the new server, numbered
+        // anew (its 6 after the 5 it kept), not lost.
+        o.track("q/5");
+        o.created("q/5", Some(6));
+        o.saw(&a, Some(5), Some(1), sent);
+        assert!(!o.lost("q/1") && !o.lost("q/2") && !o.lost("q/4") && !o.lost("q/5"));
         assert!(o.lost("q/3"), "created at 6, the server kept 5");
         // Later replies of the same episode mark nothing more.
-        o.saw(&a, Some(2), Some(1));
+        let sent = o.handled();
+        o.saw(&a, Some(2), Some(1), sent);
         assert!(!o.lost("q/2"));
         // A new create of that name is not lost.
         o.track("q/3");

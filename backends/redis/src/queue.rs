@@ -35,12 +35,13 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     // Tracked with its group counted in, at once: a heartbeat in between would let the
     // group go while this create makes the session's key there.
     // Counted once per attempt: a retry may find what the first try created.
-    let (entering, diverged) = {
+    let (entering, diverged, sent) = {
         let mut o = session.owned();
         if !req.retry {
             o.track(&name);
         }
-        o.entering(&group)
+        let (entering, diverged) = o.entering(&group);
+        (entering, diverged, o.handled())
     };
     let args = args![
         &session.sid,
@@ -85,7 +86,7 @@ pub(crate) async fn enqueue(session: &RedisSession, req: EnqueueRequest<'_>) -> 
     {
         let mut o = session.owned();
         o.created(&name, version);
-        o.saw(&group, version, behind);
+        o.saw(&group, version, behind, sent);
     }
     drop(changing);
     // If it grants (a temporary error: the core abandons the attempt, on the new primary).
@@ -155,14 +156,15 @@ async fn enqueue_group(
         .map(|r| key_value_entry_key(r.queue, &session.sid, r.kind, r.attempt))
         .collect();
     // As in `enqueue`: tracked with the group counted in, at once.
-    let (entering, diverged) = {
+    let (entering, diverged, sent) = {
         let mut o = session.owned();
         if !first.retry {
             for name in &names {
                 o.track(name);
             }
         }
-        o.entering(group)
+        let (entering, diverged) = o.entering(group);
+        (entering, diverged, o.handled())
     };
     let mut args = args![
         &session.sid,
@@ -212,7 +214,7 @@ async fn enqueue_group(
                 for name in &names {
                     o.created(name, version);
                 }
-                o.saw(group, version, a.get(3).and_then(int));
+                o.saw(group, version, a.get(3).and_then(int), sent);
             }
             let tokens = a
                 .get(1)
@@ -303,12 +305,16 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
         .forget(&entry.key, Some(entry.token.get()));
     let group = session.entry_group(&entry.key)?;
     let _changing = session.gate.read().await;
+    let (known, sent) = {
+        let o = session.owned();
+        (o.known(&group), o.handled())
+    };
     let reply = session
         .call(
             "release",
             &scripts::REMOVE,
             &group,
-            args![&entry.key, entry.token.get(), session.known(&group),],
+            args![&entry.key, entry.token.get(), known],
         )
         .await?;
     let mut l = lines(&reply).ok_or_else(|| unexpected("release"))?;
@@ -316,7 +322,7 @@ pub(crate) async fn remove(session: &RedisSession, entry: &Entry) -> Result<bool
     let (version, behind) = (int_line(l.next()), int_line(l.next()));
     let lost = {
         let mut o = session.owned();
-        o.saw(&group, version.filter(|v| *v >= 0), behind);
+        o.saw(&group, version.filter(|v| *v >= 0), behind, sent);
         let lost = o.lost(&entry.key);
         o.untrack(&entry.key);
         lost
@@ -340,17 +346,16 @@ pub(crate) async fn abandon(
     session.own_channel.forget(&name, None);
     let group = session.groups.of_queue(queue);
     let _changing = session.gate.read().await;
+    let (known, sent) = {
+        let o = session.owned();
+        (o.known(&group), o.handled())
+    };
     let reply = session
         .call(
             "abandon",
             &scripts::ABANDON,
             &group,
-            args![
-                queue_path(queue),
-                &name,
-                &session.sid,
-                session.known(&group),
-            ],
+            args![queue_path(queue), &name, &session.sid, known],
         )
         .await?;
     let a = array(&reply).ok_or_else(|| unexpected("abandon"))?;
@@ -360,6 +365,7 @@ pub(crate) async fn abandon(
         &group,
         a.first().and_then(int).filter(|v| *v >= 0),
         a.get(1).and_then(int),
+        sent,
     );
     Ok(())
 }
