@@ -246,15 +246,27 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
         // round 40 read `zk://` and `tcp://` for one endpoint).
         Ok(Err(Error::Connect {
             backend,
+            endpoints,
             temporary,
             source,
-            ..
-        })) => Err(Error::Connect {
-            backend,
-            endpoints: fencelock_net::redact(args.endpoints.as_deref().unwrap_or_default()),
-            temporary,
-            source,
-        }),
+        })) => {
+            let url = args.endpoints.as_deref().unwrap_or_default();
+            // One server of several named by the backend (the one that hung at a ZooKeeper
+            // chroot check, the primary the sentinels named): kept, before the cause.
+            // (Of their masked forms: a password holding a ',' split a list wrongly.)
+            let named = hosts_of(&fencelock_net::redact(&endpoints));
+            let source = if named == hosts_of(&fencelock_net::redact(url)) {
+                source
+            } else {
+                format!("{}: {source}", named.join(",")).into()
+            };
+            Err(Error::Connect {
+                backend,
+                endpoints: fencelock_net::redact(url),
+                temporary,
+                source,
+            })
+        }
         Ok(Err(e)) => Err(e),
         // A try in progress ran past the bound: dropped (a session the cluster opened
         // meanwhile owns nothing and expires with its TTL).
@@ -285,6 +297,22 @@ pub(crate) async fn session(args: &ClusterArgs) -> fencelock::Result<Session> {
             })
         }
     }
+}
+
+/// The `host:port`s of a URL or a list of them, without schemes, credentials or paths, sorted
+/// (to tell whether an error names every server of the URL or some).
+fn hosts_of(list: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = list
+        .split(',')
+        .map(|item| {
+            let item = item.split_once("://").map_or(item, |(_, rest)| rest);
+            let item = item.rsplit_once('@').map_or(item, |(_, rest)| rest);
+            let end = item.find(['/', '?', '#']).unwrap_or(item.len());
+            item[..end].to_string()
+        })
+        .collect();
+    hosts.sort();
+    hosts
 }
 
 /// The backend a cluster URL names, by its scheme (for an error's tag).
@@ -369,4 +397,19 @@ fn namespace_of(given: Option<&String>, args: &ClusterArgs) -> fencelock::Result
         fencelock::validate_value(value.as_bytes())?;
     }
     Ok(namespace.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hosts_of;
+
+    #[test]
+    fn hosts_of_a_url_and_of_a_backends_list() {
+        let url = hosts_of(&fencelock_net::redact("zk://u:p,w@b:2,a:1/chroot?x=1"));
+        assert_eq!(url, ["a:1", "b:2"]);
+        assert!(url.iter().all(|h| !h.contains('p') && !h.contains('w')));
+        assert_eq!(hosts_of("tcp://b:2,tcp://a:1"), url);
+        assert_eq!(hosts_of("tcp://b:2"), ["b:2"]);
+        assert_eq!(hosts_of("etcd://[::1]:2379"), ["[::1]:2379"]);
+    }
 }

@@ -285,7 +285,47 @@ async fn another_service_in_the_connect_string_is_passed_over() {
         .unwrap_or_else(|e| panic!("start {i}: {e}"));
         s.close().await.unwrap();
     }
+    // Every server another service: a setting to fix, said at once.
+    let (other, other_task) = redis_like().await;
+    let start_with = |servers: String| async move {
+        let backend = ZooKeeperBackend::builder(servers)
+            .connect_timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let r = bounded(
+            Duration::from_secs(30),
+            "the session start gives up",
+            Session::builder(backend)
+                .ttl(TTL)
+                .start_timeout(Duration::ZERO)
+                .start(),
+        )
+        .await;
+        (r.map(|_| ()), started.elapsed())
+    };
+    let (r, took) = start_with(format!("{addr},{other}")).await;
+    assert!(matches!(&r, Err(Error::InvalidConfig(_))), "{r:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "all foreign: took {took:?}"
+    );
+    // Beside a server that is down (restarting, say): waited for, as it may come back
+    // within the timeout; the foreign one named in the temporary error.
+    let down = format!("127.0.0.1:{}", fencelock_integration::free_port());
+    let (r, _) = start_with(format!("{addr},{down}")).await;
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+        "{r:?}"
+    );
+    let said = format!("{:?}", r.unwrap_err());
+    assert!(
+        said.contains(&format!("{addr}: it does not answer as a ZooKeeper server")),
+        "{said}"
+    );
     task.abort();
+    other_task.abort();
 }
 
 /// One server of the connect string takes connections and never answers (hung), the other is

@@ -55,12 +55,11 @@ impl Resolved {
     }
 
     /// Resolves, if server `server` (an index in [`Resolved::each`]) answers as another service
-    /// (Redis, an HTTP server), to the wrong setting that is (a failure of that server: the
-    /// others are still waited for); never otherwise. Asked only after
+    /// (Redis, an HTTP server), to what it said; never otherwise. Asked only after
     /// [`HEDGE_AFTER`] (a ZooKeeper server has given its session by then), plaintext only:
     /// such a server took the connection and gave no session, and the connect said only "no
     /// session within the connect timeout", a temporary error (black-box round 39).
-    async fn another_service(&self, server: usize, deadline: Instant) -> Error {
+    async fn another_service(&self, server: usize, deadline: Instant) -> String {
         tokio::time::sleep(HEDGE_AFTER).await;
         let (host, port) = &self.hosts[server];
         let within = deadline
@@ -71,17 +70,18 @@ impl Resolved {
             Some(_) => None,
         };
         match answer {
-            Some(answer) => Error::invalid_config(
-                if host.contains(':') {
-                    format!("[{host}]:{port}")
-                } else {
-                    format!("{host}:{port}")
-                },
-                format!(
-                    "it does not answer as a ZooKeeper server (it said {answer:?}: another service at that address?)"
-                ),
-            ),
+            Some(answer) => answer,
             None => std::future::pending().await,
+        }
+    }
+
+    /// Server `server` (an index in [`Resolved::hosts`]) as `host:port`.
+    fn shown(&self, server: usize) -> String {
+        let (host, port) = &self.hosts[server];
+        if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
         }
     }
 
@@ -93,10 +93,13 @@ impl Resolved {
         let within = deadline
             .saturating_duration_since(Instant::now())
             .clamp(Duration::from_millis(100), Duration::from_secs(2));
-        self.hosts.iter().map(move |(host, port)| async move {
-            let p = probe(host, *port, self.tls.as_ref(), within).await;
-            (format!("{host}:{port}"), p)
-        })
+        self.hosts
+            .iter()
+            .enumerate()
+            .map(move |(i, (host, port))| async move {
+                let p = probe(host, *port, self.tls.as_ref(), within).await;
+                (self.shown(i), p)
+            })
     }
 
     /// The connector of the clients of a session with `session_timeout`: credentials, TLS,
@@ -202,11 +205,11 @@ impl Resolved {
     ) -> Result<(zk::Client, usize)> {
         use futures::StreamExt;
         let mut failure = String::new();
-        // A server that answered as another service: a wrong setting if no other server is
-        // reachable, else left out as one that failed (a stale entry of the connect string,
-        // its port reused, must not fail a healthy cluster).
-        let mut foreign: Option<(usize, Error)> = None;
+        // What each server that answered as another service said. A failure of that server
+        // alone (a stale entry of the connect string, its port reused, must not fail a
+        // cluster, healthy or coming back); a wrong setting when every server did.
         let n = self.each.len();
+        let mut foreign: Vec<Option<String>> = vec![None; n];
         let mut running = futures::stream::FuturesUnordered::new();
         let (mut asked, mut due) = (0, Instant::now());
         // Once every server was asked, those still silent are asked again, on new
@@ -254,10 +257,9 @@ impl Resolved {
                 break;
             };
             failure = match outcome {
-                Err(another_service) => {
-                    let said = format!("{}: {another_service}", self.each[server]);
-                    foreign.get_or_insert((server, another_service));
-                    said
+                Err(answer) => {
+                    foreign[server] = Some(answer);
+                    failure // the others' failure is the one said
                 }
                 Ok(Ok(Ok(client))) => return Ok((client, server)),
                 Ok(Ok(Err(zk::Error::AuthFailed))) => {
@@ -279,16 +281,33 @@ impl Resolved {
             }
         }
         debug!(error = %failure, "no zookeeper session yet: probing the servers");
-        let probes = self.probe_all(deadline).await;
-        if let Some((server, e)) = foreign {
-            let others_reachable = probes
-                .iter()
-                .enumerate()
-                .any(|(i, (_, p))| i != server && *p == Probe::Reachable);
-            if !others_reachable {
-                return Err(e);
-            }
+        let said = |(server, answer): (usize, &String)| {
+            (
+                self.shown(server),
+                format!(
+                    "it does not answer as a ZooKeeper server (it said {answer:?}: another service at that address?)"
+                ),
+            )
+        };
+        let foreign: Vec<(String, String)> = foreign
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().map(|a| said((i, a))))
+            .collect();
+        if foreign.len() == n {
+            let (server, why) = foreign.into_iter().next().expect("n > 0");
+            return Err(Error::invalid_config(server, why));
         }
+        let probes = self.probe_all(deadline).await;
+        // A foreign server's probe finds it reachable: said of it instead.
+        let probes: Vec<(String, Probe)> = probes
+            .into_iter()
+            .filter(|(server, _)| !foreign.iter().any(|(f, _)| f == server))
+            .collect();
+        let noted: String = foreign
+            .iter()
+            .map(|(server, why)| format!("; {server}: {why}"))
+            .collect();
         Err(match connect_error(NAME, &self.servers, &probes) {
             // Reachable, yet no session: say what the client said.
             Error::Connect {
@@ -300,7 +319,18 @@ impl Resolved {
                 backend,
                 endpoints,
                 temporary,
-                source: format!("{failure} ({source})").into(),
+                source: format!("{failure} ({source}){noted}").into(),
+            },
+            Error::Connect {
+                backend,
+                endpoints,
+                temporary,
+                source,
+            } if !noted.is_empty() => Error::Connect {
+                backend,
+                endpoints,
+                temporary,
+                source: format!("{source}{noted}").into(),
             },
             other => other,
         })
