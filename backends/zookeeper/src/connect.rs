@@ -298,6 +298,10 @@ impl Resolved {
             let (server, why) = foreign.into_iter().next().expect("n > 0");
             return Err(Error::invalid_config(server, why));
         }
+        // Only foreign answers and silence (a hung server cut off at the deadline).
+        if failure.is_empty() {
+            failure = "no session within the connect timeout".to_string();
+        }
         let probes = self.probe_all(deadline).await;
         // A foreign server's probe finds it reachable: said of it instead.
         let probes: Vec<(String, Probe)> = probes
