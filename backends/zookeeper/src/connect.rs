@@ -54,27 +54,6 @@ impl Resolved {
         futures::future::join_all(self.probes(deadline)).await
     }
 
-    /// Resolves, if server `server` (an index in [`Resolved::each`]) answers as another service
-    /// (Redis, an HTTP server), to what it said; never otherwise. Asked only after
-    /// [`HEDGE_AFTER`] (a ZooKeeper server has given its session by then), plaintext only:
-    /// such a server took the connection and gave no session, and the connect said only "no
-    /// session within the connect timeout", a temporary error (black-box round 39).
-    async fn another_service(&self, server: usize, deadline: Instant) -> String {
-        tokio::time::sleep(HEDGE_AFTER).await;
-        let (host, port) = &self.hosts[server];
-        let within = deadline
-            .saturating_duration_since(Instant::now())
-            .clamp(Duration::from_millis(100), Duration::from_secs(2));
-        let answer = match &self.tls {
-            None => speaks::foreign_answer(host, *port, within).await,
-            Some(_) => None,
-        };
-        match answer {
-            Some(answer) => answer,
-            None => std::future::pending().await,
-        }
-    }
-
     /// Server `server` (an index in [`Resolved::hosts`]) as `host:port`.
     fn shown(&self, server: usize) -> String {
         let (host, port) = &self.hosts[server];
@@ -235,7 +214,7 @@ impl Resolved {
                 };
                 // Within the deadline (the client itself waits 0.6 x the TTL).
                 let attempt = timeout_at(deadline, connector.clone().connect(&self.each[server]));
-                let foreign = self.another_service(server, deadline);
+                let foreign = self.another_service(server, deadline, HEDGE_AFTER);
                 running.push(async move {
                     tokio::select! {
                         outcome = attempt => (server, Ok(outcome)),

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::Resolved;
 
 /// What a ZooKeeper server's answer to `srvr` holds, whether it runs it ("Zookeeper version:
 /// …", "This ZooKeeper instance is not currently serving requests") or not ("srvr is not
@@ -15,7 +18,7 @@ const ZOOKEEPER_MARKS: [&str; 4] = ["zookeeper", "whitelist", "allowlist", "not 
 /// Asks `host:port` (plaintext) for `srvr`, within `within`: the first line of its answer if
 /// it answered as something else than a ZooKeeper server; `None` if it answered as one, or not
 /// at all (hung, or a ZooKeeper server that is stopped: nothing told).
-pub(crate) async fn foreign_answer(host: &str, port: u16, within: Duration) -> Option<String> {
+async fn foreign_answer(host: &str, port: u16, within: Duration) -> Option<String> {
     let asked = async {
         let mut conn = TcpStream::connect((host, port)).await.ok()?;
         // The newline ends the word for a server that reads lines (Redis, HTTP); ZooKeeper
@@ -43,4 +46,32 @@ pub(crate) async fn foreign_answer(host: &str, port: u16, within: Duration) -> O
             .map(|c| if c.is_control() { '?' } else { c })
             .collect(),
     )
+}
+
+impl Resolved {
+    /// Resolves, if server `server` (an index in [`Resolved::each`]) answers as another service
+    /// (Redis, an HTTP server), to what it said; never otherwise. Asked only `after`
+    /// (`HEDGE_AFTER`: a ZooKeeper server has given its session by then), plaintext only:
+    /// such a server took the connection and gave no session, and the connect said only "no
+    /// session within the connect timeout", a temporary error (black-box round 39).
+    pub(super) async fn another_service(
+        &self,
+        server: usize,
+        deadline: Instant,
+        after: Duration,
+    ) -> String {
+        tokio::time::sleep(after).await;
+        let (host, port) = &self.hosts[server];
+        let within = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let answer = match &self.tls {
+            None => foreign_answer(host, *port, within).await,
+            Some(_) => None,
+        };
+        match answer {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
 }
