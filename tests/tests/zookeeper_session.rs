@@ -182,8 +182,35 @@ async fn unreachable_cluster_fails_to_connect() {
 
     // A server that accepts and then says nothing.
     let hung = HungServer::start().await;
-    let addr = hung.addr();
-    let backend = ZooKeeperBackend::builder(addr.as_str())
+    let (r, took) = start_through(&hung.addr(), timeout).await;
+    assert!(
+        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
+        "{r:?}"
+    );
+    assert!(
+        took < timeout + Duration::from_secs(3),
+        "hung: bounded, took {took:?}"
+    );
+    drop(hung);
+
+    // Another service (answering as Redis does, and keeping the connection open): a setting
+    // to fix, said before the connect timeout (it read "no session within the connect
+    // timeout", a temporary error).
+    let (addr, redis_like) = redis_like().await;
+    let timeout = Duration::from_secs(5);
+    let (r, took) = start_through(&addr, timeout).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidConfig(i)) if i.input == addr && i.reason.contains("-ERR unknown command")),
+        "{r:?}"
+    );
+    assert!(took < timeout / 2, "another service: early, took {took:?}");
+    redis_like.abort();
+}
+
+/// Starts a session through `servers` with a backend of connect timeout `timeout`, once (no
+/// start timeout of its own, bounded): its outcome and how long the start took.
+async fn start_through(servers: &str, timeout: Duration) -> (fencelock::Result<Session>, Duration) {
+    let backend = ZooKeeperBackend::builder(servers)
         .connect_timeout(timeout)
         .connect()
         .await
@@ -198,44 +225,7 @@ async fn unreachable_cluster_fails_to_connect() {
             .start(),
     )
     .await;
-    assert!(
-        matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
-        "{r:?}"
-    );
-    assert!(
-        start.elapsed() < timeout + Duration::from_secs(3),
-        "hung: bounded, took {:?}",
-        start.elapsed()
-    );
-    drop(hung);
-
-    // Another service (answering as Redis does, and keeping the connection open): a setting
-    // to fix, said before the connect timeout (it read "no session within the connect
-    // timeout", a temporary error).
-    let (addr, redis_like) = redis_like().await;
-    let timeout = Duration::from_secs(5);
-    let backend = ZooKeeperBackend::builder(addr.as_str())
-        .connect_timeout(timeout)
-        .connect()
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let r = bounded(
-        Duration::from_secs(30),
-        "the session start gives up",
-        Session::builder(backend).ttl(TTL).start(),
-    )
-    .await;
-    assert!(
-        matches!(&r, Err(Error::InvalidConfig(i)) if i.input == addr && i.reason.contains("-ERR unknown command")),
-        "{r:?}"
-    );
-    assert!(
-        start.elapsed() < timeout / 2,
-        "another service: early, took {:?}",
-        start.elapsed()
-    );
-    redis_like.abort();
+    (r, start.elapsed())
 }
 
 /// A listener answering as Redis does (an error per request, the connection kept open): its
@@ -287,25 +277,7 @@ async fn another_service_in_the_connect_string_is_passed_over() {
     }
     // Every server another service: a setting to fix, said at once.
     let (other, other_task) = redis_like().await;
-    let start_with = |servers: String| async move {
-        let backend = ZooKeeperBackend::builder(servers)
-            .connect_timeout(Duration::from_secs(3))
-            .connect()
-            .await
-            .unwrap();
-        let started = Instant::now();
-        let r = bounded(
-            Duration::from_secs(30),
-            "the session start gives up",
-            Session::builder(backend)
-                .ttl(TTL)
-                .start_timeout(Duration::ZERO)
-                .start(),
-        )
-        .await;
-        (r.map(|_| ()), started.elapsed())
-    };
-    let (r, took) = start_with(format!("{addr},{other}")).await;
+    let (r, took) = start_through(&format!("{addr},{other}"), Duration::from_secs(3)).await;
     assert!(matches!(&r, Err(Error::InvalidConfig(_))), "{r:?}");
     assert!(
         took < Duration::from_millis(2500),
@@ -314,7 +286,7 @@ async fn another_service_in_the_connect_string_is_passed_over() {
     // Beside a server that is down (restarting, say): waited for, as it may come back
     // within the timeout; the foreign one named in the temporary error.
     let down = format!("127.0.0.1:{}", fencelock_integration::free_port());
-    let (r, _) = start_with(format!("{addr},{down}")).await;
+    let (r, _) = start_through(&format!("{addr},{down}"), Duration::from_secs(3)).await;
     assert!(
         matches!(&r, Err(e @ Error::Connect { .. }) if e.is_temporary()),
         "{r:?}"
